@@ -1,0 +1,268 @@
+//! `ceems exporter`: per-node metrics of jobs and host on `/metrics` (:9010).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{ArgMatches, Command};
+use hyper::{Method, Request, StatusCode};
+use serde::Deserialize;
+
+use crate::collect::{self, Registry};
+use crate::config::{self, Kind, Layered, LogConfig, Opt};
+use crate::metrics::{Labels, MetricSet, TEXT_CONTENT_TYPE};
+use crate::web;
+
+/// Header in which Prometheus sends its scrape timeout.
+const SCRAPE_TIMEOUT_HEADER: &str = "x-prometheus-scrape-timeout-seconds";
+/// Time kept back from Prometheus's timeout for encoding and sending the answer.
+const SCRAPE_TIMEOUT_MARGIN: Duration = Duration::from_millis(250);
+
+pub fn opts() -> Vec<Opt> {
+    let mut opts = vec![
+        Opt::new(
+            "web.listen-address",
+            Kind::Str,
+            "Address on which to expose metrics, host:port or :port for every interface",
+        )
+        .default(":9010"),
+        Opt::new(
+            "web.telemetry-path",
+            Kind::Str,
+            "Path under which to expose metrics",
+        )
+        .default("/metrics"),
+        Opt::new(
+            "web.max-requests",
+            Kind::Int,
+            "Maximum number of requests served at once; more get 503 (0 = no limit)",
+        )
+        .default("40"),
+        Opt::flag(
+            "web.disable-exporter-metrics",
+            "Exclude metrics about the exporter itself (process_*)",
+        ),
+        Opt::new("path.sysfs", Kind::Str, "sysfs mountpoint").default("/sys"),
+        Opt::new("path.procfs", Kind::Str, "procfs mountpoint").default("/proc"),
+        Opt::new("path.cgroupfs", Kind::Str, "cgroupfs mountpoint").default("/sys/fs/cgroup"),
+    ];
+    opts.extend(collect::options());
+    opts.extend(config::log_opts());
+    opts
+}
+
+pub fn command() -> Command {
+    config::build_command(
+        Command::new("exporter")
+            .about("Export metrics of jobs (cgroups), CPUs, memory and energy of this node")
+            .after_help(
+                "Collectors are switched with --collector.<name> and --no-collector.<name>; \
+                 every flag can also be set in the [exporter] table of --config.file.",
+            ),
+        &opts(),
+    )
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct WebSettings {
+    listen_address: String,
+    telemetry_path: String,
+    max_requests: i64,
+    disable_exporter_metrics: bool,
+}
+
+/// The top level of `[exporter]`: only these tables exist.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct Tables {
+    web: toml::Table,
+    path: toml::Table,
+    log: toml::Table,
+    collector: toml::Table,
+}
+
+/// What the HTTP handler needs.
+pub struct Exporter {
+    registry: Registry,
+    timeout: Duration,
+    telemetry_path: String,
+    process_metrics: Option<prometheus::Registry>,
+    build_info: Labels,
+}
+
+impl Exporter {
+    /// Builds the exporter from layered settings; errors name the key or the collector.
+    pub fn from_settings(settings: &Layered) -> anyhow::Result<(Exporter, WebOptions)> {
+        settings.get::<Tables>("")?;
+        let web: WebSettings = settings.get("web")?;
+        let hostname = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_default();
+        let selection = collect::select(settings)?;
+        let registry = Registry::build(settings, &hostname)?;
+        let process_metrics = if web.disable_exporter_metrics {
+            None
+        } else {
+            let r = prometheus::Registry::new();
+            r.register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .context("cannot register process metrics")?;
+            Some(r)
+        };
+        let max_requests = usize::try_from(web.max_requests).map_err(|_| {
+            anyhow::anyhow!(
+                "web.max-requests must be 0 or more, not {}",
+                web.max_requests
+            )
+        })?;
+        let exporter = Exporter {
+            registry,
+            timeout: selection.common.timeout,
+            telemetry_path: web.telemetry_path,
+            process_metrics,
+            build_info: Labels::new(&[
+                ("version", env!("CARGO_PKG_VERSION")),
+                (
+                    "revision",
+                    option_env!("CEEMS_REVISION").unwrap_or("unknown"),
+                ),
+                ("branch", option_env!("CEEMS_BRANCH").unwrap_or("unknown")),
+                (
+                    "rustversion",
+                    option_env!("CEEMS_RUSTC").unwrap_or("unknown"),
+                ),
+                ("goos", std::env::consts::OS),
+                ("goarch", std::env::consts::ARCH),
+            ]),
+        };
+        Ok((
+            exporter,
+            WebOptions {
+                listen_address: web.listen_address,
+                max_requests,
+            },
+        ))
+    }
+
+    /// The per-collector timeout: ours, or less when Prometheus gives a shorter scrape timeout.
+    fn scrape_timeout<B>(&self, req: &Request<B>) -> Duration {
+        let header = req
+            .headers()
+            .get(SCRAPE_TIMEOUT_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map(Duration::from_secs_f64);
+        match header {
+            Some(h) => {
+                let budget = h.saturating_sub(SCRAPE_TIMEOUT_MARGIN).max(h / 2);
+                budget.min(self.timeout)
+            }
+            None => self.timeout,
+        }
+    }
+
+    /// One scrape, encoded in the text format.
+    pub async fn render(&self, timeout: Duration) -> String {
+        let mut set: MetricSet = self.registry.scrape(timeout).await;
+        set.gauge(
+            "ceems_exporter_build_info",
+            "A metric with a constant '1' value labeled by version, revision, branch, rustversion from which ceems_exporter was built, and the goos and goarch for the build.",
+            self.build_info.clone(),
+            1.0,
+        );
+        let mut body = String::with_capacity(64 * set.len_samples() + 1024);
+        set.encode_text(&mut body);
+        if let Some(r) = &self.process_metrics {
+            match prometheus::TextEncoder::new().encode_to_string(&r.gather()) {
+                Ok(text) => body.push_str(&text),
+                Err(e) => tracing::warn!(error = %e, "cannot encode process metrics"),
+            }
+        }
+        body
+    }
+
+    async fn handle(
+        self: Arc<Self>,
+        req: Request<hyper::body::Incoming>,
+    ) -> hyper::Response<web::Body> {
+        if req.method() != Method::GET && req.method() != Method::HEAD {
+            return web::text_response(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
+        }
+        match req.uri().path() {
+            p if p == self.telemetry_path => {
+                let timeout = self.scrape_timeout(&req);
+                let gzip = web::accepts_gzip(&req);
+                let body = self.render(timeout).await;
+                web::body_response(body, TEXT_CONTENT_TYPE, gzip)
+            }
+            "/health" => web::text_response(StatusCode::OK, "OK\n"),
+            "/" => {
+                let mut resp =
+                    web::text_response(StatusCode::OK, landing_page(&self.telemetry_path));
+                resp.headers_mut().insert(
+                    hyper::header::CONTENT_TYPE,
+                    hyper::header::HeaderValue::from_static("text/html; charset=utf-8"),
+                );
+                resp
+            }
+            _ => web::text_response(StatusCode::NOT_FOUND, "not found\n"),
+        }
+    }
+}
+
+fn landing_page(telemetry: &str) -> String {
+    format!(
+        "<!DOCTYPE html>\n<html><head><title>CEEMS exporter</title></head><body>\n\
+         <h1>CEEMS exporter</h1>\n<p>Version {}</p>\n\
+         <ul><li><a href=\"{telemetry}\">Metrics</a></li><li><a href=\"/health\">Health</a></li></ul>\n\
+         </body></html>\n",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+pub struct WebOptions {
+    pub listen_address: String,
+    pub max_requests: usize,
+}
+
+pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
+    let opts = opts();
+    let settings = config::load("exporter", &opts, matches)?;
+    let log: LogConfig = settings.get("log")?;
+    crate::log::init(&log)?;
+    let (exporter, web_opts) = Exporter::from_settings(&settings)?;
+    let exporter = Arc::new(exporter);
+    tracing::info!(collectors = ?exporter.registry.names(), "starting ceems exporter");
+
+    // Collectors block on files on their own threads; two workers serve HTTP.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(64)
+        .thread_name("ceems-exporter")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let listener = web::bind(&web_opts.listen_address).await?;
+        tracing::info!(address = %web_opts.listen_address, "listening");
+        let handler: web::Handler = Arc::new(move |req| {
+            let exporter = Arc::clone(&exporter);
+            Box::pin(exporter.handle(req))
+        });
+        web::serve(
+            listener,
+            web_opts.max_requests,
+            handler,
+            web::shutdown_signal(),
+        )
+        .await;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}

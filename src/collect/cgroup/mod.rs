@@ -1,0 +1,751 @@
+//! Reads the accounting of one compute unit's cgroup, v1 or v2, under an injected root.
+//!
+//! Resource managers (Slurm now, libvirt and others later) find their units and hand this
+//! module a path relative to the hierarchy; it reads each file once and turns the values into
+//! the `ceems_compute_unit_*` series that CEEMS exports.
+
+pub mod parse;
+
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+use crate::metrics::{Labels, MetricSet};
+
+use parse::ParseError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupVersion {
+    V1,
+    V2,
+}
+
+impl CgroupVersion {
+    /// Parses the `--collector.cgroups.force-version` value.
+    pub fn from_flag(s: &str) -> Option<CgroupVersion> {
+        match s {
+            "v1" => Some(CgroupVersion::V1),
+            "v2" => Some(CgroupVersion::V2),
+            _ => None,
+        }
+    }
+}
+
+/// Detects the cgroup version of the hierarchy mounted at `root`: the cgroup2 filesystem
+/// magic, or a `cgroup.controllers` file at the top for trees that are not mounts (fixtures).
+pub fn detect_version(root: &Path) -> CgroupVersion {
+    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+    if let Ok(st) = nix::sys::statfs::statfs(root) {
+        #[allow(clippy::unnecessary_cast)]
+        if st.filesystem_type().0 as i64 == CGROUP2_SUPER_MAGIC {
+            return CgroupVersion::V2;
+        }
+    }
+    if root.join("cgroup.controllers").is_file() {
+        CgroupVersion::V2
+    } else {
+        CgroupVersion::V1
+    }
+}
+
+/// Errors of reading one unit.
+#[derive(Debug, thiserror::Error)]
+pub enum UnitError {
+    /// The unit's directory is gone: the job ended between discovery and reading.
+    #[error("cgroup {0} vanished")]
+    Vanished(PathBuf),
+}
+
+/// What went wrong with one file of a unit; the unit is still reported, flagged with an error.
+#[derive(Debug)]
+pub struct FileFault {
+    pub path: PathBuf,
+    pub message: String,
+}
+
+/// The accounting of one unit, in base units.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UnitStats {
+    pub cpu_user_seconds: f64,
+    pub cpu_system_seconds: f64,
+    pub cpus: u64,
+    pub cpu_psi_seconds: f64,
+    pub memory_rss_bytes: f64,
+    pub memory_cache_bytes: f64,
+    pub memory_used_bytes: f64,
+    pub memory_total_bytes: f64,
+    pub memory_fail_count: f64,
+    pub memsw_used_bytes: f64,
+    pub memsw_total_bytes: f64,
+    pub memsw_fail_count: f64,
+    pub memory_psi_seconds: f64,
+}
+
+/// Which optional groups of files to read.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReadOptions {
+    pub swap: bool,
+    pub psi: bool,
+}
+
+/// Host memory, used when a unit has no limit of its own.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HostMemory {
+    pub mem_total_bytes: f64,
+    pub swap_total_bytes: f64,
+}
+
+/// v1 kernels report "no limit" as the largest page-aligned signed value, not u64::MAX.
+const V1_UNLIMITED: u64 = 0x7FFF_FFFF_FFFF_F000;
+
+/// The controllers of a v1 hierarchy, resolved once: Debian mounts `cpuacct` alone, most
+/// distributions mount `cpu,cpuacct`.
+#[derive(Debug, Clone)]
+pub struct V1Controllers {
+    pub cpuacct: PathBuf,
+    pub memory: PathBuf,
+    pub cpuset: PathBuf,
+}
+
+impl V1Controllers {
+    pub fn resolve(root: &Path) -> V1Controllers {
+        let first_dir = |names: &[&str]| {
+            names
+                .iter()
+                .map(|n| root.join(n))
+                .find(|p| p.is_dir())
+                .unwrap_or_else(|| root.join(names[0]))
+        };
+        V1Controllers {
+            cpuacct: first_dir(&["cpu,cpuacct", "cpuacct,cpu", "cpuacct"]),
+            memory: root.join("memory"),
+            cpuset: root.join("cpuset"),
+        }
+    }
+
+    /// The directory of a v1 subsystem name as given by `--collector.cgroups.active-subsystem`.
+    pub fn subsystem_dir(&self, root: &Path, name: &str) -> PathBuf {
+        match name {
+            "cpuacct" | "cpu" => self.cpuacct.clone(),
+            "memory" => self.memory.clone(),
+            "cpuset" => self.cpuset.clone(),
+            other => root.join(other),
+        }
+    }
+}
+
+/// Reads units' files under one cgroup root, reusing its buffers between files.
+pub struct CgroupReader {
+    root: PathBuf,
+    version: CgroupVersion,
+    v1: V1Controllers,
+    host: HostMemory,
+    clock_ticks: f64,
+    scratch: Scratch,
+}
+
+/// Buffers reused for every file read of a scrape.
+struct Scratch {
+    buf: String,
+    path: PathBuf,
+}
+
+impl Scratch {
+    /// Reads `dir/file` into the shared buffer. `Ok(false)` means the file does not exist.
+    fn load(&mut self, dir: &Path, rel: &Path, file: &str) -> io::Result<bool> {
+        self.path.clear();
+        self.path.push(dir);
+        self.path.push(rel);
+        self.path.push(file);
+        self.buf.clear();
+        match std::fs::File::open(&self.path) {
+            Ok(mut f) => {
+                f.read_to_string(&mut self.buf)?;
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads one file and parses it; a missing file yields `None`, a read or parse failure is
+    /// recorded in `faults` and also yields `None`, so the other files of the unit still count.
+    fn read<T>(
+        &mut self,
+        dir: &Path,
+        rel: &Path,
+        file: &str,
+        faults: &mut Vec<FileFault>,
+        parse: impl FnOnce(&str) -> Result<T, ParseError>,
+    ) -> Option<T> {
+        match self.load(dir, rel, file) {
+            Ok(false) => None,
+            Ok(true) => match parse(&self.buf) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    faults.push(FileFault {
+                        path: self.path.clone(),
+                        message: e.to_string(),
+                    });
+                    None
+                }
+            },
+            Err(e) => {
+                faults.push(FileFault {
+                    path: self.path.clone(),
+                    message: e.to_string(),
+                });
+                None
+            }
+        }
+    }
+}
+
+/// Clock ticks per second for v1 `cpuacct.stat`.
+pub fn clock_ticks() -> f64 {
+    match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
+        Ok(Some(t)) if t > 0 => t as f64,
+        _ => 100.0,
+    }
+}
+
+impl CgroupReader {
+    pub fn new(root: &Path, version: CgroupVersion, host: HostMemory) -> CgroupReader {
+        CgroupReader {
+            root: root.to_owned(),
+            version,
+            v1: V1Controllers::resolve(root),
+            host,
+            clock_ticks: clock_ticks(),
+            scratch: Scratch {
+                buf: String::with_capacity(4096),
+                path: PathBuf::with_capacity(256),
+            },
+        }
+    }
+
+    pub fn version(&self) -> CgroupVersion {
+        self.version
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn v1_controllers(&self) -> &V1Controllers {
+        &self.v1
+    }
+
+    /// Reads the accounting of the unit at `rel`: for v2 a path below the root, for v1 a path
+    /// below each controller's directory (e.g. `slurm/uid_1000/job_42`).
+    pub fn read_unit(
+        &mut self,
+        rel: &Path,
+        opts: ReadOptions,
+        faults: &mut Vec<FileFault>,
+    ) -> Result<UnitStats, UnitError> {
+        match self.version {
+            CgroupVersion::V1 => self.read_v1(rel, opts, faults),
+            CgroupVersion::V2 => self.read_v2(rel, opts, faults),
+        }
+    }
+
+    fn read_v1(
+        &mut self,
+        rel: &Path,
+        opts: ReadOptions,
+        faults: &mut Vec<FileFault>,
+    ) -> Result<UnitStats, UnitError> {
+        let (cpuacct, memory, cpuset) = (&self.v1.cpuacct, &self.v1.memory, &self.v1.cpuset);
+        let mut s = UnitStats::default();
+        let ticks = self.clock_ticks;
+        let cpu = self
+            .scratch
+            .read(cpuacct, rel, "cpuacct.stat", faults, |t| {
+                let (mut u, mut sys) = (0, 0);
+                parse::flat_keyed(t, |k, v| match k {
+                    "user" => u = v,
+                    "system" => sys = v,
+                    _ => {}
+                })?;
+                Ok((u, sys))
+            });
+        match cpu {
+            Some((user, system)) => {
+                s.cpu_user_seconds = user as f64 / ticks;
+                s.cpu_system_seconds = system as f64 / ticks;
+            }
+            // Only stat the directories when the file is missing: the common path stays at
+            // one open per file.
+            None if !cpuacct.join(rel).is_dir() && !memory.join(rel).is_dir() => {
+                return Err(UnitError::Vanished(rel.to_owned()));
+            }
+            None => {}
+        }
+        s.cpus = self
+            .scratch
+            .read(cpuset, rel, "cpuset.cpus", faults, parse::cpuset_count)
+            .unwrap_or(0);
+
+        if let Some((rss, cache)) = self.scratch.read(memory, rel, "memory.stat", faults, |t| {
+            let (mut rss, mut cache) = (0, 0);
+            parse::flat_keyed(t, |k, v| match k {
+                "total_rss" => rss = v,
+                "total_cache" => cache = v,
+                _ => {}
+            })?;
+            Ok((rss, cache))
+        }) {
+            s.memory_rss_bytes = rss as f64;
+            s.memory_cache_bytes = cache as f64;
+        }
+        s.memory_used_bytes = self
+            .scratch
+            .read(
+                memory,
+                rel,
+                "memory.usage_in_bytes",
+                faults,
+                parse::single_u64,
+            )
+            .unwrap_or(0) as f64;
+        if let Some(limit) = self.scratch.read(
+            memory,
+            rel,
+            "memory.limit_in_bytes",
+            faults,
+            parse::single_u64,
+        ) {
+            s.memory_total_bytes = memory_limit(&self.host, limit);
+        }
+        s.memory_fail_count = self
+            .scratch
+            .read(memory, rel, "memory.failcnt", faults, parse::single_u64)
+            .unwrap_or(0) as f64;
+        if opts.swap {
+            s.memsw_used_bytes = self
+                .scratch
+                .read(
+                    memory,
+                    rel,
+                    "memory.memsw.usage_in_bytes",
+                    faults,
+                    parse::single_u64,
+                )
+                .unwrap_or(0) as f64;
+            if let Some(limit) = self.scratch.read(
+                memory,
+                rel,
+                "memory.memsw.limit_in_bytes",
+                faults,
+                parse::single_u64,
+            ) {
+                s.memsw_total_bytes =
+                    swap_limit(&self.host, Some(limit).filter(|l| *l < V1_UNLIMITED));
+            }
+            s.memsw_fail_count = self
+                .scratch
+                .read(
+                    memory,
+                    rel,
+                    "memory.memsw.failcnt",
+                    faults,
+                    parse::single_u64,
+                )
+                .unwrap_or(0) as f64;
+        }
+        // v1 has no per-cgroup PSI: the PSI series stay at 0, as in CEEMS.
+        Ok(s)
+    }
+
+    fn read_v2(
+        &mut self,
+        rel: &Path,
+        opts: ReadOptions,
+        faults: &mut Vec<FileFault>,
+    ) -> Result<UnitStats, UnitError> {
+        let root = &self.root;
+        let mut s = UnitStats::default();
+        let cpu = self.scratch.read(root, rel, "cpu.stat", faults, |t| {
+            let (mut u, mut sys) = (0, 0);
+            parse::flat_keyed(t, |k, v| match k {
+                "user_usec" => u = v,
+                "system_usec" => sys = v,
+                _ => {}
+            })?;
+            Ok((u, sys))
+        });
+        match cpu {
+            Some((u, sys)) => {
+                s.cpu_user_seconds = u as f64 / 1e6;
+                s.cpu_system_seconds = sys as f64 / 1e6;
+            }
+            // cpu.stat exists in every v2 cgroup; without it the directory is gone.
+            None if !root.join(rel).is_dir() => return Err(UnitError::Vanished(rel.to_owned())),
+            None => {}
+        }
+        s.cpus = self
+            .scratch
+            .read(
+                root,
+                rel,
+                "cpuset.cpus.effective",
+                faults,
+                parse::cpuset_count,
+            )
+            .unwrap_or(0);
+        s.memory_used_bytes = self
+            .scratch
+            .read(root, rel, "memory.current", faults, parse::single_u64)
+            .unwrap_or(0) as f64;
+        if let Some(limit) = self
+            .scratch
+            .read(root, rel, "memory.max", faults, parse::limit)
+        {
+            s.memory_total_bytes = match limit {
+                Some(l) => l as f64,
+                None if self.host.mem_total_bytes > 0.0 => self.host.mem_total_bytes,
+                None => u64::MAX as f64,
+            };
+        }
+        if let Some((anon, file)) = self.scratch.read(root, rel, "memory.stat", faults, |t| {
+            let (mut anon, mut file) = (0, 0);
+            parse::flat_keyed(t, |k, v| match k {
+                "anon" => anon = v,
+                "file" => file = v,
+                _ => {}
+            })?;
+            Ok((anon, file))
+        }) {
+            s.memory_rss_bytes = anon as f64;
+            s.memory_cache_bytes = file as f64;
+        }
+        s.memory_fail_count = self
+            .scratch
+            .read(root, rel, "memory.events", faults, |t| {
+                let mut oom = 0;
+                parse::flat_keyed(t, |k, v| {
+                    if k == "oom" {
+                        oom = v
+                    }
+                })?;
+                Ok(oom)
+            })
+            .unwrap_or(0) as f64;
+        if opts.swap {
+            s.memsw_used_bytes = self
+                .scratch
+                .read(root, rel, "memory.swap.current", faults, parse::single_u64)
+                .unwrap_or(0) as f64;
+            if let Some(limit) =
+                self.scratch
+                    .read(root, rel, "memory.swap.max", faults, parse::limit)
+            {
+                s.memsw_total_bytes = swap_limit(&self.host, limit);
+            }
+            // v2 has no swap fail counter; CEEMS reports 0.
+        }
+        if opts.psi {
+            if let Some(p) = self
+                .scratch
+                .read(root, rel, "cpu.pressure", faults, parse::pressure)
+            {
+                s.cpu_psi_seconds = p.full_total_us as f64 / 1e6;
+            }
+            if let Some(p) =
+                self.scratch
+                    .read(root, rel, "memory.pressure", faults, parse::pressure)
+            {
+                s.memory_psi_seconds = p.full_total_us as f64 / 1e6;
+            }
+        }
+        Ok(s)
+    }
+}
+
+fn memory_limit(host: &HostMemory, limit: u64) -> f64 {
+    if limit >= V1_UNLIMITED && host.mem_total_bytes > 0.0 {
+        host.mem_total_bytes
+    } else {
+        limit as f64
+    }
+}
+
+/// A swap limit of "none" is reported as the host's swap, or its memory when it has no swap,
+/// as CEEMS does.
+fn swap_limit(host: &HostMemory, limit: Option<u64>) -> f64 {
+    match limit {
+        Some(l) => l as f64,
+        None if host.swap_total_bytes > 0.0 => host.swap_total_bytes,
+        None if host.mem_total_bytes > 0.0 => host.mem_total_bytes,
+        None => u64::MAX as f64,
+    }
+}
+
+/// Visits the pids of a unit's subtree, depth first, until `visit` returns true (found).
+/// Slurm puts processes in leaf cgroups (`step_*/user/task_*`), so a job's own file is empty.
+pub fn find_pid(
+    dir: &Path,
+    faults: &mut Vec<FileFault>,
+    visit: &mut impl FnMut(u32) -> bool,
+) -> Option<u32> {
+    let procs = dir.join("cgroup.procs");
+    match std::fs::read_to_string(&procs) {
+        Ok(text) => {
+            for pid in parse::procs(&text) {
+                match pid {
+                    Ok(pid) if visit(pid) => return Some(pid),
+                    Ok(_) => {}
+                    Err(e) => faults.push(FileFault {
+                        path: procs.clone(),
+                        message: e.to_string(),
+                    }),
+                }
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => faults.push(FileFault {
+            path: procs.clone(),
+            message: e.to_string(),
+        }),
+    }
+    let entries = std::fs::read_dir(dir).ok()?;
+    for entry in entries.flatten() {
+        // cgroupfs holds no symlinks; fixture trees might, and following them could escape.
+        if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            if let Some(pid) = find_pid(&entry.path(), faults, visit) {
+                return Some(pid);
+            }
+        }
+    }
+    None
+}
+
+/// The first process of a unit's subtree, if it has any.
+pub fn first_pid(dir: &Path, faults: &mut Vec<FileFault>) -> Option<u32> {
+    find_pid(dir, faults, &mut |_| true)
+}
+
+/// Help texts and names of the per-unit series, as CEEMS exports them.
+pub mod names {
+    pub const UNITS: &str = "ceems_compute_units";
+    pub const UNITS_HELP: &str = "Total number of jobs";
+    pub const COLLECT_ERROR: &str = "ceems_compute_collect_error";
+    pub const COLLECT_ERROR_HELP: &str = "Indicates collection error, 0=no error, 1=error";
+}
+
+/// Emits the `ceems_compute_unit_*` series of one unit.
+pub fn emit_unit(out: &mut MetricSet, labels: &Labels, s: &UnitStats, opts: ReadOptions) {
+    let g = |out: &mut MetricSet, name: &str, help: &str, v: f64| {
+        out.gauge(name, help, labels.clone(), v)
+    };
+    out.counter(
+        "ceems_compute_unit_cpu_user_seconds_total",
+        "Total job CPU user seconds",
+        labels.clone(),
+        s.cpu_user_seconds,
+    );
+    out.counter(
+        "ceems_compute_unit_cpu_system_seconds_total",
+        "Total job CPU system seconds",
+        labels.clone(),
+        s.cpu_system_seconds,
+    );
+    g(
+        out,
+        "ceems_compute_unit_cpus",
+        "Total number of job CPUs",
+        s.cpus as f64,
+    );
+    g(
+        out,
+        "ceems_compute_unit_memory_rss_bytes",
+        "Memory RSS used in bytes",
+        s.memory_rss_bytes,
+    );
+    g(
+        out,
+        "ceems_compute_unit_memory_cache_bytes",
+        "Memory cache used in bytes",
+        s.memory_cache_bytes,
+    );
+    g(
+        out,
+        "ceems_compute_unit_memory_used_bytes",
+        "Memory used in bytes",
+        s.memory_used_bytes,
+    );
+    g(
+        out,
+        "ceems_compute_unit_memory_total_bytes",
+        "Memory total in bytes",
+        s.memory_total_bytes,
+    );
+    g(
+        out,
+        "ceems_compute_unit_memory_fail_count",
+        "Memory fail count",
+        s.memory_fail_count,
+    );
+    if opts.swap {
+        g(
+            out,
+            "ceems_compute_unit_memsw_used_bytes",
+            "Swap used in bytes",
+            s.memsw_used_bytes,
+        );
+        g(
+            out,
+            "ceems_compute_unit_memsw_total_bytes",
+            "Swap total in bytes",
+            s.memsw_total_bytes,
+        );
+        g(
+            out,
+            "ceems_compute_unit_memsw_fail_count",
+            "Swap fail count",
+            s.memsw_fail_count,
+        );
+    }
+    if opts.psi {
+        g(
+            out,
+            "ceems_compute_unit_cpu_psi_seconds",
+            "Total CPU PSI in seconds",
+            s.cpu_psi_seconds,
+        );
+        g(
+            out,
+            "ceems_compute_unit_memory_psi_seconds",
+            "Total memory PSI in seconds",
+            s.memory_psi_seconds,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    fn write(dir: &Path, file: &str, text: &str) {
+        fs::create_dir_all(dir).unwrap();
+        fs::write(dir.join(file), text).unwrap();
+    }
+
+    #[test]
+    fn v2_unit_reads_files_and_substitutes_host_limits() {
+        let tmp = tempfile::tempdir().unwrap();
+        let job = tmp.path().join("system.slice/slurmstepd.scope/job_7");
+        write(
+            &job,
+            "cpu.stat",
+            "usage_usec 3000000\nuser_usec 2000000\nsystem_usec 1000000\n",
+        );
+        write(&job, "cpuset.cpus.effective", "0-3\n");
+        write(&job, "memory.current", "100\n");
+        write(&job, "memory.max", "max\n");
+        write(&job, "memory.stat", "anon 60\nfile 40\n");
+        write(
+            &job,
+            "memory.events",
+            "low 0\nhigh 0\nmax 2\noom 1\noom_kill 1\n",
+        );
+        write(&job, "memory.swap.current", "5\n");
+        write(&job, "memory.swap.max", "max\n");
+        write(
+            &job,
+            "cpu.pressure",
+            "some avg10=0 avg60=0 avg300=0 total=9\nfull avg10=0 avg60=0 avg300=0 total=2500000\n",
+        );
+        let host = HostMemory {
+            mem_total_bytes: 1000.0,
+            swap_total_bytes: 0.0,
+        };
+        let mut r = CgroupReader::new(tmp.path(), CgroupVersion::V2, host);
+        let mut faults = Vec::new();
+        let rel = Path::new("system.slice/slurmstepd.scope/job_7");
+        let s = r
+            .read_unit(
+                rel,
+                ReadOptions {
+                    swap: true,
+                    psi: true,
+                },
+                &mut faults,
+            )
+            .unwrap();
+        assert!(faults.is_empty(), "{faults:?}");
+        assert_eq!(s.cpu_user_seconds, 2.0);
+        assert_eq!(s.cpu_system_seconds, 1.0);
+        assert_eq!(s.cpus, 4);
+        assert_eq!(s.memory_total_bytes, 1000.0);
+        assert_eq!(s.memsw_total_bytes, 1000.0);
+        assert_eq!(s.memory_fail_count, 1.0);
+        assert_eq!(s.cpu_psi_seconds, 2.5);
+        assert_eq!((s.memory_rss_bytes, s.memory_cache_bytes), (60.0, 40.0));
+    }
+
+    #[test]
+    fn malformed_file_is_a_fault_not_a_failure() {
+        let tmp = tempfile::tempdir().unwrap();
+        let job = tmp.path().join("job_1");
+        write(&job, "cpu.stat", "user_usec lots\n");
+        write(&job, "memory.current", "42\n");
+        let mut r = CgroupReader::new(tmp.path(), CgroupVersion::V2, HostMemory::default());
+        let mut faults = Vec::new();
+        let s = r
+            .read_unit(Path::new("job_1"), ReadOptions::default(), &mut faults)
+            .unwrap();
+        assert_eq!(faults.len(), 1);
+        assert!(faults[0].path.ends_with("job_1/cpu.stat"));
+        assert_eq!(s.memory_used_bytes, 42.0);
+    }
+
+    #[test]
+    fn vanished_unit_is_reported() {
+        let tmp = tempfile::tempdir().unwrap();
+        for v in [CgroupVersion::V1, CgroupVersion::V2] {
+            let mut r = CgroupReader::new(tmp.path(), v, HostMemory::default());
+            let err = r.read_unit(Path::new("gone"), ReadOptions::default(), &mut Vec::new());
+            assert!(matches!(err, Err(UnitError::Vanished(_))));
+        }
+    }
+
+    #[test]
+    fn v1_unlimited_memory_uses_host_total() {
+        let tmp = tempfile::tempdir().unwrap();
+        let rel = Path::new("slurm/uid_0/job_1");
+        write(
+            &tmp.path().join("cpuacct").join(rel),
+            "cpuacct.stat",
+            "user 250\nsystem 50\n",
+        );
+        let mem = tmp.path().join("memory").join(rel);
+        write(&mem, "memory.limit_in_bytes", "9223372036854771712\n");
+        write(&mem, "memory.stat", "rss 0\ntotal_rss 10\ntotal_cache 20\n");
+        let host = HostMemory {
+            mem_total_bytes: 4096.0,
+            swap_total_bytes: 0.0,
+        };
+        let mut r = CgroupReader::new(tmp.path(), CgroupVersion::V1, host);
+        r.clock_ticks = 100.0;
+        let s = r
+            .read_unit(rel, ReadOptions::default(), &mut Vec::new())
+            .unwrap();
+        assert_eq!(s.memory_total_bytes, 4096.0);
+        assert_eq!((s.cpu_user_seconds, s.cpu_system_seconds), (2.5, 0.5));
+        assert_eq!((s.memory_rss_bytes, s.memory_cache_bytes), (10.0, 20.0));
+    }
+
+    #[test]
+    fn first_pid_searches_the_subtree() {
+        let tmp = tempfile::tempdir().unwrap();
+        let job = tmp.path().join("job_1");
+        write(&job, "cgroup.procs", "");
+        write(&job.join("step_0/user/task_0"), "cgroup.procs", "123\n");
+        assert_eq!(first_pid(&job, &mut Vec::new()), Some(123));
+        let empty = tmp.path().join("job_2");
+        write(&empty.join("step_0"), "cgroup.procs", "\n");
+        assert_eq!(first_pid(&empty, &mut Vec::new()), None);
+    }
+}

@@ -1,0 +1,307 @@
+//! Parsers for cgroup files (v1 and v2). Each takes the file's text and returns a typed value or
+//! a [`ParseError`] that says what was wrong; none of them panics, whatever the input.
+
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError {
+    pub line: usize,
+    pub message: String,
+}
+
+impl ParseError {
+    pub fn new(line: usize, message: impl Into<String>) -> ParseError {
+        ParseError {
+            line,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line > 0 {
+            write!(f, "line {}: {}", self.line, self.message)
+        } else {
+            f.write_str(&self.message)
+        }
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+fn parse_u64_field(line: usize, raw: &str) -> Result<u64, ParseError> {
+    raw.parse::<u64>()
+        .map_err(|_| ParseError::new(line, format!("`{raw}` is not an unsigned integer")))
+}
+
+/// A single unsigned number, as in `memory.current` or `memory.failcnt`.
+pub fn single_u64(text: &str) -> Result<u64, ParseError> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(ParseError::new(1, "empty file"));
+    }
+    parse_u64_field(1, t)
+}
+
+/// A limit such as `memory.max`: a number, or `max` for none (`None`).
+pub fn limit(text: &str) -> Result<Option<u64>, ParseError> {
+    match text.trim() {
+        "max" => Ok(None),
+        _ => single_u64(text).map(Some),
+    }
+}
+
+/// Walks a flat keyed file (`cpu.stat`, `memory.stat`, `memory.events`, `cpuacct.stat`):
+/// one `key value` pair per line, the value an unsigned integer.
+pub fn flat_keyed<'a>(text: &'a str, mut each: impl FnMut(&'a str, u64)) -> Result<(), ParseError> {
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let mut fields = line.split_ascii_whitespace();
+        let (Some(key), Some(value), None) = (fields.next(), fields.next(), fields.next()) else {
+            return Err(ParseError::new(
+                i + 1,
+                format!("expected `key value`, got `{line}`"),
+            ));
+        };
+        each(key, parse_u64_field(i + 1, value)?);
+    }
+    Ok(())
+}
+
+/// Totals of a PSI file (`cpu.pressure`, `memory.pressure`), in microseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pressure {
+    pub some_total_us: u64,
+    pub full_total_us: u64,
+}
+
+/// Parses `some avg10=0.00 avg60=0.00 avg300=0.00 total=123` lines.
+pub fn pressure(text: &str) -> Result<Pressure, ParseError> {
+    let mut out = Pressure::default();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let mut fields = line.split_ascii_whitespace();
+        let kind = fields.next().unwrap_or_default();
+        let mut total = None;
+        for field in fields {
+            let Some((k, v)) = field.split_once('=') else {
+                return Err(ParseError::new(
+                    i + 1,
+                    format!("expected `name=value`, got `{field}`"),
+                ));
+            };
+            match k {
+                "total" => total = Some(parse_u64_field(i + 1, v)?),
+                "avg10" | "avg60" | "avg300" => {
+                    v.parse::<f64>()
+                        .map_err(|_| ParseError::new(i + 1, format!("`{v}` is not a number")))?;
+                }
+                _ => {}
+            }
+        }
+        let total = total.ok_or_else(|| ParseError::new(i + 1, "no `total=` field"))?;
+        match kind {
+            "some" => out.some_total_us = total,
+            "full" => out.full_total_us = total,
+            other => {
+                return Err(ParseError::new(
+                    i + 1,
+                    format!("unknown PSI line `{other}`"),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Counts the CPUs of a cpuset list such as `0-3,8,10-11`. An empty list counts as zero CPUs.
+pub fn cpuset_count(text: &str) -> Result<u64, ParseError> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Ok(0);
+    }
+    let mut count: u64 = 0;
+    for part in t.split(',') {
+        let n = match part.split_once('-') {
+            None => {
+                parse_u64_field(1, part)?;
+                1
+            }
+            Some((a, b)) => {
+                let (a, b) = (parse_u64_field(1, a)?, parse_u64_field(1, b)?);
+                if b < a {
+                    return Err(ParseError::new(
+                        1,
+                        format!("range `{part}` ends before it starts"),
+                    ));
+                }
+                (b - a)
+                    .checked_add(1)
+                    .ok_or_else(|| ParseError::new(1, "cpuset too large"))?
+            }
+        };
+        count = count
+            .checked_add(n)
+            .ok_or_else(|| ParseError::new(1, "cpuset too large"))?;
+    }
+    Ok(count)
+}
+
+/// The pids of a `cgroup.procs` file.
+pub fn procs(text: &str) -> impl Iterator<Item = Result<u32, ParseError>> + '_ {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            l.trim()
+                .parse::<u32>()
+                .map_err(|_| ParseError::new(i + 1, format!("`{l}` is not a pid")))
+        })
+}
+
+/// One device line of a v2 `io.stat` file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoStat {
+    pub major: u32,
+    pub minor: u32,
+    pub rbytes: u64,
+    pub wbytes: u64,
+    pub rios: u64,
+    pub wios: u64,
+}
+
+/// Parses `8:0 rbytes=1 wbytes=2 rios=3 wios=4 dbytes=0 dios=0` lines.
+pub fn io_stat(text: &str) -> Result<Vec<IoStat>, ParseError> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let mut fields = line.split_ascii_whitespace();
+        let Some(dev) = fields.next() else { continue };
+        let Some((major, minor)) = dev.split_once(':') else {
+            return Err(ParseError::new(
+                i + 1,
+                format!("`{dev}` is not a major:minor device"),
+            ));
+        };
+        let mut stat = IoStat {
+            major: major
+                .parse()
+                .map_err(|_| ParseError::new(i + 1, format!("bad major `{major}`")))?,
+            minor: minor
+                .parse()
+                .map_err(|_| ParseError::new(i + 1, format!("bad minor `{minor}`")))?,
+            ..IoStat::default()
+        };
+        for field in fields {
+            let Some((k, v)) = field.split_once('=') else {
+                return Err(ParseError::new(
+                    i + 1,
+                    format!("expected `name=value`, got `{field}`"),
+                ));
+            };
+            let v = parse_u64_field(i + 1, v)?;
+            match k {
+                "rbytes" => stat.rbytes = v,
+                "wbytes" => stat.wbytes = v,
+                "rios" => stat.rios = v,
+                "wios" => stat.wios = v,
+                _ => {}
+            }
+        }
+        out.push(stat);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn flat_keyed_reads_pairs_and_rejects_garbage() {
+        let mut seen = Vec::new();
+        flat_keyed("user_usec 10\nsystem_usec 20\n", |k, v| seen.push((k, v))).unwrap();
+        assert_eq!(seen, vec![("user_usec", 10), ("system_usec", 20)]);
+        let err = flat_keyed("user_usec ten\n", |_, _| {}).unwrap_err();
+        assert_eq!(err.line, 1);
+        assert!(flat_keyed("a 1 2\n", |_, _| {}).is_err());
+        assert!(flat_keyed("lonely\n", |_, _| {}).is_err());
+    }
+
+    #[test]
+    fn limits_and_singles() {
+        assert_eq!(limit("max\n").unwrap(), None);
+        assert_eq!(limit("4294967296\n").unwrap(), Some(4294967296));
+        assert!(single_u64("").is_err());
+        assert!(single_u64("-1").is_err());
+    }
+
+    #[test]
+    fn pressure_totals() {
+        let p = pressure(
+            "some avg10=0.00 avg60=0.00 avg300=0.00 total=12\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=7\n",
+        )
+        .unwrap();
+        assert_eq!(
+            p,
+            Pressure {
+                some_total_us: 12,
+                full_total_us: 7
+            }
+        );
+        assert!(pressure("full avg10=0.00\n").is_err());
+        assert!(pressure("half total=1\n").is_err());
+    }
+
+    #[test]
+    fn cpuset_counts() {
+        assert_eq!(cpuset_count("1,41\n").unwrap(), 2);
+        assert_eq!(cpuset_count("0-3,8,10-11").unwrap(), 7);
+        assert_eq!(cpuset_count("\n").unwrap(), 0);
+        assert!(cpuset_count("3-1").is_err());
+        assert!(cpuset_count("a").is_err());
+        assert!(cpuset_count("0-18446744073709551615,0-18446744073709551615").is_err());
+    }
+
+    #[test]
+    fn procs_and_io() {
+        let pids: Result<Vec<u32>, _> = procs("1\n22\n\n").collect();
+        assert_eq!(pids.unwrap(), vec![1, 22]);
+        assert!(procs("x\n").next().unwrap().is_err());
+        let io = io_stat("8:0 rbytes=1 wbytes=2 rios=3 wios=4 dbytes=0 dios=0\n").unwrap();
+        assert_eq!(io[0].wios, 4);
+        assert!(io_stat("8 rbytes=1").is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn parsers_never_panic(s in ".{0,200}") {
+            let _ = flat_keyed(&s, |_, _| {});
+            let _ = pressure(&s);
+            let _ = cpuset_count(&s);
+            let _ = procs(&s).count();
+            let _ = io_stat(&s);
+            let _ = limit(&s);
+        }
+
+        #[test]
+        fn cpuset_count_matches_expansion(ranges in proptest::collection::vec((0u64..512, 0u64..16), 1..8)) {
+            let text: Vec<String> = ranges.iter().map(|(a, len)| if *len == 0 { a.to_string() } else { format!("{}-{}", a, a + len) }).collect();
+            let expected: u64 = ranges.iter().map(|(_, len)| len + 1).sum();
+            prop_assert_eq!(cpuset_count(&text.join(",")).unwrap(), expected);
+        }
+
+        #[test]
+        fn flat_keyed_roundtrips(pairs in proptest::collection::vec(("[a-z_]{1,12}", any::<u64>()), 0..20)) {
+            let text: String = pairs.iter().map(|(k, v)| format!("{k} {v}\n")).collect();
+            let mut seen = Vec::new();
+            flat_keyed(&text, |k, v| seen.push((k.to_owned(), v))).unwrap();
+            prop_assert_eq!(seen, pairs);
+        }
+    }
+}

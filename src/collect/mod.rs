@@ -1,0 +1,458 @@
+//! The collector registry: every collector is one module that exports a [`CollectorSpec`];
+//! [`COLLECTORS`] lists them. The registry turns the specs into flags, builds the enabled
+//! collectors, and runs a scrape in which each collector gets its own thread and deadline.
+
+pub mod cgroup;
+pub mod cpu;
+pub mod meminfo;
+pub mod procfs;
+pub mod slurm;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use crate::config::{Kind, Layered, Opt};
+use crate::metrics::{Labels, MetricSet};
+
+pub use caps::Capability;
+
+/// One collector: what it is called and how it reads its metrics.
+pub trait Collector: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    /// Linux capabilities the collect function needs raised (none for plain file reads).
+    fn capabilities(&self) -> &'static [Capability] {
+        &[]
+    }
+    /// Reads the metrics. Runs on a dedicated blocking thread, so it may block on I/O.
+    fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError>;
+}
+
+/// What a collector failed at. Expected absences (no such hardware) log at debug level.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot parse {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: cgroup::parse::ParseError,
+    },
+    #[error("{0}")]
+    Absent(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl CollectError {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> CollectError {
+        CollectError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    fn is_absence(&self) -> bool {
+        matches!(self, CollectError::Absent(_))
+    }
+}
+
+/// Filesystem roots, injected so that fixture trees can stand in for the host's.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Paths {
+    pub sysfs: PathBuf,
+    pub procfs: PathBuf,
+    pub cgroupfs: PathBuf,
+}
+
+/// Settings every collector may read, from `[exporter.collector]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct CommonSettings {
+    pub disable_defaults: bool,
+    pub empty_hostname_label: bool,
+    #[serde(deserialize_with = "crate::config::de_duration")]
+    pub timeout: Duration,
+    pub cgroups: CgroupSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct CgroupSettings {
+    #[serde(default)]
+    pub force_version: Option<String>,
+    pub active_subsystem: String,
+}
+
+/// What a collector is built from.
+pub struct Context {
+    pub paths: Paths,
+    pub common: CommonSettings,
+    /// Value of the `hostname` label (empty with `--collector.empty-hostname-label`).
+    pub hostname: String,
+    /// This collector's own table, `[exporter.collector.<name>]`.
+    pub settings: Layered,
+}
+
+impl Context {
+    pub fn hostname_labels(&self) -> Labels {
+        Labels::new(&[("hostname", &self.hostname)])
+    }
+}
+
+/// The static description of a collector, known before it is built (for flags, `--help` and
+/// `check-privileges`).
+pub struct CollectorSpec {
+    pub name: &'static str,
+    pub default_enabled: bool,
+    pub capabilities: &'static [Capability],
+    /// The collector's own options besides `--collector.<name>`.
+    pub options: fn() -> Vec<Opt>,
+    pub build: fn(&Context) -> Result<Box<dyn Collector>, CollectError>,
+}
+
+/// Every collector this binary has.
+pub static COLLECTORS: &[CollectorSpec] = &[cpu::SPEC, meminfo::SPEC, slurm::SPEC];
+
+/// The flags of every collector: `--collector.<name>` and each one's own options.
+pub fn options() -> Vec<Opt> {
+    let mut opts = vec![
+        Opt::flag(
+            "collector.disable-defaults",
+            "Disable every collector that is on by default; enable the wanted ones one by one",
+        ),
+        Opt::flag(
+            "collector.empty-hostname-label",
+            "Leave the hostname label empty (for tests and for setups that add it by relabelling)",
+        ),
+        Opt::new(
+            "collector.timeout",
+            Kind::Duration,
+            "Longest time one collector may take in a scrape; shorter if Prometheus's scrape timeout is",
+        )
+        .default("10s"),
+        Opt::new(
+            "collector.cgroups.force-version",
+            Kind::Str,
+            "Use this cgroup version instead of detecting it from the mount",
+        )
+        .possible(&["v1", "v2"]),
+        Opt::new(
+            "collector.cgroups.active-subsystem",
+            Kind::Str,
+            "cgroups v1 subsystem in which units are discovered",
+        )
+        .default("cpuacct"),
+    ];
+    for spec in COLLECTORS {
+        opts.push(
+            Opt::flag(
+                &format!("collector.{}", spec.name),
+                &format!(
+                    "Enable the {} collector (default: {})",
+                    spec.name,
+                    if spec.default_enabled {
+                        "enabled"
+                    } else {
+                        "disabled"
+                    }
+                ),
+            )
+            .key(&format!("collector.{}.enabled", spec.name))
+            .default(if spec.default_enabled {
+                "true"
+            } else {
+                "false"
+            }),
+        );
+        opts.extend((spec.options)());
+    }
+    opts
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("collector {name} could not start: {source}")]
+    Build {
+        name: &'static str,
+        source: CollectError,
+    },
+}
+
+struct Entry {
+    name: &'static str,
+    collector: Arc<dyn Collector>,
+    /// Set while a collect runs, so a hung collector is not started again on top of itself.
+    busy: Arc<AtomicBool>,
+}
+
+pub struct Registry {
+    entries: Vec<Entry>,
+}
+
+/// The collectors left on by `--collector.*` flags and `--collector.disable-defaults`, each with
+/// its own settings table, and the settings they share.
+pub struct Selection {
+    pub common: CommonSettings,
+    pub enabled: Vec<(&'static CollectorSpec, Layered)>,
+}
+
+pub fn select(settings: &Layered) -> Result<Selection, crate::config::ConfigError> {
+    let mut collectors = settings.clone().take("collector");
+    let mut tables = Vec::with_capacity(COLLECTORS.len());
+    for spec in COLLECTORS {
+        let table = match collectors.remove(spec.name) {
+            Some(toml::Value::Table(t)) => t,
+            _ => toml::Table::new(),
+        };
+        tables.push(table);
+    }
+    // What is left are the shared keys; unknown ones fail here, naming the key.
+    let common: CommonSettings = settings.scoped("collector", collectors).get("")?;
+    let mut enabled = Vec::new();
+    for (spec, table) in COLLECTORS.iter().zip(tables) {
+        let path = format!("collector.{}", spec.name);
+        let layer = settings.scoped(&path, table);
+        let on = match layer.table.get("enabled") {
+            Some(toml::Value::Boolean(b)) => *b,
+            Some(_) => {
+                return Err(crate::config::ConfigError::Invalid {
+                    origin: layer.origin_of("enabled"),
+                    key: format!("{path}.enabled"),
+                    message: "expected true or false".to_owned(),
+                })
+            }
+            None => spec.default_enabled,
+        };
+        // disable-defaults turns off default collectors unless they were named explicitly.
+        let on = if common.disable_defaults && spec.default_enabled {
+            on && layer.explicit("enabled")
+        } else {
+            on
+        };
+        if on {
+            enabled.push((spec, layer));
+        }
+    }
+    Ok(Selection { common, enabled })
+}
+
+impl Registry {
+    /// Builds the enabled collectors. A collector that cannot start is an error that names it.
+    pub fn build(settings: &Layered, hostname: &str) -> Result<Registry, RegistryError> {
+        let paths: Paths = settings.get("path")?;
+        let Selection { common, enabled } = select(settings)?;
+        let mut entries = Vec::new();
+        for (spec, layer) in enabled {
+            let ctx = Context {
+                paths: paths.clone(),
+                common: common.clone(),
+                hostname: if common.empty_hostname_label {
+                    String::new()
+                } else {
+                    hostname.to_owned()
+                },
+                settings: layer,
+            };
+            let collector = (spec.build)(&ctx).map_err(|source| RegistryError::Build {
+                name: spec.name,
+                source,
+            })?;
+            tracing::info!(collector = spec.name, "collector enabled");
+            entries.push(Entry {
+                name: spec.name,
+                collector: Arc::from(collector),
+                busy: Arc::new(AtomicBool::new(false)),
+            });
+        }
+        Ok(Registry { entries })
+    }
+
+    /// A registry of ready-made collectors, for tests and benchmarks.
+    pub fn from_collectors(collectors: Vec<Box<dyn Collector>>) -> Registry {
+        Registry {
+            entries: collectors
+                .into_iter()
+                .map(|c| Entry {
+                    name: c.name(),
+                    collector: Arc::from(c),
+                    busy: Arc::new(AtomicBool::new(false)),
+                })
+                .collect(),
+        }
+    }
+
+    pub fn names(&self) -> Vec<&'static str> {
+        self.entries.iter().map(|e| e.name).collect()
+    }
+
+    /// Runs every collector concurrently, each on its own blocking thread, and waits for each
+    /// until `timeout`. A late, failed or panicking collector reports success 0 and the rest of
+    /// the scrape is served.
+    pub async fn scrape(&self, timeout: Duration) -> MetricSet {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut running = Vec::with_capacity(self.entries.len());
+        for e in &self.entries {
+            if e.busy.swap(true, Ordering::AcqRel) {
+                tracing::warn!(
+                    collector = e.name,
+                    "previous collect has not finished; skipping this one"
+                );
+                running.push((e.name, Instant::now(), None));
+                continue;
+            }
+            let collector = Arc::clone(&e.collector);
+            let guard = BusyGuard(Arc::clone(&e.busy));
+            let handle = tokio::task::spawn_blocking(move || {
+                let _guard = guard;
+                let mut out = MetricSet::new();
+                let result = collector.collect(&mut out);
+                (result, out)
+            });
+            running.push((e.name, Instant::now(), Some(handle)));
+        }
+
+        let mut all = MetricSet::new();
+        let mut status = MetricSet::new();
+        for (name, started, handle) in running {
+            let ok = match handle {
+                None => false,
+                Some(h) => match tokio::time::timeout_at(deadline, h).await {
+                    Ok(Ok((Ok(()), out))) => {
+                        all.merge(out);
+                        true
+                    }
+                    Ok(Ok((Err(err), out))) => {
+                        // Partial output of a failed collector is dropped, as in CEEMS.
+                        drop(out);
+                        if err.is_absence() {
+                            tracing::debug!(collector = name, error = %err, "collector failed");
+                        } else {
+                            tracing::warn!(collector = name, error = %err, "collector failed");
+                        }
+                        false
+                    }
+                    Ok(Err(join)) => {
+                        tracing::error!(collector = name, error = %join, "collector panicked");
+                        false
+                    }
+                    Err(_) => {
+                        tracing::warn!(
+                            collector = name,
+                            timeout_seconds = timeout.as_secs_f64(),
+                            "collector timed out"
+                        );
+                        false
+                    }
+                },
+            };
+            let labels = Labels::new(&[("collector", name)]);
+            status.gauge(
+                "ceems_scrape_collector_duration_seconds",
+                "ceems_exporter: Duration of a collector scrape.",
+                labels.clone(),
+                started.elapsed().as_secs_f64(),
+            );
+            status.gauge(
+                "ceems_scrape_collector_success",
+                "ceems_exporter: Whether a collector succeeded.",
+                labels,
+                if ok { 1.0 } else { 0.0 },
+            );
+        }
+        all.merge(status);
+        all
+    }
+}
+
+struct BusyGuard(Arc<AtomicBool>);
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fixed(&'static str, Result<f64, ()>);
+    impl Collector for Fixed {
+        fn name(&self) -> &'static str {
+            self.0
+        }
+        fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
+            match self.1 {
+                Ok(v) => {
+                    out.gauge("test_value", "Test.", Labels::new(&[("c", self.0)]), v);
+                    Ok(())
+                }
+                Err(()) => Err(CollectError::Other("broken".into())),
+            }
+        }
+    }
+
+    struct Hang;
+    impl Collector for Hang {
+        fn name(&self) -> &'static str {
+            "hang"
+        }
+        fn collect(&self, _: &mut MetricSet) -> Result<(), CollectError> {
+            std::thread::sleep(Duration::from_secs(3));
+            Ok(())
+        }
+    }
+
+    struct Panics;
+    impl Collector for Panics {
+        fn name(&self) -> &'static str {
+            "panics"
+        }
+        fn collect(&self, _: &mut MetricSet) -> Result<(), CollectError> {
+            panic!("collector bug")
+        }
+    }
+
+    fn text(set: MetricSet) -> String {
+        let mut s = String::new();
+        set.encode_text(&mut s);
+        s
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn failing_hanging_and_panicking_collectors_do_not_stall_the_scrape() {
+        let reg = Registry::from_collectors(vec![
+            Box::new(Fixed("good", Ok(7.0))),
+            Box::new(Fixed("bad", Err(()))),
+            Box::new(Hang),
+            Box::new(Panics),
+        ]);
+        let start = Instant::now();
+        let out = text(reg.scrape(Duration::from_millis(300)).await);
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "scrape waited for the hung collector"
+        );
+        assert!(out.contains("test_value{c=\"good\"} 7\n"), "{out}");
+        assert!(out.contains("ceems_scrape_collector_success{collector=\"good\"} 1\n"));
+        assert!(out.contains("ceems_scrape_collector_success{collector=\"bad\"} 0\n"));
+        assert!(out.contains("ceems_scrape_collector_success{collector=\"hang\"} 0\n"));
+        assert!(out.contains("ceems_scrape_collector_success{collector=\"panics\"} 0\n"));
+
+        // The hung collector is still running: the next scrape does not pile another on top.
+        let out = text(reg.scrape(Duration::from_millis(100)).await);
+        assert!(out.contains("ceems_scrape_collector_success{collector=\"hang\"} 0\n"));
+        assert!(out.contains("ceems_scrape_collector_success{collector=\"panics\"} 0\n"));
+        assert!(out.contains("ceems_scrape_collector_success{collector=\"good\"} 1\n"));
+    }
+}

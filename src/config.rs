@@ -1,0 +1,588 @@
+//! The one config loader shared by every subcommand.
+//!
+//! Each option is declared once, as an [`Opt`]: its flag, its key in the TOML file, its kind and
+//! its default. From that list the loader builds the clap arguments and a TOML tree in which
+//! later layers win: built-in defaults < the subcommand's table in `--config.file` < environment
+//! < flags. The tree is then deserialized into the subcommand's typed config, where unknown keys
+//! and bad values are errors that name the key and where it came from.
+//!
+//! Keys mirror flags: `--web.listen-address` is `listen-address` in `[exporter.web]`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::parser::ValueSource;
+use clap::{Arg, ArgAction, ArgMatches, Command};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use toml::{Table, Value};
+
+/// Environment variable naming the config file, like `--config.file`.
+pub const CONFIG_FILE_ENV: &str = "CEEMS_CONFIG_FILE";
+const CONFIG_FILE_ARG: &str = "config.file";
+
+/// The tables a config file may hold, one per subcommand.
+pub const SUBCOMMAND_TABLES: &[&str] = &[
+    "exporter",
+    "stats-server",
+    "redfish-proxy",
+    "check-privileges",
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `--x` sets true; `--no-x` sets false.
+    Flag,
+    Str,
+    Int,
+    Float,
+    /// A humantime duration such as `30s` or `15m`, kept as a string until deserialized.
+    Duration,
+}
+
+/// One option of a subcommand.
+#[derive(Debug, Clone)]
+pub struct Opt {
+    /// Long flag without dashes, e.g. `web.listen-address`.
+    pub flag: String,
+    /// Dotted key path in the subcommand's table; usually the flag itself.
+    pub key: String,
+    pub kind: Kind,
+    pub help: String,
+    pub default: Option<String>,
+    pub env: Option<String>,
+    /// Other spellings accepted on the command line (CEEMS's deprecated ones).
+    pub aliases: Vec<String>,
+    pub possible: Vec<&'static str>,
+    pub hidden: bool,
+}
+
+impl Opt {
+    pub fn new(flag: &str, kind: Kind, help: &str) -> Opt {
+        Opt {
+            flag: flag.to_owned(),
+            key: flag.to_owned(),
+            kind,
+            help: help.to_owned(),
+            default: None,
+            env: None,
+            aliases: Vec::new(),
+            possible: Vec::new(),
+            hidden: false,
+        }
+    }
+
+    pub fn flag(flag: &str, help: &str) -> Opt {
+        Opt::new(flag, Kind::Flag, help).default("false")
+    }
+
+    pub fn default(mut self, value: &str) -> Opt {
+        self.default = Some(value.to_owned());
+        self
+    }
+
+    pub fn key(mut self, key: &str) -> Opt {
+        self.key = key.to_owned();
+        self
+    }
+
+    pub fn env(mut self, var: &str) -> Opt {
+        self.env = Some(var.to_owned());
+        self
+    }
+
+    pub fn alias(mut self, alias: &str) -> Opt {
+        self.aliases.push(alias.to_owned());
+        self
+    }
+
+    pub fn possible(mut self, values: &[&'static str]) -> Opt {
+        self.possible = values.to_vec();
+        self
+    }
+
+    pub fn hidden(mut self) -> Opt {
+        self.hidden = true;
+        self
+    }
+
+    fn negation_id(&self) -> String {
+        format!("no-{}", self.flag)
+    }
+
+    fn to_args(&self) -> Vec<Arg> {
+        let mut arg = Arg::new(self.flag.clone())
+            .long(self.flag.clone())
+            .help(self.help.clone())
+            .hide(self.hidden);
+        for alias in &self.aliases {
+            arg = arg.alias(alias.clone());
+        }
+        if let Some(env) = &self.env {
+            arg = arg.env(env.clone());
+        }
+        match self.kind {
+            Kind::Flag => {
+                let negation = Arg::new(self.negation_id())
+                    .long(self.negation_id())
+                    .action(ArgAction::SetTrue)
+                    .help(format!("Inverse of --{}", self.flag))
+                    .hide(!self.flag.starts_with("collector.") || self.hidden)
+                    .overrides_with(self.flag.clone());
+                arg = arg
+                    .action(ArgAction::SetTrue)
+                    .overrides_with(self.negation_id());
+                vec![arg, negation]
+            }
+            kind => {
+                arg = arg.action(ArgAction::Set).value_name(match kind {
+                    Kind::Int => "INT",
+                    Kind::Float => "FLOAT",
+                    Kind::Duration => "DURATION",
+                    _ => "VALUE",
+                });
+                arg = match kind {
+                    Kind::Int => arg.value_parser(clap::value_parser!(i64)),
+                    Kind::Float => arg.value_parser(clap::value_parser!(f64)),
+                    _ if !self.possible.is_empty() => arg.value_parser(
+                        clap::builder::PossibleValuesParser::new(self.possible.iter().copied()),
+                    ),
+                    _ => arg,
+                };
+                if let Some(d) = &self.default {
+                    arg = arg.default_value(d.clone());
+                }
+                vec![arg]
+            }
+        }
+    }
+
+    fn parse_value(&self, raw: &str) -> Result<Value, String> {
+        match self.kind {
+            Kind::Flag => match raw {
+                "true" | "1" | "yes" | "on" => Ok(Value::Boolean(true)),
+                "false" | "0" | "no" | "off" | "" => Ok(Value::Boolean(false)),
+                _ => Err(format!("`{raw}` is not a boolean")),
+            },
+            Kind::Int => raw
+                .parse::<i64>()
+                .map(Value::Integer)
+                .map_err(|e| format!("`{raw}` is not an integer: {e}")),
+            Kind::Float => raw
+                .parse::<f64>()
+                .map(Value::Float)
+                .map_err(|e| format!("`{raw}` is not a number: {e}")),
+            Kind::Str | Kind::Duration => Ok(Value::String(raw.to_owned())),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid TOML: {message}")]
+    Syntax { path: PathBuf, message: String },
+    #[error("config file {path}: unknown table `{table}` (expected one of: {expected})")]
+    UnknownTable {
+        path: PathBuf,
+        table: String,
+        expected: String,
+    },
+    #[error("{origin}: key `{key}`: {message}")]
+    Invalid {
+        origin: String,
+        key: String,
+        message: String,
+    },
+}
+
+/// Adds the `--config.file` flag and every option's arguments to `cmd`.
+pub fn build_command(cmd: Command, opts: &[Opt]) -> Command {
+    let mut cmd = cmd.arg(
+        Arg::new(CONFIG_FILE_ARG)
+            .long(CONFIG_FILE_ARG)
+            .env(CONFIG_FILE_ENV)
+            .value_name("FILE")
+            .help(
+                "TOML config file; its table for this subcommand sets defaults that flags override",
+            ),
+    );
+    for opt in opts {
+        for arg in opt.to_args() {
+            cmd = cmd.arg(arg);
+        }
+    }
+    cmd
+}
+
+/// The merged settings of one subcommand, with a record of which keys flags or env set.
+#[derive(Debug, Clone)]
+pub struct Layered {
+    pub table: Table,
+    pub file: Option<PathBuf>,
+    from_file: BTreeSet<String>,
+    from_cli: BTreeSet<String>,
+}
+
+impl Layered {
+    /// Deserializes the whole tree, or a sub-table of it named by a dotted `path`.
+    pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ConfigError> {
+        let value = if path.is_empty() {
+            Value::Table(self.table.clone())
+        } else {
+            lookup(&self.table, path)
+                .cloned()
+                .unwrap_or_else(|| Value::Table(Table::new()))
+        };
+        serde_path_to_error::deserialize::<_, T>(value).map_err(|err| {
+            let inner = err.path().to_string();
+            let key = join_key(path, if inner == "." { "" } else { &inner });
+            ConfigError::Invalid {
+                origin: self.origin_of(&key),
+                key,
+                message: err.into_inner().to_string(),
+            }
+        })
+    }
+
+    /// Takes a sub-table out of the tree, so that what is left can be checked for unknown keys.
+    pub fn take(&mut self, path: &str) -> Table {
+        take_path(&mut self.table, path).unwrap_or_default()
+    }
+
+    /// A copy of this config holding only the sub-table at `path`, for a part of the program
+    /// that deserializes its own settings.
+    pub fn scoped(&self, path: &str, table: Table) -> Layered {
+        let prefix = format!("{path}.");
+        let strip = |set: &BTreeSet<String>| {
+            set.iter()
+                .filter_map(|k| k.strip_prefix(&prefix).map(str::to_owned))
+                .collect()
+        };
+        Layered {
+            table,
+            file: self.file.clone(),
+            from_file: strip(&self.from_file),
+            from_cli: strip(&self.from_cli),
+        }
+    }
+
+    /// Whether `key` was set by the file, the environment or a flag rather than a default.
+    pub fn explicit(&self, key: &str) -> bool {
+        self.from_cli.contains(key) || self.from_file.contains(key)
+    }
+
+    /// Says where the value of `key` came from, for error messages.
+    pub fn origin_of(&self, key: &str) -> String {
+        let matches = |set: &BTreeSet<String>| {
+            set.iter()
+                .any(|k| k == key || key.starts_with(&format!("{k}.")) || k.starts_with(key))
+        };
+        if matches(&self.from_cli) {
+            "command line or environment".to_owned()
+        } else if let (Some(file), true) = (&self.file, matches(&self.from_file)) {
+            format!("config file {}", file.display())
+        } else if let Some(file) = &self.file {
+            format!("config file {}", file.display())
+        } else {
+            "configuration".to_owned()
+        }
+    }
+}
+
+fn join_key(prefix: &str, rest: &str) -> String {
+    match (prefix.is_empty(), rest.is_empty()) {
+        (true, _) => rest.to_owned(),
+        (false, true) => prefix.to_owned(),
+        (false, false) => format!("{prefix}.{rest}"),
+    }
+}
+
+fn lookup<'a>(table: &'a Table, path: &str) -> Option<&'a Value> {
+    if path.is_empty() {
+        return None;
+    }
+    let mut parts = path.split('.');
+    let first = parts.next()?;
+    let mut cur = table.get(first)?;
+    for part in parts {
+        cur = cur.as_table()?.get(part)?;
+    }
+    Some(cur)
+}
+
+fn take_path(table: &mut Table, path: &str) -> Option<Table> {
+    let (head, rest) = match path.split_once('.') {
+        Some((h, r)) => (h, Some(r)),
+        None => (path, None),
+    };
+    match rest {
+        None => match table.remove(head)? {
+            Value::Table(t) => Some(t),
+            other => {
+                // Not a table: put it back so the caller's unknown-key check reports it.
+                table.insert(head.to_owned(), other);
+                None
+            }
+        },
+        Some(rest) => take_path(table.get_mut(head)?.as_table_mut()?, rest),
+    }
+}
+
+fn set_path(table: &mut Table, path: &str, value: Value) {
+    let mut cur = table;
+    let mut parts: Vec<&str> = path.split('.').collect();
+    let last = parts.pop().unwrap_or_default();
+    for part in parts {
+        let entry = cur
+            .entry(part.to_owned())
+            .or_insert_with(|| Value::Table(Table::new()));
+        if !entry.is_table() {
+            *entry = Value::Table(Table::new());
+        }
+        cur = match entry.as_table_mut() {
+            Some(t) => t,
+            None => return,
+        };
+    }
+    cur.insert(last.to_owned(), value);
+}
+
+/// Deep-merges `over` into `base`, recording the dotted keys it set.
+fn overlay(base: &mut Table, over: Table, prefix: &str, touched: &mut BTreeSet<String>) {
+    for (k, v) in over {
+        let key = join_key(prefix, &k);
+        match (base.get_mut(&k), v) {
+            (Some(Value::Table(b)), Value::Table(o)) => overlay(b, o, &key, touched),
+            (_, v) => {
+                touched.insert(key);
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
+/// Reads the `[subcommand]` table of a config file; other subcommands' tables are left alone.
+pub fn read_file(path: &Path, subcommand: &str) -> Result<Table, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mut doc: Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| ConfigError::Syntax {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+    if let Some(unknown) = doc
+        .keys()
+        .find(|k| !SUBCOMMAND_TABLES.contains(&k.as_str()))
+    {
+        return Err(ConfigError::UnknownTable {
+            path: path.to_owned(),
+            table: unknown.clone(),
+            expected: SUBCOMMAND_TABLES.join(", "),
+        });
+    }
+    match doc.remove(subcommand) {
+        None => Ok(Table::new()),
+        Some(Value::Table(t)) => Ok(t),
+        Some(_) => Err(ConfigError::Invalid {
+            origin: format!("config file {}", path.display()),
+            key: subcommand.to_owned(),
+            message: "must be a table".to_owned(),
+        }),
+    }
+}
+
+/// Builds the layered settings of `subcommand` from its options and parsed arguments.
+pub fn load(subcommand: &str, opts: &[Opt], matches: &ArgMatches) -> Result<Layered, ConfigError> {
+    let mut table = Table::new();
+    for opt in opts {
+        if let Some(d) = &opt.default {
+            let value = opt.parse_value(d).map_err(|message| ConfigError::Invalid {
+                origin: "built-in default".to_owned(),
+                key: opt.key.clone(),
+                message,
+            })?;
+            set_path(&mut table, &opt.key, value);
+        }
+    }
+
+    let file = matches
+        .get_one::<String>(CONFIG_FILE_ARG)
+        .map(PathBuf::from);
+    let mut from_file = BTreeSet::new();
+    if let Some(path) = &file {
+        let file_table = read_file(path, subcommand)?;
+        overlay(&mut table, file_table, "", &mut from_file);
+    }
+
+    let mut from_cli = BTreeSet::new();
+    for opt in opts {
+        let explicit = |id: &str| {
+            matches!(
+                matches.value_source(id),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            )
+        };
+        let value = match opt.kind {
+            Kind::Flag => {
+                let neg = opt.negation_id();
+                // With overrides_with, only the last of --x / --no-x stays set.
+                if explicit(&neg) && matches.get_flag(&neg) {
+                    Some(Value::Boolean(false))
+                } else if explicit(&opt.flag) {
+                    Some(Value::Boolean(matches.get_flag(&opt.flag)))
+                } else {
+                    None
+                }
+            }
+            Kind::Int if explicit(&opt.flag) => matches
+                .get_one::<i64>(&opt.flag)
+                .map(|v| Value::Integer(*v)),
+            Kind::Float if explicit(&opt.flag) => {
+                matches.get_one::<f64>(&opt.flag).map(|v| Value::Float(*v))
+            }
+            Kind::Str | Kind::Duration if explicit(&opt.flag) => matches
+                .get_one::<String>(&opt.flag)
+                .map(|v| Value::String(v.clone())),
+            _ => None,
+        };
+        if let Some(v) = value {
+            set_path(&mut table, &opt.key, v);
+            from_cli.insert(opt.key.clone());
+        }
+    }
+
+    Ok(Layered {
+        table,
+        file,
+        from_file,
+        from_cli,
+    })
+}
+
+/// Deserializes a humantime duration (`30s`, `1m30s`, `1y`).
+pub fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let raw = String::deserialize(d)?;
+    humantime::parse_duration(&raw)
+        .map_err(|e| serde::de::Error::custom(format!("`{raw}` is not a duration: {e}")))
+}
+
+/// Options shared by every subcommand: logging.
+pub fn log_opts() -> Vec<Opt> {
+    vec![
+        Opt::new(
+            "log.level",
+            Kind::Str,
+            "Only log messages with the given severity or above",
+        )
+        .default("info")
+        .possible(&["debug", "info", "warn", "error"]),
+        Opt::new("log.format", Kind::Str, "Output format of log messages")
+            .default("logfmt")
+            .possible(&["logfmt", "json"]),
+    ]
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct LogConfig {
+    pub level: String,
+    pub format: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "kebab-case")]
+    struct Web {
+        listen_address: String,
+        max_requests: i64,
+    }
+
+    fn opts() -> Vec<Opt> {
+        vec![
+            Opt::new("web.listen-address", Kind::Str, "addr")
+                .default(":9010")
+                .env("TEST_CEEMS_LISTEN"),
+            Opt::new("web.max-requests", Kind::Int, "max").default("40"),
+        ]
+    }
+
+    fn parse(args: &[&str], file: Option<&str>) -> Result<Layered, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let mut argv = vec!["exporter".to_owned()];
+        if let Some(text) = file {
+            let p = dir.path().join("ceems.toml");
+            std::fs::write(&p, text).unwrap();
+            argv.push(format!("--config.file={}", p.display()));
+        }
+        argv.extend(args.iter().map(|s| s.to_string()));
+        let cmd = build_command(Command::new("exporter"), &opts());
+        let m = cmd.try_get_matches_from(argv).unwrap();
+        load("exporter", &opts(), &m)
+    }
+
+    #[test]
+    fn flags_beat_file_and_file_beats_defaults() {
+        let l = parse(&[], None).unwrap();
+        let w: Web = l.get("web").unwrap();
+        assert_eq!((w.listen_address.as_str(), w.max_requests), (":9010", 40));
+
+        let file = "[exporter.web]\nlisten-address = \":1\"\nmax-requests = 3\n";
+        let w: Web = parse(&[], Some(file)).unwrap().get("web").unwrap();
+        assert_eq!((w.listen_address.as_str(), w.max_requests), (":1", 3));
+
+        let w: Web = parse(&["--web.max-requests=7"], Some(file))
+            .unwrap()
+            .get("web")
+            .unwrap();
+        assert_eq!((w.listen_address.as_str(), w.max_requests), (":1", 7));
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_file() {
+        let err = parse(&[], Some("[exporter.web]\nlisten-adress = \":1\"\n"))
+            .unwrap()
+            .get::<Web>("web")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("listen-adress"), "{err}");
+        assert!(err.contains("ceems.toml"), "{err}");
+    }
+
+    #[test]
+    fn bad_value_names_key() {
+        let err = parse(&[], Some("[exporter.web]\nmax-requests = \"many\"\n"))
+            .unwrap()
+            .get::<Web>("web")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("web.max-requests"), "{err}");
+        assert!(err.contains("ceems.toml"), "{err}");
+    }
+
+    #[test]
+    fn unknown_table_is_an_error() {
+        let err = parse(&[], Some("[exportr]\n")).unwrap_err().to_string();
+        assert!(err.contains("exportr"), "{err}");
+    }
+
+    #[test]
+    fn syntax_error_names_file() {
+        let err = parse(&[], Some("[exporter\n")).unwrap_err().to_string();
+        assert!(
+            err.contains("ceems.toml") && err.contains("not valid TOML"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,11 @@
+//! ceems: compute energy and emissions monitoring for HPC batch jobs.
+//!
+//! One binary with subcommands (`exporter`, `stats-server`, `redfish-proxy`,
+//! `check-privileges`) sharing one config loader, one collector registry and one web layer.
+
+pub mod cmd;
+pub mod collect;
+pub mod config;
+pub mod log;
+pub mod metrics;
+pub mod web;

@@ -1,0 +1,220 @@
+//! The HTTP layer shared by the exporter, the stats-server and the redfish-proxy: listening,
+//! a cap on requests in flight, gzip, and graceful shutdown.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_TYPE, VARY};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+pub type Body = Full<Bytes>;
+pub type BoxFuture = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
+pub type Handler = Arc<dyn Fn(Request<Incoming>) -> BoxFuture + Send + Sync>;
+
+/// How long in-flight requests may run after a shutdown signal.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum WebError {
+    #[error("invalid listen address `{0}`: expected host:port or :port")]
+    Address(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+}
+
+/// Binds a listen address as Prometheus exporters take it: `:9010` means every interface.
+pub async fn bind(listen: &str) -> Result<TcpListener, WebError> {
+    let bind_err = |source| WebError::Bind {
+        addr: listen.to_owned(),
+        source,
+    };
+    if let Some(port) = listen.strip_prefix(':') {
+        let port: u16 = port
+            .parse()
+            .map_err(|_| WebError::Address(listen.to_owned()))?;
+        // Dual-stack first; hosts with IPv6 disabled get IPv4 only.
+        return match TcpListener::bind(SocketAddr::from(([0u16; 8], port))).await {
+            Ok(l) => Ok(l),
+            Err(_) => TcpListener::bind(SocketAddr::from(([0u8; 4], port)))
+                .await
+                .map_err(bind_err),
+        };
+    }
+    if !listen.contains(':') {
+        return Err(WebError::Address(listen.to_owned()));
+    }
+    TcpListener::bind(listen).await.map_err(bind_err)
+}
+
+pub fn text_response(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    let mut resp = Response::new(Full::new(body.into()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// Whether the client accepts gzip (a `gzip` coding whose q-value is not 0).
+pub fn accepts_gzip<B>(req: &Request<B>) -> bool {
+    req.headers()
+        .get_all(ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|coding| {
+            let mut parts = coding.split(';').map(str::trim);
+            let name = parts.next().unwrap_or_default();
+            let zero_q = parts.any(|p| {
+                p.strip_prefix("q=")
+                    .and_then(|q| q.parse::<f32>().ok())
+                    .is_some_and(|q| q == 0.0)
+            });
+            (name.eq_ignore_ascii_case("gzip") || name == "*") && !zero_q
+        })
+}
+
+/// A 200 response with `body`, gzip-compressed when `gzip` is set.
+pub fn body_response(body: String, content_type: &'static str, gzip: bool) -> Response<Body> {
+    let mut headers = Vec::with_capacity(3);
+    headers.push((CONTENT_TYPE, HeaderValue::from_static(content_type)));
+    let bytes = if gzip {
+        let mut enc = flate2::write::GzEncoder::new(
+            Vec::with_capacity(body.len() / 4),
+            flate2::Compression::fast(),
+        );
+        match enc.write_all(body.as_bytes()).and_then(|_| enc.finish()) {
+            Ok(z) => {
+                headers.push((CONTENT_ENCODING, HeaderValue::from_static("gzip")));
+                Bytes::from(z)
+            }
+            Err(_) => Bytes::from(body),
+        }
+    } else {
+        Bytes::from(body)
+    };
+    headers.push((VARY, HeaderValue::from_static("Accept-Encoding")));
+    let mut resp = Response::new(Full::new(bytes));
+    for (k, v) in headers {
+        resp.headers_mut().insert(k, v);
+    }
+    resp
+}
+
+/// Serves `handler` on `listener` until `shutdown` resolves, then lets requests in flight
+/// finish for up to 10 s. With `max_requests` > 0, requests beyond that many at once get 503.
+pub async fn serve(
+    listener: TcpListener,
+    max_requests: usize,
+    handler: Handler,
+    shutdown: impl Future<Output = ()>,
+) {
+    let limit = (max_requests > 0).then(|| Arc::new(Semaphore::new(max_requests)));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let handler = Arc::clone(&handler);
+                let limit = limit.clone();
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let handler = Arc::clone(&handler);
+                    let limit = limit.clone();
+                    async move {
+                        let _permit = match &limit {
+                            None => None,
+                            Some(sem) => match Arc::clone(sem).try_acquire_owned() {
+                                Ok(p) => Some(p),
+                                Err(_) => {
+                                    tracing::warn!(%peer, "too many requests in flight; answering 503");
+                                    return Ok::<_, Infallible>(text_response(
+                                        StatusCode::SERVICE_UNAVAILABLE,
+                                        "too many requests in flight, try again later\n",
+                                    ));
+                                }
+                            },
+                        };
+                        Ok::<_, Infallible>(handler(req).await)
+                    }
+                });
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service);
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                });
+            }
+            _ = &mut shutdown => {
+                tracing::info!("shutting down: no new connections");
+                break;
+            }
+        }
+    }
+    drop(listener);
+    tokio::select! {
+        _ = graceful.shutdown() => tracing::info!("all connections closed"),
+        _ = tokio::time::sleep(SHUTDOWN_GRACE) => tracing::warn!("requests still in flight after the grace period; closing"),
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot watch SIGTERM");
+            return std::future::pending().await;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("received SIGTERM"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("received SIGINT"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(accept: &str) -> Request<()> {
+        Request::builder()
+            .header(ACCEPT_ENCODING, accept)
+            .body(())
+            .unwrap()
+    }
+
+    #[test]
+    fn gzip_negotiation() {
+        assert!(accepts_gzip(&req("gzip")));
+        assert!(accepts_gzip(&req("deflate, gzip;q=0.5")));
+        assert!(!accepts_gzip(&req("gzip;q=0")));
+        assert!(!accepts_gzip(&req("identity")));
+        assert!(!accepts_gzip(&Request::new(())));
+    }
+}
