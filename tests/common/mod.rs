@@ -1,0 +1,104 @@
+//! Helpers shared by the integration tests: run the real binary, scrape it, parse the text.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port on 127.0.0.1")
+}
+
+/// A running `ceems exporter`, killed when dropped.
+pub struct Running {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Running {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+
+    pub fn get(&self, path: &str) -> String {
+        ureq::get(&self.url(path))
+            .call()
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+            .into_string()
+            .expect("body is not text")
+    }
+}
+
+/// Starts the exporter in `cwd` with `args` on a free port and waits until it answers.
+pub fn start_exporter(cwd: &Path, args: &[&str]) -> Running {
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_ceems"))
+        .arg("exporter")
+        .args(args)
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .current_dir(cwd)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("cannot start ceems");
+    let mut running = Running { child, port };
+    let start = Instant::now();
+    loop {
+        if ureq::get(&running.url("/health")).call().is_ok() {
+            return running;
+        }
+        if let Ok(Some(status)) = running.child.try_wait() {
+            panic!("exporter exited at start: {status}");
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "exporter did not answer within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Series of a text exposition: `name{labels}` → value.
+pub fn parse_series(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let (series, value) = l.rsplit_once(' ').expect("sample line without a value");
+            let value = match value {
+                "+Inf" => f64::INFINITY,
+                "-Inf" => f64::NEG_INFINITY,
+                v => v.parse::<f64>().expect("bad sample value"),
+            };
+            (series.to_owned(), value)
+        })
+        .collect()
+}
+
+/// The metric name of a series key.
+pub fn name_of(series: &str) -> &str {
+    series.split('{').next().unwrap_or(series)
+}
+
+/// The value of `label` in a series key.
+pub fn label_of<'a>(series: &'a str, label: &str) -> Option<&'a str> {
+    let pat = format!("{label}=\"");
+    let start = series.find(&pat)? + pat.len();
+    let rest = &series[start..];
+    Some(&rest[..rest.find('"')?])
+}
