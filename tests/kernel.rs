@@ -1,0 +1,234 @@
+//! Real kernel accounting: as root on writable cgroup v1 hierarchies, build a Slurm-shaped job
+//! cgroup, run a CPU burner that also holds memory inside it, scrape the exporter, and compare
+//! with what the kernel itself reports.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{label_of, name_of, parse_series, start_exporter};
+
+const CGROUPFS: &str = "/sys/fs/cgroup";
+const MEMORY_MIB: u64 = 256;
+
+/// The job's directories, removed (deepest first) when dropped.
+struct JobCgroups {
+    dirs: Vec<PathBuf>,
+    child: Option<Child>,
+}
+
+impl Drop for JobCgroups {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // The kernel needs a moment to release a killed task from its cgroups.
+        for dir in self.dirs.iter().rev() {
+            for _ in 0..50 {
+                if fs::remove_dir(dir).is_ok() || !dir.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+fn cpuacct_dir() -> Option<PathBuf> {
+    ["cpu,cpuacct", "cpuacct"]
+        .iter()
+        .map(|c| Path::new(CGROUPFS).join(c))
+        .find(|p| p.join("cpuacct.stat").exists())
+}
+
+fn skip_reason() -> Option<String> {
+    if !nix::unistd::Uid::effective().is_root() {
+        return Some("not running as root".into());
+    }
+    if cpuacct_dir().is_none() || !Path::new(CGROUPFS).join("memory/memory.stat").exists() {
+        return Some(format!(
+            "no cgroup v1 cpuacct and memory hierarchies under {CGROUPFS}"
+        ));
+    }
+    if Command::new("python3").arg("-V").output().is_err() {
+        return Some("python3 (the burner) is not installed".into());
+    }
+    None
+}
+
+/// Creates `dir` and its missing parents, recording what it created; cpuset directories get
+/// their parent's CPUs and memory nodes, without which no task may join them.
+fn make_dirs(dir: &Path, created: &mut Vec<PathBuf>, cpuset: bool) {
+    let mut missing = Vec::new();
+    let mut cur = dir.to_path_buf();
+    while !cur.exists() {
+        missing.push(cur.clone());
+        cur = cur
+            .parent()
+            .expect("cgroup path has a parent")
+            .to_path_buf();
+    }
+    for d in missing.into_iter().rev() {
+        fs::create_dir(&d).unwrap_or_else(|e| panic!("mkdir {}: {e}", d.display()));
+        if cpuset {
+            let parent = d.parent().expect("parent");
+            for f in ["cpuset.cpus", "cpuset.mems"] {
+                let v = fs::read_to_string(parent.join(f)).expect("parent cpuset");
+                fs::write(d.join(f), v.trim()).expect("write cpuset");
+            }
+        }
+        created.push(d);
+    }
+}
+
+fn read_u64(path: &Path) -> u64 {
+    fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .trim()
+        .parse()
+        .expect("number")
+}
+
+fn stat_field(path: &Path, key: &str) -> u64 {
+    fs::read_to_string(path)
+        .expect("stat file")
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {}", path.display()))
+}
+
+fn within(got: f64, want: f64, rel: f64) -> bool {
+    (got - want).abs() <= rel * want.abs()
+}
+
+#[test]
+fn scrape_agrees_with_kernel_accounting() {
+    if let Some(reason) = skip_reason() {
+        println!("SKIPPED scrape_agrees_with_kernel_accounting: {reason}");
+        return;
+    }
+    let cpuacct = cpuacct_dir().expect("checked above");
+    let memory = Path::new(CGROUPFS).join("memory");
+    let cpuset = Path::new(CGROUPFS).join("cpuset");
+    let job_id = 900_000 + std::process::id() % 100_000;
+    let job_rel = PathBuf::from(format!("slurm/uid_0/job_{job_id}"));
+    let task_rel = job_rel.join("step_batch/task_0");
+
+    let mut job = JobCgroups {
+        dirs: Vec::new(),
+        child: None,
+    };
+    make_dirs(&cpuacct.join(&task_rel), &mut job.dirs, false);
+    make_dirs(&memory.join(&task_rel), &mut job.dirs, false);
+    let cpuset_ok = cpuset.join("cpuset.cpus").exists();
+    if cpuset_ok {
+        make_dirs(
+            &cpuset.join(job_rel.join("step_batch")),
+            &mut job.dirs,
+            true,
+        );
+    }
+
+    // The shell joins the cgroups before exec, so every tick and page of the burner counts.
+    let mut join = format!(
+        "echo $$ > '{}/cgroup.procs' && echo $$ > '{}/cgroup.procs'",
+        cpuacct.join(&task_rel).display(),
+        memory.join(&task_rel).display()
+    );
+    if cpuset_ok {
+        join.push_str(&format!(
+            " && echo $$ > '{}/cgroup.procs'",
+            cpuset.join(job_rel.join("step_batch")).display()
+        ));
+    }
+    let burner = format!(
+        "b = b'\\x01' * ({MEMORY_MIB} << 20)\nimport time\nt = time.time()\nwhile time.time() - t < 2.5: pass\ntime.sleep(60)\n"
+    );
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg(format!("{join} && exec python3 -c \"$BURNER\""))
+        .env("BURNER", burner)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start burner");
+    job.child = Some(child);
+
+    // Wait for the burner to finish burning (it then sleeps, so the numbers hold still).
+    let user_ticks = cpuacct.join(&job_rel).join("cpuacct.stat");
+    let start = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let a = stat_field(&user_ticks, "user");
+        std::thread::sleep(Duration::from_millis(300));
+        let b = stat_field(&user_ticks, "user");
+        if a > 150 && a == b {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "burner did not burn 1.5 s of CPU in 20 s (user ticks {b})"
+        );
+    }
+
+    let exporter = start_exporter(
+        Path::new("/"),
+        &["--collector.slurm", "--web.disable-exporter-metrics"],
+    );
+    let series = parse_series(&exporter.get("/metrics"));
+    let uuid = job_id.to_string();
+    let value = |name: &str| -> f64 {
+        *series
+            .iter()
+            .find(|(k, _)| name_of(k) == name && label_of(k, "uuid") == Some(uuid.as_str()))
+            .unwrap_or_else(|| panic!("no {name} for job {uuid} in the scrape"))
+            .1
+    };
+
+    // Two kernel sources: the exporter reads cpuacct.stat (ticks); cpuacct.usage is in ns.
+    let kernel_cpu = read_u64(&cpuacct.join(&job_rel).join("cpuacct.usage")) as f64 / 1e9;
+    let scraped_cpu = value("ceems_compute_unit_cpu_user_seconds_total")
+        + value("ceems_compute_unit_cpu_system_seconds_total");
+    assert!(scraped_cpu > 1.5, "burner CPU time missing: {scraped_cpu}");
+    assert!(
+        within(scraped_cpu, kernel_cpu, 0.05),
+        "cpu seconds: exporter {scraped_cpu}, kernel cpuacct.usage {kernel_cpu}"
+    );
+
+    let kernel_used = read_u64(&memory.join(&job_rel).join("memory.usage_in_bytes")) as f64;
+    let scraped_used = value("ceems_compute_unit_memory_used_bytes");
+    assert!(
+        within(scraped_used, kernel_used, 0.05),
+        "memory used: exporter {scraped_used}, kernel {kernel_used}"
+    );
+    let kernel_rss = stat_field(&memory.join(&job_rel).join("memory.stat"), "total_rss") as f64;
+    let scraped_rss = value("ceems_compute_unit_memory_rss_bytes");
+    assert!(
+        scraped_rss >= (MEMORY_MIB << 20) as f64 * 0.95,
+        "rss {scraped_rss} below the {MEMORY_MIB} MiB the burner holds"
+    );
+    assert!(
+        within(scraped_rss, kernel_rss, 0.05),
+        "rss: exporter {scraped_rss}, kernel {kernel_rss}"
+    );
+    println!(
+        "job {uuid}: cpu exporter {scraped_cpu:.3} s / kernel {kernel_cpu:.3} s; \
+         memory used exporter {scraped_used} / kernel {kernel_used}; rss exporter {scraped_rss} / kernel {kernel_rss}"
+    );
+    if cpuset_ok {
+        let cpus = fs::read_to_string(cpuset.join(&job_rel).join("cpuset.cpus")).expect("cpus");
+        let want = ceems::collect::cgroup::parse::cpuset_count(&cpus).expect("cpuset");
+        assert_eq!(value("ceems_compute_unit_cpus"), want as f64);
+    }
+    assert!(
+        series.contains_key("ceems_scrape_collector_success{collector=\"slurm\"}"),
+        "no slurm success gauge"
+    );
+    assert_eq!(
+        series["ceems_scrape_collector_success{collector=\"slurm\"}"],
+        1.0
+    );
+}
