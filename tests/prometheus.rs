@@ -1,0 +1,237 @@
+//! A real Prometheus (Debian's package) scraping the exporter, and `promtool check metrics` on
+//! the exporter's output.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{fixtures, free_port, start_exporter, Running};
+
+/// Installs Debian's prometheus package when it is missing and we are root.
+fn prometheus_tools() -> Result<(), String> {
+    let have = |bin: &str| Command::new(bin).arg("--version").output().is_ok();
+    if have("prometheus") && have("promtool") {
+        return Ok(());
+    }
+    if !nix::unistd::Uid::effective().is_root() {
+        return Err("prometheus is not installed and we are not root to install it".into());
+    }
+    let status = Command::new("apt-get")
+        .args([
+            "install",
+            "-y",
+            "-qq",
+            "--no-install-recommends",
+            "prometheus",
+        ])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|e| format!("cannot run apt-get: {e}"))?;
+    if !status.success() || !have("prometheus") {
+        return Err(format!("apt-get install prometheus failed: {status}"));
+    }
+    Ok(())
+}
+
+/// Skips outside CI when the tools cannot be had; in CI that is a failure.
+fn require_tools(test: &str) -> bool {
+    match prometheus_tools() {
+        Ok(()) => true,
+        Err(reason) if std::env::var_os("CI").is_some() => panic!("{test}: {reason}"),
+        Err(reason) => {
+            println!("SKIPPED {test}: {reason}");
+            false
+        }
+    }
+}
+
+fn exporter_on_fixtures(extra: &[&str]) -> Running {
+    let mut args = vec![
+        "--path.sysfs=sys",
+        "--path.cgroupfs=sys/fs/cgroup",
+        "--path.procfs=proc",
+        "--collector.cgroups.force-version=v2",
+        "--collector.slurm",
+    ];
+    args.extend_from_slice(extra);
+    start_exporter(&fixtures().join("compat"), &args)
+}
+
+struct Prometheus(Child);
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn get_json(url: &str) -> Option<serde_json::Value> {
+    let body = ureq::get(url).call().ok()?.into_string().ok()?;
+    serde_json::from_str(&body).ok()
+}
+
+fn query(port: u16, promql: &str) -> Vec<serde_json::Value> {
+    let url = format!(
+        "http://127.0.0.1:{port}/api/v1/query?query={}",
+        promql
+            .bytes()
+            .map(|b| match b {
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' => (b as char).to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect::<String>()
+    );
+    get_json(&url)
+        .and_then(|v| v["data"]["result"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+#[test]
+fn prometheus_scrapes_the_exporter() {
+    if !require_tools("prometheus_scrapes_the_exporter") {
+        return;
+    }
+    let exporter = exporter_on_fixtures(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: ceems\n    static_configs:\n      - targets: ['127.0.0.1:{}']\n",
+            exporter.port
+        ),
+    )
+    .expect("write config");
+    let port = free_port();
+    // A fresh TSDB per run, so no answer comes from an earlier run's data.
+    let prom = Prometheus(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start prometheus"),
+    );
+
+    let start = Instant::now();
+    let mut last = String::new();
+    loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "Prometheus never saw the exporter up with job metrics; last state: {last}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        let Some(targets) = get_json(&format!("http://127.0.0.1:{port}/api/v1/targets")) else {
+            last = "API not answering".into();
+            continue;
+        };
+        let health = targets["data"]["activeTargets"][0]["health"]
+            .as_str()
+            .unwrap_or("none")
+            .to_owned();
+        if health != "up" {
+            last = format!(
+                "target health {health}: {}",
+                targets["data"]["activeTargets"][0]["lastError"]
+            );
+            continue;
+        }
+        let up = query(port, "up{job=\"ceems\"}");
+        let cpu = query(
+            port,
+            "ceems_compute_unit_cpu_user_seconds_total{uuid=\"1009248\",cgrouphostname=\"\"}",
+        );
+        if up.first().map(|r| r["value"][1] == "1") == Some(true) && !cpu.is_empty() {
+            assert_eq!(cpu[0]["value"][1], "60375.292848");
+            break;
+        }
+        last = format!("up={up:?} cpu={cpu:?}");
+    }
+    drop(prom);
+}
+
+/// Metric names `docs/compat.md` lists as kept on purpose; `*` ends a prefix.
+fn allowed_complaints() -> Vec<String> {
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/compat.md"))
+        .expect("docs/compat.md");
+    let section = doc
+        .split("## promtool complaints kept on purpose")
+        .nth(1)
+        .expect("section in docs/compat.md")
+        .split("\n## ")
+        .next()
+        .unwrap_or_default();
+    section
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|s| s.starts_with("ceems_"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn promtool_check_metrics_is_clean_but_for_documented_names() {
+    if !require_tools("promtool_check_metrics_is_clean_but_for_documented_names") {
+        return;
+    }
+    let exporter = exporter_on_fixtures(&[
+        "--collector.slurm.swap-memory-metrics",
+        "--collector.slurm.psi-metrics",
+        "--collector.meminfo.all-stats",
+    ]);
+    let body = exporter.get("/metrics");
+    assert!(
+        body.contains("process_resident_memory_bytes"),
+        "exporter metrics missing"
+    );
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(body.as_bytes())
+            .expect("feed promtool");
+    }
+    let out = child.wait_with_output().expect("promtool output");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let allowed = allowed_complaints();
+    assert!(
+        !allowed.is_empty(),
+        "no allowed names parsed from docs/compat.md"
+    );
+    let unexpected: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter(|l| {
+            let name = l.split_whitespace().next().unwrap_or_default();
+            !allowed.iter().any(|a| match a.strip_suffix('*') {
+                Some(prefix) => name.starts_with(prefix),
+                None => name == a,
+            })
+        })
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "promtool complaints not listed in docs/compat.md:\n{}",
+        unexpected.join("\n")
+    );
+}
