@@ -8,4 +8,6 @@ pub mod collect;
 pub mod config;
 pub mod log;
 pub mod metrics;
+#[doc(hidden)]
+pub mod testing;
 pub mod web;

@@ -107,30 +107,23 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
             .ok_or_else(|| CollectError::Other(format!("unknown cgroup version `{v}`")))?,
         None => cgroup::detect_version(root),
     };
-    let reader = CgroupReader::new(root, version, host_memory(&ctx.paths.procfs));
-    let base = match version {
-        CgroupVersion::V1 => reader
-            .v1_controllers()
-            .subsystem_dir(root, &ctx.common.cgroups.active_subsystem),
-        CgroupVersion::V2 => root.join("system.slice"),
-    };
-    tracing::info!(
-        version = ?version,
-        base = %base.display(),
-        "slurm collector discovers jobs"
-    );
-    Ok(Box::new(SlurmCollector {
+    let collector = SlurmCollector::new(
+        root,
+        &ctx.paths.procfs,
         version,
-        base,
-        procfs: ctx.paths.procfs.clone(),
-        hostname: ctx.hostname.clone(),
-        read_opts: ReadOptions {
+        &ctx.common.cgroups.active_subsystem,
+        &ctx.hostname,
+        ReadOptions {
             swap: s.swap_memory_metrics,
             psi: s.psi_metrics,
         },
-        reader: Mutex::new(reader),
-        opaque_ids: Mutex::new(HashMap::new()),
-    }))
+    );
+    tracing::info!(
+        version = ?version,
+        base = %collector.base.display(),
+        "slurm collector discovers jobs"
+    );
+    Ok(Box::new(collector))
 }
 
 fn job_id_of(name: &OsStr) -> Option<&str> {
@@ -159,6 +152,34 @@ struct Candidate {
 }
 
 impl SlurmCollector {
+    /// A collector over the hierarchy at `cgroupfs`; `active_subsystem` is the v1 controller
+    /// in which jobs are discovered.
+    pub fn new(
+        cgroupfs: &Path,
+        procfs: &Path,
+        version: CgroupVersion,
+        active_subsystem: &str,
+        hostname: &str,
+        read_opts: ReadOptions,
+    ) -> SlurmCollector {
+        let reader = CgroupReader::new(cgroupfs, version, host_memory(procfs));
+        let base = match version {
+            CgroupVersion::V1 => reader
+                .v1_controllers()
+                .subsystem_dir(cgroupfs, active_subsystem),
+            CgroupVersion::V2 => cgroupfs.join("system.slice"),
+        };
+        SlurmCollector {
+            version,
+            base,
+            procfs: procfs.to_owned(),
+            hostname: hostname.to_owned(),
+            read_opts,
+            reader: Mutex::new(reader),
+            opaque_ids: Mutex::new(HashMap::new()),
+        }
+    }
+
     fn candidates(&self) -> Result<Vec<Candidate>, CollectError> {
         let roots = std::fs::read_dir(&self.base).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
@@ -322,9 +343,18 @@ impl Collector for SlurmCollector {
         for f in faults.drain(..) {
             tracing::warn!(path = %f.path.display(), error = %f.message, "cannot read job processes");
         }
+        self.collect_jobs(&jobs, out);
+        Ok(())
+    }
+}
+
+impl SlurmCollector {
+    /// Reads and emits the discovered jobs; a job whose cgroup vanished meanwhile is skipped.
+    pub fn collect_jobs(&self, jobs: &[JobCgroup], out: &mut MetricSet) {
+        let mut faults = Vec::new();
         let mut reader = self.reader.lock().unwrap_or_else(|p| p.into_inner());
         let mut count = 0usize;
-        for job in &jobs {
+        for job in jobs {
             let stats = match reader.read_unit(&job.rel, self.read_opts, &mut faults) {
                 Ok(s) => s,
                 Err(UnitError::Vanished(_)) => {
@@ -359,6 +389,169 @@ impl Collector for SlurmCollector {
             Labels::new(&[("hostname", &self.hostname), ("manager", MANAGER)]),
             count as f64,
         );
-        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{generate, JobTree, TreeSpec};
+    use std::fs;
+
+    fn collector(tree: &JobTree) -> SlurmCollector {
+        SlurmCollector::new(
+            &tree.cgroupfs(),
+            &tree.procfs(),
+            tree.spec.version,
+            "cpuacct",
+            "node",
+            ReadOptions {
+                swap: true,
+                psi: true,
+            },
+        )
+    }
+
+    fn scrape(c: &SlurmCollector) -> String {
+        let mut out = MetricSet::new();
+        c.collect(&mut out).expect("collect");
+        let mut text = String::new();
+        out.encode_text(&mut text);
+        text
+    }
+
+    fn units(text: &str) -> f64 {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix("ceems_compute_units{hostname=\"node\",manager=\"slurm\"} ")
+            })
+            .and_then(|v| v.parse().ok())
+            .expect("units series")
+    }
+
+    #[test]
+    fn finds_every_job_in_v1_and_v2() {
+        for version in [CgroupVersion::V1, CgroupVersion::V2] {
+            let tmp = tempfile::tempdir().unwrap();
+            let tree = generate(tmp.path(), TreeSpec::new(version, 5)).unwrap();
+            let text = scrape(&collector(&tree));
+            assert_eq!(units(&text), 5.0, "{version:?}");
+            for id in 1_000_000..1_000_005 {
+                assert!(
+                    text.contains(&format!("uuid=\"{id}\"")),
+                    "{version:?}: job {id}"
+                );
+            }
+            assert!(!text.contains("ceems_compute_collect_error"), "{text}");
+        }
+    }
+
+    #[test]
+    fn vanished_job_is_skipped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tree = generate(tmp.path(), TreeSpec::new(CgroupVersion::V2, 3)).unwrap();
+        let c = collector(&tree);
+        let jobs = c.discover(&mut Vec::new()).unwrap();
+        assert_eq!(jobs.len(), 3);
+        // The job ends between discovery and reading.
+        fs::remove_dir_all(tree.job_dir(1)).unwrap();
+        let mut out = MetricSet::new();
+        c.collect_jobs(&jobs, &mut out);
+        let mut text = String::new();
+        out.encode_text(&mut text);
+        assert_eq!(units(&text), 2.0);
+        assert!(!text.contains("uuid=\"1000001\""), "{text}");
+        assert!(!text.contains("ceems_compute_collect_error"));
+    }
+
+    #[test]
+    fn malformed_file_flags_only_its_job() {
+        for version in [CgroupVersion::V1, CgroupVersion::V2] {
+            let tmp = tempfile::tempdir().unwrap();
+            let tree = generate(tmp.path(), TreeSpec::new(version, 2)).unwrap();
+            let mem_dir = match version {
+                CgroupVersion::V2 => tree.job_dir(0),
+                CgroupVersion::V1 => tree.job_dirs(0)[1].clone(),
+            };
+            fs::write(mem_dir.join("memory.stat"), "anon twelve\n\0\u{fffd}").unwrap();
+            let text = scrape(&collector(&tree));
+            assert!(
+                text.contains("ceems_compute_collect_error{cgrouphostname=\"\",hostname=\"node\",manager=\"slurm\",uuid=\"1000000\"} 1"),
+                "{version:?}: {text}"
+            );
+            assert!(!text.contains("ceems_compute_collect_error{cgrouphostname=\"\",hostname=\"node\",manager=\"slurm\",uuid=\"1000001\"}"));
+            // The job's readable files are still reported.
+            assert!(text.contains("ceems_compute_unit_cpu_system_seconds_total{cgrouphostname=\"\",hostname=\"node\",manager=\"slurm\",uuid=\"1000000\"}"));
+            assert_eq!(units(&text), 2.0);
+        }
+    }
+
+    #[test]
+    fn jobs_without_processes_are_dropped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tree = generate(tmp.path(), TreeSpec::new(CgroupVersion::V2, 3)).unwrap();
+        for entry in walk(&tree.job_dir(2)) {
+            if entry.ends_with("cgroup.procs") {
+                fs::write(entry, "").unwrap();
+            }
+        }
+        let text = scrape(&collector(&tree));
+        assert_eq!(units(&text), 2.0);
+        assert!(!text.contains("uuid=\"1000002\""));
+    }
+
+    #[test]
+    fn opaque_job_directories_get_their_id_from_the_environment() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tree = generate(tmp.path(), TreeSpec::new(CgroupVersion::V2, 2)).unwrap();
+        let opaque = tree.job_dir(1).with_file_name("8f3a2c71-0b9e");
+        fs::rename(tree.job_dir(1), &opaque).unwrap();
+        let c = collector(&tree);
+        let text = scrape(&c);
+        assert_eq!(units(&text), 2.0);
+        assert!(text.contains("ceems_compute_unit_cpu_user_seconds_total{cgrouphostname=\"\",hostname=\"node\",manager=\"slurm\",uuid=\"1000001\"}"), "{text}");
+
+        // The id is cached: it survives the environ files going away...
+        for p in fs::read_dir(tree.procfs()).unwrap().flatten() {
+            let _ = fs::remove_file(p.path().join("environ"));
+        }
+        assert!(scrape(&c).contains("uuid=\"1000001\""));
+        // ...and is forgotten once the directory is gone.
+        fs::remove_dir_all(&opaque).unwrap();
+        assert_eq!(units(&scrape(&c)), 1.0);
+        assert!(c.opaque_ids.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn multi_slurmd_roots_fill_cgrouphostname() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tree = generate(tmp.path(), TreeSpec::new(CgroupVersion::V2, 1)).unwrap();
+        let scope = tree.cgroupfs().join("system.slice/slurmstepd.scope");
+        fs::rename(&scope, scope.with_file_name("node7_slurmstepd.scope")).unwrap();
+        let text = scrape(&collector(&tree));
+        assert!(text.contains("cgrouphostname=\"node7\""), "{text}");
+
+        let tmp = tempfile::tempdir().unwrap();
+        let tree = generate(tmp.path(), TreeSpec::new(CgroupVersion::V1, 1)).unwrap();
+        for ctrl in ["cpuacct", "memory", "cpuset"] {
+            let d = tree.cgroupfs().join(ctrl);
+            fs::rename(d.join("slurm"), d.join("slurm_node3")).unwrap();
+        }
+        let text = scrape(&collector(&tree));
+        assert!(text.contains("cgrouphostname=\"node3\""), "{text}");
+        assert_eq!(units(&text), 1.0);
+    }
+
+    fn walk(dir: &Path) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for e in fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+        out
     }
 }
