@@ -128,7 +128,7 @@ impl Opt {
                     .long(self.negation_id())
                     .action(ArgAction::SetTrue)
                     .help(format!("Inverse of --{}", self.flag))
-                    .hide(!self.flag.starts_with("collector.") || self.hidden)
+                    .hide(!self.key.ends_with(".enabled") || self.hidden)
                     .overrides_with(self.flag.clone());
                 arg = arg
                     .action(ArgAction::SetTrue)
@@ -201,8 +201,22 @@ pub enum ConfigError {
     },
 }
 
-/// Adds the `--config.file` flag and every option's arguments to `cmd`.
+/// The environment variable of an option: `CEEMS_<SUBCOMMAND>_<FLAG>`, upper-cased, with `.`
+/// and `-` as `_` (`--web.listen-address` of the exporter: `CEEMS_EXPORTER_WEB_LISTEN_ADDRESS`).
+pub fn env_name(subcommand: &str, flag: &str) -> String {
+    format!("CEEMS_{subcommand}_{flag}")
+        .chars()
+        .map(|c| match c {
+            '.' | '-' => '_',
+            c => c.to_ascii_uppercase(),
+        })
+        .collect()
+}
+
+/// Adds the `--config.file` flag and every option's arguments to `cmd`; each option can also
+/// be set by its environment variable (see [`env_name`]).
 pub fn build_command(cmd: Command, opts: &[Opt]) -> Command {
+    let sub = cmd.get_name().to_owned();
     let mut cmd = cmd.arg(
         Arg::new(CONFIG_FILE_ARG)
             .long(CONFIG_FILE_ARG)
@@ -213,6 +227,10 @@ pub fn build_command(cmd: Command, opts: &[Opt]) -> Command {
             ),
     );
     for opt in opts {
+        let mut opt = opt.clone();
+        if opt.env.is_none() {
+            opt.env = Some(env_name(&sub, &opt.flag));
+        }
         for arg in opt.to_args() {
             cmd = cmd.arg(arg);
         }
@@ -400,6 +418,60 @@ pub fn read_file(path: &Path, subcommand: &str) -> Result<Table, ConfigError> {
     }
 }
 
+/// Checks every key of a file's table against the declared options: unknown keys and values of
+/// the wrong type are errors naming the full key, whether or not the part that owns the key
+/// (a disabled collector, say) is in use.
+fn validate(table: &Table, prefix: &str, opts: &[Opt], file: &Path) -> Result<(), ConfigError> {
+    for (k, v) in table {
+        let key = join_key(prefix, k);
+        let invalid = |message: String| ConfigError::Invalid {
+            origin: format!("config file {}", file.display()),
+            key: key.clone(),
+            message,
+        };
+        if let Some(opt) = opts.iter().find(|o| o.key == key) {
+            let ok = match (opt.kind, v) {
+                (Kind::Flag, Value::Boolean(_)) => true,
+                (Kind::Int, Value::Integer(_)) => true,
+                (Kind::Float, Value::Float(_) | Value::Integer(_)) => true,
+                (Kind::Str, Value::String(s)) => {
+                    if !opt.possible.is_empty() && !opt.possible.contains(&s.as_str()) {
+                        return Err(invalid(format!(
+                            "`{s}` is not one of: {}",
+                            opt.possible.join(", ")
+                        )));
+                    }
+                    true
+                }
+                (Kind::Duration, Value::String(s)) => {
+                    humantime::parse_duration(s)
+                        .map_err(|e| invalid(format!("`{s}` is not a duration: {e}")))?;
+                    true
+                }
+                _ => false,
+            };
+            if !ok {
+                let want = match opt.kind {
+                    Kind::Flag => "true or false",
+                    Kind::Int => "an integer",
+                    Kind::Float => "a number",
+                    Kind::Str => "a string",
+                    Kind::Duration => "a duration string such as \"30s\"",
+                };
+                return Err(invalid(format!("expected {want}, got {}", v.type_str())));
+            }
+        } else if let (Value::Table(t), true) = (
+            v,
+            opts.iter().any(|o| o.key.starts_with(&format!("{key}."))),
+        ) {
+            validate(t, &key, opts, file)?;
+        } else {
+            return Err(invalid("unknown key".to_owned()));
+        }
+    }
+    Ok(())
+}
+
 /// Builds the layered settings of `subcommand` from its options and parsed arguments.
 pub fn load(subcommand: &str, opts: &[Opt], matches: &ArgMatches) -> Result<Layered, ConfigError> {
     let mut table = Table::new();
@@ -420,6 +492,7 @@ pub fn load(subcommand: &str, opts: &[Opt], matches: &ArgMatches) -> Result<Laye
     let mut from_file = BTreeSet::new();
     if let Some(path) = &file {
         let file_table = read_file(path, subcommand)?;
+        validate(&file_table, "", opts, path)?;
         overlay(&mut table, file_table, "", &mut from_file);
     }
 
@@ -511,9 +584,7 @@ mod tests {
 
     fn opts() -> Vec<Opt> {
         vec![
-            Opt::new("web.listen-address", Kind::Str, "addr")
-                .default(":9010")
-                .env("TEST_CEEMS_LISTEN"),
+            Opt::new("web.listen-address", Kind::Str, "addr").default(":9010"),
             Opt::new("web.max-requests", Kind::Int, "max").default("40"),
         ]
     }
@@ -550,10 +621,20 @@ mod tests {
     }
 
     #[test]
+    fn env_names_follow_flags() {
+        assert_eq!(
+            env_name("exporter", "web.listen-address"),
+            "CEEMS_EXPORTER_WEB_LISTEN_ADDRESS"
+        );
+        assert_eq!(
+            env_name("stats-server", "log.level"),
+            "CEEMS_STATS_SERVER_LOG_LEVEL"
+        );
+    }
+
+    #[test]
     fn unknown_key_names_key_and_file() {
         let err = parse(&[], Some("[exporter.web]\nlisten-adress = \":1\"\n"))
-            .unwrap()
-            .get::<Web>("web")
             .unwrap_err()
             .to_string();
         assert!(err.contains("listen-adress"), "{err}");
@@ -563,8 +644,6 @@ mod tests {
     #[test]
     fn bad_value_names_key() {
         let err = parse(&[], Some("[exporter.web]\nmax-requests = \"many\"\n"))
-            .unwrap()
-            .get::<Web>("web")
             .unwrap_err()
             .to_string();
         assert!(err.contains("web.max-requests"), "{err}");

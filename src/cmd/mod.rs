@@ -80,9 +80,8 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            // The logger may not be up yet (bad config): print the whole chain.
+            // The logger may not be up yet (bad config): print the whole chain to stderr.
             eprintln!("ceems: error: {err:#}");
-            tracing::error!(error = format!("{err:#}"), "exiting");
             ExitCode::FAILURE
         }
     }

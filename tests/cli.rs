@@ -1,0 +1,272 @@
+//! The binary as an operator meets it: subcommands, argv[0] dispatch, config layers, the HTTP
+//! contract of /metrics, limits, timeouts and shutdown.
+
+mod common;
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{fixtures, free_port, parse_series, start_exporter};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ceems");
+
+fn fixture_args() -> Vec<&'static str> {
+    vec![
+        "--path.sysfs=sys",
+        "--path.cgroupfs=sys/fs/cgroup",
+        "--path.procfs=proc",
+        "--collector.cgroups.force-version=v2",
+        "--collector.slurm",
+    ]
+}
+
+#[test]
+fn help_lists_every_subcommand() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for sub in [
+        "exporter",
+        "stats-server",
+        "redfish-proxy",
+        "check-privileges",
+    ] {
+        assert!(text.contains(sub), "--help lacks {sub}:\n{text}");
+    }
+}
+
+#[test]
+fn unfinished_subcommands_exit_2() {
+    for sub in ["stats-server", "redfish-proxy", "check-privileges"] {
+        let out = Command::new(BIN).arg(sub).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{sub}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("not implemented yet"));
+    }
+}
+
+#[test]
+fn link_named_ceems_exporter_runs_the_exporter() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("ceems_exporter");
+    std::os::unix::fs::symlink(BIN, &link).unwrap();
+    let out = Command::new(&link).arg("--help").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(text.contains("--collector.slurm"), "{text}");
+    assert!(text.contains("Usage: ceems_exporter"), "{text}");
+}
+
+#[test]
+fn metrics_endpoint_contract() {
+    let exporter = start_exporter(&fixtures().join("compat"), &fixture_args());
+    let resp = ureq::get(&exporter.url("/metrics")).call().unwrap();
+    assert_eq!(
+        resp.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    let plain = resp.into_string().unwrap();
+    assert!(plain.contains("ceems_compute_units{hostname="));
+    assert!(plain.contains("process_resident_memory_bytes"));
+    assert!(plain.contains("ceems_exporter_build_info{"));
+
+    let resp = ureq::get(&exporter.url("/metrics"))
+        .set("Accept-Encoding", "gzip")
+        .call()
+        .unwrap();
+    assert_eq!(resp.header("content-encoding"), Some("gzip"));
+    let mut zipped = Vec::new();
+    resp.into_reader().read_to_end(&mut zipped).unwrap();
+    let mut unzipped = String::new();
+    flate2::read::GzDecoder::new(&zipped[..])
+        .read_to_string(&mut unzipped)
+        .unwrap();
+    let names = |t: &str| -> Vec<String> {
+        parse_series(t)
+            .into_keys()
+            .filter(|k| k.starts_with("ceems_compute"))
+            .collect()
+    };
+    assert_eq!(names(&unzipped), names(&plain));
+
+    assert_eq!(exporter.get("/health"), "OK\n");
+    assert!(exporter.get("/").contains("href=\"/metrics\""));
+    match ureq::get(&exporter.url("/nope")).call() {
+        Err(ureq::Error::Status(404, _)) => {}
+        other => panic!("expected 404, got {other:?}"),
+    }
+    match ureq::post(&exporter.url("/metrics")).call() {
+        Err(ureq::Error::Status(405, _)) => {}
+        other => panic!("expected 405, got {other:?}"),
+    }
+}
+
+#[test]
+fn hanging_collector_times_out_and_excess_requests_get_503() {
+    // A FIFO with no writer blocks a read forever: a stand-in for a hung filesystem.
+    let dir = tempfile::tempdir().unwrap();
+    let tree = ceems::testing::generate(
+        dir.path(),
+        ceems::testing::TreeSpec::new(ceems::collect::cgroup::CgroupVersion::V2, 2),
+    )
+    .unwrap();
+    let stat = tree.job_dir(0).join("memory.stat");
+    std::fs::remove_file(&stat).unwrap();
+    nix::unistd::mkfifo(&stat, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+
+    let cg = format!("--path.cgroupfs={}", tree.cgroupfs().display());
+    let proc = format!("--path.procfs={}", tree.procfs().display());
+    let exporter = start_exporter(
+        Path::new("/"),
+        &[
+            &cg,
+            &proc,
+            "--collector.cgroups.force-version=v2",
+            "--collector.slurm",
+            "--collector.timeout=2s",
+            "--web.max-requests=1",
+        ],
+    );
+    let url = exporter.url("/metrics");
+    let slow = std::thread::spawn(move || {
+        let start = Instant::now();
+        let body = ureq::get(&url).call().unwrap().into_string().unwrap();
+        (start.elapsed(), body)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    match ureq::get(&exporter.url("/metrics")).call() {
+        Err(ureq::Error::Status(503, _)) => {}
+        other => panic!("second request in flight should get 503, got {other:?}"),
+    }
+    let (took, body) = slow.join().unwrap();
+    assert!(took < Duration::from_secs(4), "scrape took {took:?}");
+    let s = parse_series(&body);
+    assert_eq!(
+        s["ceems_scrape_collector_success{collector=\"slurm\"}"],
+        0.0
+    );
+    assert_eq!(s["ceems_scrape_collector_success{collector=\"cpu\"}"], 1.0);
+    assert_eq!(
+        s["ceems_scrape_collector_success{collector=\"meminfo\"}"],
+        1.0
+    );
+
+    // Prometheus's own timeout header shortens the wait below --collector.timeout.
+    let start = Instant::now();
+    let body = ureq::get(&exporter.url("/metrics"))
+        .set("X-Prometheus-Scrape-Timeout-Seconds", "1")
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(start.elapsed() < Duration::from_millis(1500));
+    assert!(body.contains("ceems_scrape_collector_success{collector=\"slurm\"} 0"));
+}
+
+#[test]
+fn sigterm_shuts_down_cleanly() {
+    let exporter = start_exporter(&fixtures().join("compat"), &fixture_args());
+    let mut running = exporter;
+    let pid = nix::unistd::Pid::from_raw(running.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let start = Instant::now();
+    loop {
+        if let Some(status) = running.child.try_wait().unwrap() {
+            assert!(status.success(), "exit status {status}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "no exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn run_with(config: &str, env: &[(&str, &str)], args: &[&str]) -> (common::Running, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ceems.toml");
+    std::fs::write(&file, config).unwrap();
+    let port = free_port();
+    let mut cmd = Command::new(BIN);
+    cmd.arg("exporter")
+        .args(fixture_args())
+        .args(args)
+        .current_dir(fixtures().join("compat"))
+        .env("CEEMS_CONFIG_FILE", &file)
+        .env(
+            "CEEMS_EXPORTER_WEB_LISTEN_ADDRESS",
+            format!("127.0.0.1:{port}"),
+        )
+        .stdout(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let running = common::Running {
+        child: cmd.spawn().unwrap(),
+        port,
+    };
+    let start = Instant::now();
+    while ureq::get(&running.url("/health")).call().is_err() {
+        assert!(start.elapsed() < Duration::from_secs(10), "exporter not up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let body = running.get("/metrics");
+    (running, body)
+}
+
+#[test]
+fn config_layers_defaults_file_env_flags() {
+    let file = "[exporter.collector.slurm]\npsi-metrics = true\n[exporter.collector.meminfo]\nall-stats = true\n";
+    // File over defaults.
+    let (_r, body) = run_with(file, &[], &[]);
+    assert!(body.contains("ceems_compute_unit_cpu_psi_seconds"));
+    assert!(body.contains("ceems_meminfo_Cached_bytes"));
+    // Environment over file.
+    let env = [("CEEMS_EXPORTER_COLLECTOR_SLURM_PSI_METRICS", "false")];
+    let (_r, body) = run_with(file, &env, &[]);
+    assert!(!body.contains("ceems_compute_unit_cpu_psi_seconds"));
+    // Flags over environment.
+    let (_r, body) = run_with(file, &env, &["--collector.slurm.psi-metrics"]);
+    assert!(body.contains("ceems_compute_unit_cpu_psi_seconds"));
+    // --no-collector.<name> turns a default collector off.
+    let (_r, body) = run_with(file, &[], &["--no-collector.meminfo"]);
+    assert!(!body.contains("ceems_meminfo_"));
+    assert!(body.contains("ceems_cpu_seconds_total"));
+    // --collector.disable-defaults keeps only the named ones.
+    let (_r, body) = run_with("", &[], &["--collector.disable-defaults"]);
+    assert!(!body.contains("ceems_cpu_seconds_total"));
+    assert!(body.contains("ceems_scrape_collector_success{collector=\"slurm\"} 1"));
+}
+
+#[test]
+fn bad_config_is_an_error_naming_key_and_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.toml");
+    for (text, key) in [
+        ("[exporter.web]\nlisten-adress = \":1\"\n", "listen-adress"),
+        (
+            "[exporter.collector.slurm]\npsi-metrics = \"yes\"\n",
+            "psi-metrics",
+        ),
+        ("[exporter.collector]\ntimeout = \"soon\"\n", "timeout"),
+        ("[exporter.collector.slurmm]\nenabled = true\n", "slurmm"),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        let out = Command::new(BIN)
+            .args(["exporter", "--web.listen-address=127.0.0.1:1"])
+            .arg(format!("--config.file={}", file.display()))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{text}: accepted");
+        assert!(
+            err.contains(key),
+            "{text}: error does not name `{key}`: {err}"
+        );
+        assert!(
+            err.contains("bad.toml"),
+            "{text}: error does not name the file: {err}"
+        );
+    }
+}
