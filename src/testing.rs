@@ -238,6 +238,7 @@ pub fn generate(root: &Path, spec: TreeSpec) -> io::Result<JobTree> {
                 write(&job, "cpu.pressure", PSI)?;
                 write(&job, "memory.pressure", PSI)?;
                 write(&job, "cgroup.procs", "")?;
+                write(&job, "cgroup.events", "populated 1\nfrozen 0\n")?;
                 for step in &steps {
                     let step_dir = job.join(step);
                     let slurm = step_dir.join("slurm");

@@ -10,10 +10,11 @@
 //!
 //! Jobs whose cgroup subtree holds no process are dropped, as CEEMS does.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
@@ -80,8 +81,20 @@ pub struct SlurmCollector {
     hostname: String,
     read_opts: ReadOptions,
     reader: Mutex<CgroupReader>,
-    /// Opaque job directory → job id, kept while the directory exists.
-    opaque_ids: Mutex<HashMap<PathBuf, String>>,
+    cache: Mutex<DiscoveryCache>,
+}
+
+/// How long a job found with processes is trusted to still have some without walking its
+/// subtree again (where no `cgroup.events` says so in one read).
+const POPULATED_TTL: Duration = Duration::from_secs(30);
+
+/// What discovery remembers between scrapes, for job directories that still exist.
+#[derive(Default)]
+struct DiscoveryCache {
+    /// Opaque job directory → job id.
+    opaque_ids: HashMap<PathBuf, String>,
+    /// Job directory → when a process was last seen in it.
+    populated: HashMap<PathBuf, Instant>,
 }
 
 fn host_memory(procfs: &Path) -> HostMemory {
@@ -176,7 +189,7 @@ impl SlurmCollector {
             hostname: hostname.to_owned(),
             read_opts,
             reader: Mutex::new(reader),
-            opaque_ids: Mutex::new(HashMap::new()),
+            cache: Mutex::new(DiscoveryCache::default()),
         }
     }
 
@@ -241,30 +254,33 @@ impl SlurmCollector {
 
     /// Finds the jobs with at least one process, resolving opaque directories to job ids.
     pub fn discover(&self, faults: &mut Vec<FileFault>) -> Result<Vec<JobCgroup>, CollectError> {
-        let mut ids = self.opaque_ids.lock().unwrap_or_else(|p| p.into_inner());
-        let mut seen_opaque = Vec::new();
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let candidates = self.candidates()?;
+        let present: HashSet<&Path> = candidates.iter().map(|c| c.abs.as_path()).collect();
+        cache
+            .opaque_ids
+            .retain(|k, _| present.contains(k.as_path()));
+        cache.populated.retain(|k, _| present.contains(k.as_path()));
+        drop(present);
         let mut jobs = Vec::new();
-        for c in self.candidates()? {
+        for c in candidates {
             let uuid = match c.id {
                 Some(id) => {
-                    if cgroup::first_pid(&c.abs, faults).is_none() {
+                    if !self.has_processes(&c.abs, &mut cache, faults) {
                         continue;
                     }
                     id
                 }
-                None => {
-                    seen_opaque.push(c.abs.clone());
-                    match ids.get(&c.abs) {
-                        Some(id) => id.clone(),
-                        None => match self.opaque_job_id(&c.abs, faults) {
-                            Some(id) => {
-                                ids.insert(c.abs.clone(), id.clone());
-                                id
-                            }
-                            None => continue,
-                        },
-                    }
-                }
+                None => match cache.opaque_ids.get(&c.abs) {
+                    Some(id) => id.clone(),
+                    None => match self.opaque_job_id(&c.abs, faults) {
+                        Some(id) => {
+                            cache.opaque_ids.insert(c.abs.clone(), id.clone());
+                            id
+                        }
+                        None => continue,
+                    },
+                },
             };
             let rel = c
                 .abs
@@ -281,8 +297,47 @@ impl SlurmCollector {
                 rel,
             });
         }
-        ids.retain(|k, _| seen_opaque.contains(k));
         Ok(jobs)
+    }
+
+    /// Whether a job's subtree holds a process: v2's `cgroup.events` says so in one read;
+    /// otherwise walk the subtree's `cgroup.procs`, trusting a positive answer for a while.
+    fn has_processes(
+        &self,
+        dir: &Path,
+        cache: &mut DiscoveryCache,
+        faults: &mut Vec<FileFault>,
+    ) -> bool {
+        if self.version == CgroupVersion::V2 {
+            if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.events")) {
+                let mut populated = None;
+                match cgroup::parse::flat_keyed(&text, |k, v| {
+                    if k == "populated" {
+                        populated = Some(v != 0);
+                    }
+                }) {
+                    Ok(()) if populated.is_some() => return populated == Some(true),
+                    Ok(()) => {}
+                    Err(e) => faults.push(FileFault {
+                        path: dir.join("cgroup.events"),
+                        message: e.to_string(),
+                    }),
+                }
+            }
+        }
+        let now = Instant::now();
+        if let Some(seen) = cache.populated.get(dir) {
+            if now.duration_since(*seen) < POPULATED_TTL {
+                return true;
+            }
+        }
+        let found = cgroup::first_pid(dir, faults).is_some();
+        if found {
+            cache.populated.insert(dir.to_owned(), now);
+        } else {
+            cache.populated.remove(dir);
+        }
+        found
     }
 
     /// The job id of an opaque directory: `SLURM_JOB_ID` of the first process that has one
@@ -490,6 +545,8 @@ mod tests {
     fn jobs_without_processes_are_dropped() {
         let tmp = tempfile::tempdir().unwrap();
         let tree = generate(tmp.path(), TreeSpec::new(CgroupVersion::V2, 3)).unwrap();
+        // Without cgroup.events (as in CEEMS's fixtures) the subtree's procs files decide.
+        fs::remove_file(tree.job_dir(2).join("cgroup.events")).unwrap();
         for entry in walk(&tree.job_dir(2)) {
             if entry.ends_with("cgroup.procs") {
                 fs::write(entry, "").unwrap();
@@ -498,6 +555,26 @@ mod tests {
         let text = scrape(&collector(&tree));
         assert_eq!(units(&text), 2.0);
         assert!(!text.contains("uuid=\"1000002\""));
+    }
+
+    #[test]
+    fn cgroup_events_decides_on_v2() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tree = generate(tmp.path(), TreeSpec::new(CgroupVersion::V2, 2)).unwrap();
+        // The kernel says the subtree is empty although a stale procs file lists a pid.
+        fs::write(
+            tree.job_dir(1).join("cgroup.events"),
+            "populated 0\nfrozen 0\n",
+        )
+        .unwrap();
+        let c = collector(&tree);
+        assert_eq!(units(&scrape(&c)), 1.0);
+        fs::write(
+            tree.job_dir(1).join("cgroup.events"),
+            "populated 1\nfrozen 0\n",
+        )
+        .unwrap();
+        assert_eq!(units(&scrape(&c)), 2.0);
     }
 
     #[test]
@@ -519,7 +596,7 @@ mod tests {
         // ...and is forgotten once the directory is gone.
         fs::remove_dir_all(&opaque).unwrap();
         assert_eq!(units(&scrape(&c)), 1.0);
-        assert!(c.opaque_ids.lock().unwrap().is_empty());
+        assert!(c.cache.lock().unwrap().opaque_ids.is_empty());
     }
 
     #[test]

@@ -1,0 +1,12 @@
+#![no_main]
+//! Fuzzes the cpuset parser: any input must give a value or an error, never a panic.
+
+use ceems::collect::cgroup::parse;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let _ = parse::cpuset_count(text);
+});

@@ -1,0 +1,17 @@
+#![no_main]
+//! Fuzzes the memory_stat parser: any input must give a value or an error, never a panic.
+
+use ceems::collect::cgroup::parse;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let mut sum = 0u64;
+    let _ = parse::flat_keyed(text, |k, v| {
+        if k.starts_with("total_") || k == "anon" {
+            sum = sum.wrapping_add(v)
+        }
+    });
+});
