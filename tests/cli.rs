@@ -270,3 +270,31 @@ fn bad_config_is_an_error_naming_key_and_file() {
         );
     }
 }
+
+#[test]
+fn example_config_documents_every_key_and_loads() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ceems.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    for opt in ceems::cmd::exporter::opts() {
+        let last = opt.key.rsplit('.').next().unwrap();
+        let table = opt.key.rsplit_once('.').map(|(t, _)| t).unwrap_or("");
+        let section = text
+            .split(&format!("[exporter.{table}]\n"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no [exporter.{table}] in examples/ceems.toml"));
+        let section = section.split("\n[").next().unwrap();
+        assert!(
+            section.contains(&format!("{last} = ")),
+            "examples/ceems.toml does not document {}",
+            opt.key
+        );
+    }
+    // The example is the defaults: loading it must succeed and change nothing.
+    let out = Command::new(BIN)
+        .args(["exporter", "--web.listen-address=not-an-address"])
+        .arg(format!("--config.file={}", path.display()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid listen address"), "{err}");
+}

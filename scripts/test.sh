@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite: lint, then every test (compat, real kernel, real Prometheus, promtool).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  fi
+fi
+command -v python3 >/dev/null || { [ "$(id -u)" = 0 ] && apt-get install -y -qq python3 >/dev/null; } || true
+cargo fmt --all -- --check
+cargo clippy --all-targets --locked -- -D warnings
+cargo test --locked
