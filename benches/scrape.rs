@@ -44,17 +44,6 @@ const OPTS: ReadOptions = ReadOptions {
     psi: true,
 };
 
-fn collector(tree: &JobTree) -> SlurmCollector {
-    SlurmCollector::new(
-        &tree.cgroupfs(),
-        &tree.procfs(),
-        tree.spec.version,
-        "cpuacct",
-        "node",
-        OPTS,
-    )
-}
-
 fn scrape(c: &SlurmCollector, body: &mut String) -> usize {
     let mut out = MetricSet::new();
     c.collect(&mut out).expect("collect");
@@ -111,7 +100,7 @@ fn bench(c: &mut Criterion) {
         for jobs in [10usize, 100, 1000] {
             let dir = tempfile::tempdir().expect("tempdir");
             let tree = generate(dir.path(), TreeSpec::new(version, jobs)).expect("tree");
-            let col = collector(&tree);
+            let col = tree.slurm_collector();
             let files = files_read_per_scrape(&tree, OPTS.swap, OPTS.psi);
             let mut body = String::new();
             scrape(&col, &mut body); // warm caches

@@ -7,7 +7,8 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::collect::cgroup::CgroupVersion;
+use crate::collect::cgroup::{CgroupVersion, ReadOptions};
+use crate::collect::slurm::SlurmCollector;
 
 /// Layout of a generated tree.
 #[derive(Debug, Clone)]
@@ -48,6 +49,21 @@ impl JobTree {
 
     pub fn sysfs(&self) -> PathBuf {
         self.root.join("sys")
+    }
+
+    /// A slurm collector over this tree, with swap and PSI series on.
+    pub fn slurm_collector(&self) -> SlurmCollector {
+        SlurmCollector::new(
+            &self.cgroupfs(),
+            &self.procfs(),
+            self.spec.version,
+            "cpuacct",
+            "node",
+            ReadOptions {
+                swap: true,
+                psi: true,
+            },
+        )
     }
 
     /// The job's directory: v2 below the root, v1 below the `cpuacct` controller.

@@ -454,17 +454,7 @@ mod tests {
     use std::fs;
 
     fn collector(tree: &JobTree) -> SlurmCollector {
-        SlurmCollector::new(
-            &tree.cgroupfs(),
-            &tree.procfs(),
-            tree.spec.version,
-            "cpuacct",
-            "node",
-            ReadOptions {
-                swap: true,
-                psi: true,
-            },
-        )
+        tree.slurm_collector()
     }
 
     fn scrape(c: &SlurmCollector) -> String {

@@ -261,16 +261,10 @@ impl CgroupReader {
         let cpu = self
             .scratch
             .read(cpuacct, rel, "cpuacct.stat", faults, |t| {
-                let (mut u, mut sys) = (0, 0);
-                parse::flat_keyed(t, |k, v| match k {
-                    "user" => u = v,
-                    "system" => sys = v,
-                    _ => {}
-                })?;
-                Ok((u, sys))
+                parse::keyed_values(t, ["user", "system"])
             });
         match cpu {
-            Some((user, system)) => {
+            Some([user, system]) => {
                 s.cpu_user_seconds = user as f64 / ticks;
                 s.cpu_system_seconds = system as f64 / ticks;
             }
@@ -286,14 +280,8 @@ impl CgroupReader {
             .read(cpuset, rel, "cpuset.cpus", faults, parse::cpuset_count)
             .unwrap_or(0);
 
-        if let Some((rss, cache)) = self.scratch.read(memory, rel, "memory.stat", faults, |t| {
-            let (mut rss, mut cache) = (0, 0);
-            parse::flat_keyed(t, |k, v| match k {
-                "total_rss" => rss = v,
-                "total_cache" => cache = v,
-                _ => {}
-            })?;
-            Ok((rss, cache))
+        if let Some([rss, cache]) = self.scratch.read(memory, rel, "memory.stat", faults, |t| {
+            parse::keyed_values(t, ["total_rss", "total_cache"])
         }) {
             s.memory_rss_bytes = rss as f64;
             s.memory_cache_bytes = cache as f64;
@@ -366,16 +354,10 @@ impl CgroupReader {
         let root = &self.root;
         let mut s = UnitStats::default();
         let cpu = self.scratch.read(root, rel, "cpu.stat", faults, |t| {
-            let (mut u, mut sys) = (0, 0);
-            parse::flat_keyed(t, |k, v| match k {
-                "user_usec" => u = v,
-                "system_usec" => sys = v,
-                _ => {}
-            })?;
-            Ok((u, sys))
+            parse::keyed_values(t, ["user_usec", "system_usec"])
         });
         match cpu {
-            Some((u, sys)) => {
+            Some([u, sys]) => {
                 s.cpu_user_seconds = u as f64 / 1e6;
                 s.cpu_system_seconds = sys as f64 / 1e6;
             }
@@ -407,14 +389,8 @@ impl CgroupReader {
                 None => u64::MAX as f64,
             };
         }
-        if let Some((anon, file)) = self.scratch.read(root, rel, "memory.stat", faults, |t| {
-            let (mut anon, mut file) = (0, 0);
-            parse::flat_keyed(t, |k, v| match k {
-                "anon" => anon = v,
-                "file" => file = v,
-                _ => {}
-            })?;
-            Ok((anon, file))
+        if let Some([anon, file]) = self.scratch.read(root, rel, "memory.stat", faults, |t| {
+            parse::keyed_values(t, ["anon", "file"])
         }) {
             s.memory_rss_bytes = anon as f64;
             s.memory_cache_bytes = file as f64;
@@ -422,13 +398,7 @@ impl CgroupReader {
         s.memory_fail_count = self
             .scratch
             .read(root, rel, "memory.events", faults, |t| {
-                let mut oom = 0;
-                parse::flat_keyed(t, |k, v| {
-                    if k == "oom" {
-                        oom = v
-                    }
-                })?;
-                Ok(oom)
+                parse::keyed_values(t, ["oom"]).map(|[oom]| oom)
             })
             .unwrap_or(0) as f64;
         if opts.swap {

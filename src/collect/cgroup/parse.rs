@@ -71,6 +71,17 @@ pub fn flat_keyed<'a>(text: &'a str, mut each: impl FnMut(&'a str, u64)) -> Resu
     Ok(())
 }
 
+/// The values of `names` in a flat keyed file, 0 for names it lacks.
+pub fn keyed_values<const N: usize>(text: &str, names: [&str; N]) -> Result<[u64; N], ParseError> {
+    let mut out = [0u64; N];
+    flat_keyed(text, |k, v| {
+        if let Some(i) = names.iter().position(|n| *n == k) {
+            out[i] = v;
+        }
+    })?;
+    Ok(out)
+}
+
 /// Totals of a PSI file (`cpu.pressure`, `memory.pressure`), in microseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Pressure {
