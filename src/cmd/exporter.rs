@@ -102,8 +102,8 @@ impl Exporter {
             .ok()
             .and_then(|h| h.into_string().ok())
             .unwrap_or_default();
-        let selection = collect::select(settings)?;
         let registry = Registry::build(settings, &hostname)?;
+        let timeout = registry.timeout();
         let process_metrics = if web.disable_exporter_metrics {
             None
         } else {
@@ -122,7 +122,7 @@ impl Exporter {
         })?;
         let exporter = Exporter {
             registry,
-            timeout: selection.common.timeout,
+            timeout,
             telemetry_path: web.telemetry_path,
             process_metrics,
             build_info: Labels::new(&[

@@ -31,6 +31,7 @@ fn options() -> Vec<Opt> {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct Settings {
     #[serde(default)]
+    #[allow(dead_code)]
     enabled: bool,
     all_stats: bool,
 }
@@ -46,7 +47,6 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
         .settings
         .get("")
         .map_err(|e| CollectError::Other(e.to_string()))?;
-    let _ = s.enabled;
     Ok(Box::new(MeminfoCollector {
         path: ctx.paths.procfs.join("meminfo"),
         labels: ctx.hostname_labels(),

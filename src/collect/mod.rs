@@ -197,6 +197,8 @@ struct Entry {
 
 pub struct Registry {
     entries: Vec<Entry>,
+    /// `--collector.timeout`: the longest a collector may take in one scrape.
+    timeout: Duration,
 }
 
 /// The collectors left on by `--collector.*` flags and `--collector.disable-defaults`, each with
@@ -274,7 +276,10 @@ impl Registry {
                 busy: Arc::new(AtomicBool::new(false)),
             });
         }
-        Ok(Registry { entries })
+        Ok(Registry {
+            entries,
+            timeout: common.timeout,
+        })
     }
 
     /// A registry of ready-made collectors, for tests and benchmarks.
@@ -288,7 +293,12 @@ impl Registry {
                     busy: Arc::new(AtomicBool::new(false)),
                 })
                 .collect(),
+            timeout: Duration::from_secs(10),
         }
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     pub fn names(&self) -> Vec<&'static str> {
