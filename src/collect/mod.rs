@@ -4,8 +4,11 @@
 
 pub mod cgroup;
 pub mod cpu;
+pub mod cray_pm_counters;
+pub mod hwmon;
 pub mod meminfo;
 pub mod procfs;
+pub mod rapl;
 pub mod slurm;
 
 use std::path::PathBuf;
@@ -119,7 +122,14 @@ pub struct CollectorSpec {
 }
 
 /// Every collector this binary has.
-pub static COLLECTORS: &[CollectorSpec] = &[cpu::SPEC, meminfo::SPEC, slurm::SPEC];
+pub static COLLECTORS: &[CollectorSpec] = &[
+    cpu::SPEC,
+    meminfo::SPEC,
+    slurm::SPEC,
+    rapl::SPEC,
+    hwmon::SPEC,
+    cray_pm_counters::SPEC,
+];
 
 /// The flags of every collector: `--collector.<name>` and each one's own options.
 pub fn options() -> Vec<Opt> {
