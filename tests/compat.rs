@@ -6,7 +6,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{fixtures, name_of, parse_series, start_exporter};
+use common::{fixtures, name_of, parse_series, start_exporter_env, stub};
 
 /// The families checked here. GPU, RDMA and network series of the same files belong to
 /// collectors not written yet.
@@ -36,6 +36,7 @@ const IMPLEMENTED: &[&str] = &[
     "rapl",
     "hwmon",
     "cray_pm_counters",
+    "ipmi_dcmi",
 ];
 
 fn types(text: &str) -> BTreeMap<String, String> {
@@ -47,8 +48,27 @@ fn types(text: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn check(scenario: &str, flags: &[&str]) {
+/// How a scenario reaches its IPMI tool: the stand-in's name, and whether it is given by a
+/// flag (CEEMS's current or deprecated spelling) or found on PATH.
+enum Ipmi {
+    Flag(&'static str, &'static str),
+    OnPath(&'static str),
+}
+
+/// The captured output each stand-in prints.
+fn ipmi_capture(tool: &str) -> &'static str {
+    match tool {
+        "ipmi-dcmi" => "fixtures/ipmi/freeipmi/ipmi-dcmi_--get-system-power-statistics.txt",
+        "ipmitool" => "fixtures/ipmi/openipmi/ipmitool_dcmi_power_reading.txt",
+        "ipmiutil" => "fixtures/ipmi/ipmiutils/ipmiutil_dcmi_power.txt",
+        "capmc" => "fixtures/ipmi/capmc/capmc_get_system_power_-w_600.txt",
+        other => panic!("no capture for {other}"),
+    }
+}
+
+fn check(scenario: &str, flags: &[&str], ipmi: Ipmi) {
     let dir = fixtures().join("compat");
+    let stubs = tempfile::tempdir().expect("tempdir");
     let file = match scenario {
         // The one expected file without the suffix.
         "cgroupsv2-nvidia-gpu-reordering" => format!("expected/e2e-test-{scenario}.txt"),
@@ -68,7 +88,24 @@ fn check(scenario: &str, flags: &[&str]) {
         "--log.level=debug",
     ];
     args.extend_from_slice(flags);
-    let exporter = start_exporter(&dir, &args);
+    let mut env = Vec::new();
+    let ipmi_flag;
+    match ipmi {
+        Ipmi::Flag(flag, tool) => {
+            let path = stub(stubs.path(), tool, &dir.join(ipmi_capture(tool)));
+            ipmi_flag = format!("--{flag}={}", path.display());
+            args.push(&ipmi_flag);
+        }
+        Ipmi::OnPath(tool) => {
+            stub(stubs.path(), tool, &dir.join(ipmi_capture(tool)));
+            let mut path = std::ffi::OsString::from(stubs.path());
+            path.push(":");
+            path.push(std::env::var_os("PATH").unwrap_or_default());
+            env.push(("PATH", path));
+        }
+    }
+    args.extend(["--collector.ipmi_dcmi", "--collector.ipmi_dcmi.test-mode"]);
+    let exporter = start_exporter_env(&dir, &args, &env);
     let actual_text = exporter.get("/metrics");
 
     let filter = |text: &str| -> BTreeMap<String, f64> {
@@ -109,6 +146,10 @@ fn check(scenario: &str, flags: &[&str]) {
     );
 }
 
+const FLAG: &str = "collector.ipmi_dcmi.cmd";
+/// CEEMS's deprecated spelling, which several of its scenarios use.
+const DOTTED_FLAG: &str = "collector.ipmi.dcmi.cmd";
+
 #[test]
 fn cgroupsv1() {
     check(
@@ -117,6 +158,7 @@ fn cgroupsv1() {
             "--collector.cgroups.force-version=v1",
             "--collector.cray_pm_counters",
         ],
+        Ipmi::Flag(FLAG, "ipmi-dcmi"),
     );
 }
 
@@ -128,12 +170,17 @@ fn cgroupsv1_memory_subsystem() {
             "--collector.cgroups.force-version=v1",
             "--collector.cgroups.active-subsystem=memory",
         ],
+        Ipmi::Flag(FLAG, "ipmi-dcmi"),
     );
 }
 
 #[test]
 fn cgroupsv2_nogpu() {
-    check("cgroupsv2-nogpu", &["--collector.cgroups.force-version=v2"]);
+    check(
+        "cgroupsv2-nogpu",
+        &["--collector.cgroups.force-version=v2"],
+        Ipmi::OnPath("capmc"),
+    );
 }
 
 #[test]
@@ -144,6 +191,7 @@ fn cgroupsv2_procfs() {
             "--collector.cgroups.force-version=v2",
             "--collector.cray_pm_counters",
         ],
+        Ipmi::Flag(DOTTED_FLAG, "ipmiutil"),
     );
 }
 
@@ -158,6 +206,7 @@ fn cgroupsv2_all_metrics() {
             "--collector.slurm.psi.metrics",
             "--collector.cray_pm_counters",
         ],
+        Ipmi::Flag(DOTTED_FLAG, "capmc"),
     );
 }
 
@@ -166,6 +215,7 @@ fn cgroupsv2_nvidia_ipmiutil() {
     check(
         "cgroupsv2-nvidia-ipmiutil",
         &["--collector.cgroups.force-version=v2"],
+        Ipmi::OnPath("ipmiutil"),
     );
 }
 
@@ -177,6 +227,7 @@ fn cgroupsv2_nvidia_gpu_reordering() {
             "--collector.cgroups.force-version=v2",
             "--collector.cray_pm_counters",
         ],
+        Ipmi::OnPath("ipmiutil"),
     );
 }
 
@@ -185,5 +236,6 @@ fn cgroupsv2_amd_ipmitool() {
     check(
         "cgroupsv2-amd-ipmitool",
         &["--collector.cgroups.force-version=v2", "--collector.hwmon"],
+        Ipmi::OnPath("ipmitool"),
     );
 }

@@ -3,9 +3,11 @@
 //! collectors, and runs a scrape in which each collector gets its own thread and deadline.
 
 pub mod cgroup;
+pub mod command;
 pub mod cpu;
 pub mod cray_pm_counters;
 pub mod hwmon;
+pub mod ipmi;
 pub mod meminfo;
 pub mod procfs;
 pub mod rapl;
@@ -51,6 +53,10 @@ pub enum CollectError {
     Absent(String),
     #[error("{0}")]
     Other(String),
+    /// The source failed; the collector still wrote its last good values, which are served
+    /// while the collector reports success 0.
+    #[error("{0} (serving the last good values)")]
+    Stale(String),
 }
 
 impl CollectError {
@@ -129,6 +135,7 @@ pub static COLLECTORS: &[CollectorSpec] = &[
     rapl::SPEC,
     hwmon::SPEC,
     cray_pm_counters::SPEC,
+    ipmi::SPEC,
 ];
 
 /// The flags of every collector: `--collector.<name>` and each one's own options.
@@ -351,6 +358,11 @@ impl Registry {
                         all.merge(out);
                         true
                     }
+                    Ok(Ok((Err(err @ CollectError::Stale(_)), out))) => {
+                        tracing::warn!(collector = name, error = %err, "collector failed");
+                        all.merge(out);
+                        false
+                    }
                     Ok(Ok((Err(err), out))) => {
                         // Partial output of a failed collector is dropped, as in CEEMS.
                         drop(out);
@@ -420,6 +432,25 @@ mod tests {
                 Err(()) => Err(CollectError::Other("broken".into())),
             }
         }
+    }
+
+    struct StaleValues;
+    impl Collector for StaleValues {
+        fn name(&self) -> &'static str {
+            "stale"
+        }
+        fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
+            out.gauge("last_good", "Test.", Labels::empty(), 3.0);
+            Err(CollectError::Stale("source down".into()))
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stale_values_are_served_with_success_zero() {
+        let reg = Registry::from_collectors(vec![Box::new(StaleValues)]);
+        let out = text(reg.scrape(Duration::from_secs(1)).await);
+        assert!(out.contains("last_good 3\n"), "{out}");
+        assert!(out.contains("ceems_scrape_collector_success{collector=\"stale\"} 0\n"));
     }
 
     struct Hang;

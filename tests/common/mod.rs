@@ -47,8 +47,18 @@ impl Running {
 
 /// Starts the exporter in `cwd` with `args` on a free port and waits until it answers.
 pub fn start_exporter(cwd: &Path, args: &[&str]) -> Running {
+    start_exporter_env(cwd, args, &[])
+}
+
+/// As [`start_exporter`], with extra environment variables.
+pub fn start_exporter_env(
+    cwd: &Path,
+    args: &[&str],
+    env: &[(&str, std::ffi::OsString)],
+) -> Running {
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_ceems"))
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .arg("exporter")
         .args(args)
         .arg(format!("--web.listen-address=127.0.0.1:{port}"))
@@ -101,4 +111,14 @@ pub fn label_of<'a>(series: &'a str, label: &str) -> Option<&'a str> {
     let start = series.find(&pat)? + pat.len();
     let rest = &series[start..];
     Some(&rest[..rest.find('"')?])
+}
+
+/// An executable stand-in for a command-line tool that prints `output` whatever its arguments.
+pub fn stub(dir: &Path, name: &str, output: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).expect("stub dir");
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\ncat '{}'\n", output.display())).expect("stub");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
 }

@@ -1,0 +1,168 @@
+//! Running an external tool (IPMI tools, capmc, …) with a deadline: a hung tool is killed with
+//! its whole process group, and its output is capped.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// At most this much stdout is kept; the tools print a few hundred bytes.
+const MAX_OUTPUT: u64 = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("{program} did not finish within {timeout:?} and was killed")]
+    Timeout { program: String, timeout: Duration },
+    #[error("{program} exited with {status}: {stderr}")]
+    Failed {
+        program: String,
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+    #[error("waiting for {program}: {source}")]
+    Wait {
+        program: String,
+        source: std::io::Error,
+    },
+}
+
+fn drain(mut r: impl Read + Send + 'static, cap: u64) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = (&mut r).take(cap).read_to_end(&mut buf);
+        // Keep reading past the cap so the tool never blocks on a full pipe.
+        let _ = std::io::copy(&mut r, &mut std::io::sink());
+        buf
+    })
+}
+
+/// Runs `program args…` and returns its stdout. Non-zero exit, a timeout or a failure to start
+/// are errors that name the program.
+pub fn run(program: &Path, args: &[String], timeout: Duration) -> Result<String, CommandError> {
+    use std::os::unix::process::CommandExt;
+    let name = program.display().to_string();
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .map_err(|source| CommandError::Spawn {
+            program: name.clone(),
+            source,
+        })?;
+    let out = child.stdout.take().map(|s| drain(s, MAX_OUTPUT));
+    let err = child.stderr.take().map(|s| drain(s, 4096));
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() >= deadline => {
+                // The whole group, so that a shell wrapper's children die too.
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(child.id() as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                let _ = child.wait();
+                return Err(CommandError::Timeout {
+                    program: name,
+                    timeout,
+                });
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(source) => {
+                return Err(CommandError::Wait {
+                    program: name,
+                    source,
+                })
+            }
+        }
+    };
+    let stdout = out.and_then(|h| h.join().ok()).unwrap_or_default();
+    let stderr = err.and_then(|h| h.join().ok()).unwrap_or_default();
+    if !status.success() {
+        return Err(CommandError::Failed {
+            program: name,
+            status,
+            stderr: String::from_utf8_lossy(&stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&stdout).into_owned())
+}
+
+/// Directories that `PATH` of a service often lacks but where IPMI tools live.
+pub const SBIN_DIRS: &[&str] = &["/sbin", "/usr/sbin", "/usr/local/sbin"];
+
+/// The directories of a `PATH` value.
+pub fn path_dirs(path_var: Option<&std::ffi::OsStr>) -> Vec<PathBuf> {
+    path_var
+        .map(|p| std::env::split_paths(p).collect())
+        .unwrap_or_default()
+}
+
+/// The first executable `name` in `dirs`.
+pub fn find_in(name: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
+    dirs.iter()
+        .filter(|d| !d.as_os_str().is_empty())
+        .map(|d| d.join(name))
+        .find(|p| is_executable(p))
+}
+
+/// The first `name` found in `PATH`, then in [`SBIN_DIRS`].
+pub fn find_program(name: &str, path_var: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
+    let mut dirs = path_dirs(path_var);
+    dirs.extend(SBIN_DIRS.iter().map(PathBuf::from));
+    find_in(name, &dirs)
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> (PathBuf, Vec<String>) {
+        (PathBuf::from("/bin/sh"), vec!["-c".into(), script.into()])
+    }
+
+    #[test]
+    fn output_exit_codes_and_timeouts() {
+        let (p, a) = sh("echo hello");
+        assert_eq!(run(&p, &a, Duration::from_secs(5)).unwrap(), "hello\n");
+        let (p, a) = sh("echo oops >&2; exit 3");
+        let err = run(&p, &a, Duration::from_secs(5)).unwrap_err();
+        assert!(err.to_string().contains("oops"), "{err}");
+        let (p, a) = sh("sleep 30 & sleep 30");
+        let start = Instant::now();
+        let err = run(&p, &a, Duration::from_millis(200)).unwrap_err();
+        assert!(matches!(err, CommandError::Timeout { .. }), "{err}");
+        assert!(start.elapsed() < Duration::from_secs(5));
+        let err = run(Path::new("/nonexistent/tool"), &[], Duration::from_secs(1)).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/tool"), "{err}");
+    }
+
+    #[test]
+    fn finds_programs_on_path() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tool = tmp.path().join("ipmitool");
+        std::fs::write(&tool, "#!/bin/sh\n").unwrap();
+        assert_eq!(find_program("ipmitool", Some(tmp.path().as_os_str())), None);
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(
+            find_program("ipmitool", Some(tmp.path().as_os_str())),
+            Some(tool)
+        );
+    }
+}

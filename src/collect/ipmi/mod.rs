@@ -1,0 +1,400 @@
+//! `ipmi_dcmi`: node power from the BMC's DCMI power reading, through FreeIPMI's `ipmi-dcmi`,
+//! `ipmitool`, `ipmiutil`, Cray's `capmc`, or natively through `/dev/ipmi0`.
+
+pub mod native;
+pub mod parse;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use super::command;
+use super::{CollectError, Collector, CollectorSpec, Context};
+use crate::config::{Kind, Opt};
+use crate::metrics::{Labels, MetricSet};
+use parse::{Format, PowerReading};
+
+pub const SPEC: CollectorSpec = CollectorSpec {
+    name: "ipmi_dcmi",
+    default_enabled: false,
+    // /dev/ipmi0 is root's, mode 0600, for the tools and native mode alike.
+    capabilities: &[caps::Capability::CAP_DAC_OVERRIDE],
+    options,
+    build,
+};
+
+/// The tools in the order they are looked for, with the arguments that ask for a reading.
+const TOOLS: &[(&str, &[&str])] = &[
+    ("ipmi-dcmi", &["--get-system-power-statistics"]),
+    ("ipmitool", &["dcmi", "power", "reading"]),
+    ("ipmiutil", &["dcmi", "power"]),
+    ("capmc", &["get_system_power", "-w", "600"]),
+];
+
+/// Where the OpenIPMI driver's device node may be, by distribution and udev rules.
+const DEVICES: &[&str] = &["/dev/ipmi0", "/dev/ipmi/0", "/dev/ipmidev/0"];
+
+fn options() -> Vec<Opt> {
+    vec![
+        Opt::new(
+            "collector.ipmi_dcmi.cmd",
+            Kind::Str,
+            "IPMI command to run, e.g. `ipmi-dcmi --get-system-power-statistics`; a bare tool path gets that tool's usual arguments. Found on PATH when unset",
+        )
+        .alias("collector.ipmi.dcmi.cmd"),
+        Opt::flag(
+            "collector.ipmi_dcmi.force-native-mode",
+            "Read DCMI power from the OpenIPMI device (/dev/ipmi0) directly, with no external tool",
+        ),
+        Opt::new(
+            "collector.ipmi_dcmi.cmd-timeout",
+            Kind::Duration,
+            "Longest time an IPMI command or native request may take before it is killed",
+        )
+        .default("5s"),
+        Opt::new(
+            "collector.ipmi_dcmi.max-age",
+            Kind::Duration,
+            "When a reading fails, serve the last good one (with success 0) if it is at most this old",
+        )
+        .default("5m"),
+        Opt::new(
+            "collector.ipmi_dcmi.device",
+            Kind::Str,
+            "OpenIPMI device for native mode (default: the first of /dev/ipmi0, /dev/ipmi/0, /dev/ipmidev/0)",
+        )
+        .hidden(),
+        Opt::flag(
+            "collector.ipmi_dcmi.test-mode",
+            "Skip the start-up probe (CEEMS's e2e test flag)",
+        )
+        .hidden(),
+    ]
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct Settings {
+    #[serde(default)]
+    #[allow(dead_code)]
+    enabled: bool,
+    #[serde(default)]
+    cmd: Option<String>,
+    force_native_mode: bool,
+    #[serde(deserialize_with = "crate::config::de_duration")]
+    cmd_timeout: Duration,
+    #[serde(deserialize_with = "crate::config::de_duration")]
+    max_age: Duration,
+    #[serde(default)]
+    device: Option<PathBuf>,
+    test_mode: bool,
+}
+
+/// Where readings come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    Command {
+        program: PathBuf,
+        args: Vec<String>,
+        format: Format,
+    },
+    Native {
+        device: PathBuf,
+    },
+}
+
+impl Source {
+    /// A command line from the flag: words split on whitespace; a lone known tool gets its
+    /// usual arguments.
+    pub fn from_command_line(line: &str) -> Option<Source> {
+        let mut words = line.split_whitespace().map(str::to_owned);
+        let program = PathBuf::from(words.next()?);
+        let mut args: Vec<String> = words.collect();
+        let base = program
+            .file_name()
+            .map(|b| b.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if args.is_empty() {
+            if let Some((_, defaults)) = TOOLS.iter().find(|(t, _)| *t == base) {
+                args = defaults.iter().map(|s| (*s).to_owned()).collect();
+            }
+        }
+        let format = if base == "capmc" {
+            Format::CapmcJson
+        } else {
+            Format::Text
+        };
+        Some(Source::Command {
+            program,
+            args,
+            format,
+        })
+    }
+
+    /// The first tool found on `PATH`, else in the sbin directories, else the OpenIPMI device.
+    /// `PATH` wins over sbin so that an operator's (or a test's) choice beats what the
+    /// distribution installed.
+    pub fn detect(path_var: Option<&std::ffi::OsStr>, devices: &[&Path]) -> Option<Source> {
+        let sbin: Vec<PathBuf> = command::SBIN_DIRS.iter().map(PathBuf::from).collect();
+        for dirs in [command::path_dirs(path_var), sbin] {
+            for (tool, _) in TOOLS {
+                if let Some(program) = command::find_in(tool, &dirs) {
+                    return Source::from_command_line(&program.to_string_lossy());
+                }
+            }
+        }
+        devices.iter().find(|d| d.exists()).map(|d| Source::Native {
+            device: d.to_path_buf(),
+        })
+    }
+}
+
+pub struct IpmiCollector {
+    source: Source,
+    timeout: Duration,
+    max_age: Duration,
+    labels: Labels,
+    last_good: Mutex<Option<(Instant, PowerReading)>>,
+    msgid: AtomicI64,
+}
+
+fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
+    let s: Settings = ctx
+        .settings
+        .get("")
+        .map_err(|e| CollectError::Other(e.to_string()))?;
+    let devices: Vec<&Path> = match &s.device {
+        Some(d) => vec![d.as_path()],
+        None => DEVICES.iter().map(Path::new).collect(),
+    };
+    let source = if s.force_native_mode {
+        let device = devices.iter().find(|d| d.exists()).ok_or_else(|| {
+            CollectError::Other(format!(
+                "native mode: no OpenIPMI device at {}; load the ipmi_devintf and ipmi_si modules",
+                devices
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?;
+        Source::Native {
+            device: device.to_path_buf(),
+        }
+    } else if let Some(line) = s.cmd.as_deref().filter(|l| !l.trim().is_empty()) {
+        Source::from_command_line(line)
+            .ok_or_else(|| CollectError::Other("empty --collector.ipmi_dcmi.cmd".into()))?
+    } else {
+        Source::detect(std::env::var_os("PATH").as_deref(), &devices).ok_or_else(|| {
+            CollectError::Other(
+                "no IPMI tool (ipmi-dcmi, ipmitool, ipmiutil, capmc) on PATH or in /sbin, /usr/sbin, /usr/local/sbin, and no OpenIPMI device; install one, set --collector.ipmi_dcmi.cmd, or disable the collector".into(),
+            )
+        })?
+    };
+    tracing::info!(collector = "ipmi_dcmi", source = ?source, "reading DCMI power");
+    let collector = IpmiCollector::new(source, s.cmd_timeout, s.max_age, &ctx.hostname);
+    if !s.test_mode {
+        // A probe so that a broken set-up shows in the start-up log, not only as success 0.
+        if let Err(e) = collector.read() {
+            tracing::warn!(collector = "ipmi_dcmi", error = %e, "first DCMI power reading failed");
+        }
+    }
+    Ok(Box::new(collector))
+}
+
+impl IpmiCollector {
+    pub fn new(source: Source, timeout: Duration, max_age: Duration, hostname: &str) -> Self {
+        IpmiCollector {
+            source,
+            timeout,
+            max_age,
+            labels: Labels::new(&[("hostname", hostname)]),
+            last_good: Mutex::new(None),
+            msgid: AtomicI64::new(1),
+        }
+    }
+
+    fn read(&self) -> Result<PowerReading, String> {
+        match &self.source {
+            Source::Command {
+                program,
+                args,
+                format,
+            } => {
+                let out = command::run(program, args, self.timeout).map_err(|e| e.to_string())?;
+                parse::parse(*format, &out)
+                    .map_err(|e| format!("cannot parse output of {}: {e}", program.display()))
+            }
+            Source::Native { device } => {
+                let mut dev = native::OpenIpmiDevice::open(device)
+                    .map_err(|e| format!("cannot open {}: {e}", device.display()))?;
+                let id = self.msgid.fetch_add(1, Ordering::Relaxed);
+                native::read_power(&mut dev, id as std::os::raw::c_long, self.timeout)
+                    .map_err(|e| format!("{}: {e}", device.display()))
+            }
+        }
+    }
+
+    fn emit(&self, out: &mut MetricSet, r: &PowerReading) {
+        let fields = [
+            (
+                r.current,
+                "ceems_ipmi_dcmi_current_watts",
+                "Current Power consumption in watts",
+            ),
+            (
+                r.min,
+                "ceems_ipmi_dcmi_min_watts",
+                "Minimum Power consumption in watts",
+            ),
+            (
+                r.max,
+                "ceems_ipmi_dcmi_max_watts",
+                "Maximum Power consumption in watts",
+            ),
+            (
+                r.avg,
+                "ceems_ipmi_dcmi_avg_watts",
+                "Average Power consumption in watts",
+            ),
+        ];
+        for (v, name, help) in fields {
+            if let Some(v) = v {
+                out.gauge(name, help, self.labels.clone(), v);
+            }
+        }
+    }
+}
+
+impl Collector for IpmiCollector {
+    fn name(&self) -> &'static str {
+        "ipmi_dcmi"
+    }
+
+    fn capabilities(&self) -> &'static [caps::Capability] {
+        SPEC.capabilities
+    }
+
+    fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
+        let result = self.read();
+        let mut last = self.last_good.lock().unwrap_or_else(|p| p.into_inner());
+        match result {
+            Ok(r) => {
+                *last = Some((Instant::now(), r));
+                self.emit(out, &r);
+                Ok(())
+            }
+            Err(e) => match *last {
+                Some((at, r)) if at.elapsed() <= self.max_age => {
+                    self.emit(out, &r);
+                    Err(CollectError::Stale(e))
+                }
+                _ => Err(CollectError::Other(e)),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_lines() {
+        assert_eq!(
+            Source::from_command_line("/usr/sbin/ipmitool"),
+            Some(Source::Command {
+                program: "/usr/sbin/ipmitool".into(),
+                args: vec!["dcmi".into(), "power".into(), "reading".into()],
+                format: Format::Text,
+            })
+        );
+        assert_eq!(
+            Source::from_command_line("sudo /usr/sbin/ipmi-dcmi --get-system-power-statistics"),
+            Some(Source::Command {
+                program: "sudo".into(),
+                args: vec![
+                    "/usr/sbin/ipmi-dcmi".into(),
+                    "--get-system-power-statistics".into()
+                ],
+                format: Format::Text,
+            })
+        );
+        assert!(matches!(
+            Source::from_command_line("/opt/cray/bin/capmc"),
+            Some(Source::Command {
+                format: Format::CapmcJson,
+                ..
+            })
+        ));
+        assert_eq!(Source::from_command_line("  "), None);
+    }
+
+    /// A stand-in tool whose output the test changes between scrapes.
+    fn tool(dir: &Path, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join("ipmi-dcmi");
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+
+    fn scrape(c: &IpmiCollector) -> (Result<(), CollectError>, String) {
+        let mut set = MetricSet::new();
+        let r = c.collect(&mut set);
+        let mut s = String::new();
+        set.encode_text(&mut s);
+        (r, s)
+    }
+
+    #[test]
+    fn a_failing_or_hung_bmc_serves_the_last_good_reading_until_it_is_too_old() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tool(tmp.path(), "echo 'Current Power : 300 Watts'");
+        let source = Source::from_command_line(&p.to_string_lossy()).unwrap();
+        let c = IpmiCollector::new(
+            source,
+            Duration::from_millis(300),
+            Duration::from_millis(800),
+            "",
+        );
+        let (r, text) = scrape(&c);
+        assert!(r.is_ok());
+        assert!(text.contains("ceems_ipmi_dcmi_current_watts{hostname=\"\"} 300\n"));
+
+        tool(tmp.path(), "sleep 10");
+        let start = Instant::now();
+        let (r, text) = scrape(&c);
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "hung tool stalled"
+        );
+        assert!(matches!(r, Err(CollectError::Stale(_))), "{r:?}");
+        assert!(text.contains("} 300\n"), "{text}");
+
+        tool(tmp.path(), "echo garbage; exit 0");
+        std::thread::sleep(Duration::from_millis(600));
+        let (r, text) = scrape(&c);
+        assert!(matches!(r, Err(CollectError::Other(_))), "{r:?}");
+        assert!(text.is_empty(), "too old a reading was served: {text}");
+    }
+
+    #[test]
+    fn detection_order_and_native_fallback() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dev = tmp.path().join("ipmi0");
+        std::fs::write(&dev, "").unwrap();
+        let empty = tempfile::tempdir().unwrap();
+        // No tool on this PATH; the sbin directories of this machine may hold one.
+        let found = Source::detect(Some(empty.path().as_os_str()), &[dev.as_path()]);
+        assert!(found.is_some());
+        tool(tmp.path(), "true");
+        assert!(matches!(
+            Source::detect(Some(tmp.path().as_os_str()), &[dev.as_path()]),
+            Some(Source::Command { program, .. }) if program == tmp.path().join("ipmi-dcmi")
+        ));
+    }
+}
