@@ -6,6 +6,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
+use common::bmc::{Flavor, StandinBmc};
 use common::{fixtures, name_of, parse_series, start_exporter_env, stub};
 
 /// The families checked here. GPU, RDMA and network series of the same files belong to
@@ -37,6 +38,7 @@ const IMPLEMENTED: &[&str] = &[
     "hwmon",
     "cray_pm_counters",
     "ipmi_dcmi",
+    "redfish",
 ];
 
 fn types(text: &str) -> BTreeMap<String, String> {
@@ -66,7 +68,7 @@ fn ipmi_capture(tool: &str) -> &'static str {
     }
 }
 
-fn check(scenario: &str, flags: &[&str], ipmi: Ipmi) {
+fn check(scenario: &str, flags: &[&str], ipmi: Ipmi, redfish: bool) {
     let dir = fixtures().join("compat");
     let stubs = tempfile::tempdir().expect("tempdir");
     let file = match scenario {
@@ -105,6 +107,26 @@ fn check(scenario: &str, flags: &[&str], ipmi: Ipmi) {
         }
     }
     args.extend(["--collector.ipmi_dcmi", "--collector.ipmi_dcmi.test-mode"]);
+    // CEEMS's mock listens on :5000; ours on a free port, named in a copy of its config.
+    let _bmc;
+    let redfish_flag;
+    if redfish {
+        let bmc = StandinBmc::start(
+            Flavor::CeemsMock(dir.join("fixtures/mock-servers/redfish")),
+            false,
+        );
+        let original = std::fs::read_to_string(dir.join("fixtures/redfish/config.yml"))
+            .expect("redfish config");
+        let config = stubs.path().join("redfish.yml");
+        std::fs::write(
+            &config,
+            original.replace("port: 5000", &format!("port: {}", bmc.port)),
+        )
+        .expect("write config");
+        redfish_flag = format!("--collector.redfish.web-config={}", config.display());
+        args.extend(["--collector.redfish", &redfish_flag]);
+        _bmc = bmc;
+    }
     let exporter = start_exporter_env(&dir, &args, &env);
     let actual_text = exporter.get("/metrics");
 
@@ -159,6 +181,7 @@ fn cgroupsv1() {
             "--collector.cray_pm_counters",
         ],
         Ipmi::Flag(FLAG, "ipmi-dcmi"),
+        true,
     );
 }
 
@@ -171,6 +194,7 @@ fn cgroupsv1_memory_subsystem() {
             "--collector.cgroups.active-subsystem=memory",
         ],
         Ipmi::Flag(FLAG, "ipmi-dcmi"),
+        false,
     );
 }
 
@@ -180,6 +204,7 @@ fn cgroupsv2_nogpu() {
         "cgroupsv2-nogpu",
         &["--collector.cgroups.force-version=v2"],
         Ipmi::OnPath("capmc"),
+        false,
     );
 }
 
@@ -192,6 +217,7 @@ fn cgroupsv2_procfs() {
             "--collector.cray_pm_counters",
         ],
         Ipmi::Flag(DOTTED_FLAG, "ipmiutil"),
+        false,
     );
 }
 
@@ -207,6 +233,7 @@ fn cgroupsv2_all_metrics() {
             "--collector.cray_pm_counters",
         ],
         Ipmi::Flag(DOTTED_FLAG, "capmc"),
+        true,
     );
 }
 
@@ -216,6 +243,7 @@ fn cgroupsv2_nvidia_ipmiutil() {
         "cgroupsv2-nvidia-ipmiutil",
         &["--collector.cgroups.force-version=v2"],
         Ipmi::OnPath("ipmiutil"),
+        true,
     );
 }
 
@@ -228,6 +256,7 @@ fn cgroupsv2_nvidia_gpu_reordering() {
             "--collector.cray_pm_counters",
         ],
         Ipmi::OnPath("ipmiutil"),
+        false,
     );
 }
 
@@ -237,5 +266,6 @@ fn cgroupsv2_amd_ipmitool() {
         "cgroupsv2-amd-ipmitool",
         &["--collector.cgroups.force-version=v2", "--collector.hwmon"],
         Ipmi::OnPath("ipmitool"),
+        true,
     );
 }

@@ -11,6 +11,7 @@ pub mod ipmi;
 pub mod meminfo;
 pub mod procfs;
 pub mod rapl;
+pub mod redfish;
 pub mod slurm;
 
 use std::path::PathBuf;
@@ -136,6 +137,7 @@ pub static COLLECTORS: &[CollectorSpec] = &[
     hwmon::SPEC,
     cray_pm_counters::SPEC,
     ipmi::SPEC,
+    redfish::SPEC,
 ];
 
 /// The flags of every collector: `--collector.<name>` and each one's own options.

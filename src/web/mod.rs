@@ -1,6 +1,8 @@
 //! The HTTP layer shared by the exporter, the stats-server and the redfish-proxy: listening,
 //! a cap on requests in flight, gzip, and graceful shutdown.
 
+pub mod client;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::io::Write as _;

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: run the real binary, scrape it, parse the text.
 #![allow(dead_code)]
 
+pub mod bmc;
+
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

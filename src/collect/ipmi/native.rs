@@ -213,6 +213,44 @@ pub fn read_power(
     decode_power_response(&data)
 }
 
+/// Transport network function (LAN configuration).
+pub const NETFN_TRANSPORT: u8 = 0x0c;
+/// "Get LAN Configuration Parameters".
+pub const CMD_GET_LAN_CONFIG: u8 = 0x02;
+/// Parameter 3: the BMC's IP address.
+const LAN_PARAM_IP_ADDRESS: u8 = 0x03;
+
+/// Decodes a Get LAN Configuration Parameters (IP address) response.
+pub fn decode_lan_ip(data: &[u8]) -> Result<std::net::Ipv4Addr, NativeError> {
+    match data {
+        [0, _revision, a, b, c, d, ..] => Ok(std::net::Ipv4Addr::new(*a, *b, *c, *d)),
+        [0, ..] => Err(NativeError::Malformed(format!(
+            "{} bytes, expected 6",
+            data.len()
+        ))),
+        [code, ..] => Err(NativeError::Completion(*code)),
+        [] => Err(NativeError::Malformed("empty response".into())),
+    }
+}
+
+/// The IP address of the BMC's LAN channel `channel`.
+pub fn read_lan_ip(
+    driver: &mut dyn IpmiDriver,
+    msgid: c_long,
+    channel: u8,
+    timeout: Duration,
+) -> Result<std::net::Ipv4Addr, NativeError> {
+    let data = exchange(
+        driver,
+        msgid,
+        NETFN_TRANSPORT,
+        CMD_GET_LAN_CONFIG,
+        &[channel, LAN_PARAM_IP_ADDRESS, 0, 0],
+        timeout,
+    )?;
+    decode_lan_ip(&data)
+}
+
 nix::ioctl_read!(ipmictl_send_command, b'i', 13, IpmiReq);
 nix::ioctl_readwrite!(ipmictl_receive_msg_trunc, b'i', 11, IpmiRecv);
 
@@ -405,6 +443,26 @@ mod tests {
         assert!(matches!(
             read_power(&mut silent, 3, Duration::from_millis(10)),
             Err(NativeError::Timeout(_))
+        ));
+    }
+
+    #[test]
+    fn lan_ip() {
+        let mut fake = FakeDriver::new(vec![0x00, 0x11, 10, 1, 2, 3]);
+        assert_eq!(
+            read_lan_ip(&mut fake, 1, 1, Duration::from_secs(1)).unwrap(),
+            std::net::Ipv4Addr::new(10, 1, 2, 3)
+        );
+        let (_, netfn, cmd, data) = &fake.seen[0];
+        assert_eq!((*netfn, *cmd), (0x0c, 0x02));
+        assert_eq!(data, &[1, 3, 0, 0]);
+        assert!(matches!(
+            decode_lan_ip(&[0xc1]),
+            Err(NativeError::Completion(0xc1))
+        ));
+        assert!(matches!(
+            decode_lan_ip(&[0, 1, 2]),
+            Err(NativeError::Malformed(_))
         ));
     }
 

@@ -1,0 +1,105 @@
+//! The outgoing HTTP client shared by the collectors and the Redfish proxy: blocking (it runs on
+//! collector threads or in `spawn_blocking`), rustls with the ring provider, bounded timeouts,
+//! and certificate checks that only the operator can turn off.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+
+/// Timeouts of one client.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    pub connect: Duration,
+    /// Whole request, headers and body included.
+    pub total: Duration,
+}
+
+impl Timeouts {
+    pub fn all(d: Duration) -> Timeouts {
+        Timeouts {
+            connect: d,
+            total: d,
+        }
+    }
+}
+
+/// Accepts any server certificate: for BMCs with self-signed ones, when the operator says so.
+#[derive(Debug)]
+struct AcceptAnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for AcceptAnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+fn tls_config(insecure_skip_verify: bool) -> Result<Arc<rustls::ClientConfig>, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()?;
+    let config = if insecure_skip_verify {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(provider)))
+            .with_no_client_auth()
+    } else {
+        let roots =
+            rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        builder.with_root_certificates(roots).with_no_client_auth()
+    };
+    Ok(Arc::new(config))
+}
+
+/// A client with these timeouts. Redirects are not followed: a BMC that redirects is answered
+/// by whoever asked, and the proxy must never be steered elsewhere.
+pub fn agent(timeouts: Timeouts, insecure_skip_verify: bool) -> Result<ureq::Agent, rustls::Error> {
+    Ok(ureq::AgentBuilder::new()
+        .timeout_connect(timeouts.connect)
+        .timeout(timeouts.total)
+        .redirects(0)
+        .tls_config(tls_config(insecure_skip_verify)?)
+        .user_agent(concat!("ceems/", env!("CARGO_PKG_VERSION")))
+        .build())
+}
