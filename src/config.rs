@@ -39,6 +39,9 @@ pub enum Kind {
     Float,
     /// A humantime duration such as `30s` or `15m`, kept as a string until deserialized.
     Duration,
+    /// A list of strings: a repeatable flag, or an array in the file. Its default is written
+    /// comma-separated.
+    List,
 }
 
 /// One option of a subcommand.
@@ -136,12 +139,18 @@ impl Opt {
                 vec![arg, negation]
             }
             kind => {
-                arg = arg.action(ArgAction::Set).value_name(match kind {
-                    Kind::Int => "INT",
-                    Kind::Float => "FLOAT",
-                    Kind::Duration => "DURATION",
-                    _ => "VALUE",
-                });
+                arg = arg
+                    .action(if kind == Kind::List {
+                        ArgAction::Append
+                    } else {
+                        ArgAction::Set
+                    })
+                    .value_name(match kind {
+                        Kind::Int => "INT",
+                        Kind::Float => "FLOAT",
+                        Kind::Duration => "DURATION",
+                        _ => "VALUE",
+                    });
                 arg = match kind {
                     Kind::Int => arg.value_parser(clap::value_parser!(i64)),
                     Kind::Float => arg.value_parser(clap::value_parser!(f64)),
@@ -151,7 +160,11 @@ impl Opt {
                     _ => arg,
                 };
                 if let Some(d) = &self.default {
-                    arg = arg.default_value(d.clone());
+                    arg = if kind == Kind::List {
+                        arg.default_values(d.split(',').map(str::to_owned).collect::<Vec<_>>())
+                    } else {
+                        arg.default_value(d.clone())
+                    };
                 }
                 vec![arg]
             }
@@ -174,6 +187,12 @@ impl Opt {
                 .map(Value::Float)
                 .map_err(|e| format!("`{raw}` is not a number: {e}")),
             Kind::Str | Kind::Duration => Ok(Value::String(raw.to_owned())),
+            Kind::List => Ok(Value::Array(
+                raw.split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(|s| Value::String(s.to_owned()))
+                    .collect(),
+            )),
         }
     }
 }
@@ -448,6 +467,23 @@ fn validate(table: &Table, prefix: &str, opts: &[Opt], file: &Path) -> Result<()
                         .map_err(|e| invalid(format!("`{s}` is not a duration: {e}")))?;
                     true
                 }
+                (Kind::List, Value::Array(items)) => {
+                    for item in items {
+                        let Value::String(s) = item else {
+                            return Err(invalid(format!(
+                                "expected a list of strings, found a {}",
+                                item.type_str()
+                            )));
+                        };
+                        if !opt.possible.is_empty() && !opt.possible.contains(&s.as_str()) {
+                            return Err(invalid(format!(
+                                "`{s}` is not one of: {}",
+                                opt.possible.join(", ")
+                            )));
+                        }
+                    }
+                    true
+                }
                 _ => false,
             };
             if !ok {
@@ -457,6 +493,7 @@ fn validate(table: &Table, prefix: &str, opts: &[Opt], file: &Path) -> Result<()
                     Kind::Float => "a number",
                     Kind::Str => "a string",
                     Kind::Duration => "a duration string such as \"30s\"",
+                    Kind::List => "a list of strings",
                 };
                 return Err(invalid(format!("expected {want}, got {}", v.type_str())));
             }
@@ -525,6 +562,9 @@ pub fn load(subcommand: &str, opts: &[Opt], matches: &ArgMatches) -> Result<Laye
             Kind::Str | Kind::Duration if explicit(&opt.flag) => matches
                 .get_one::<String>(&opt.flag)
                 .map(|v| Value::String(v.clone())),
+            Kind::List if explicit(&opt.flag) => matches
+                .get_many::<String>(&opt.flag)
+                .map(|vs| Value::Array(vs.map(|v| Value::String(v.clone())).collect())),
             _ => None,
         };
         if let Some(v) = value {

@@ -8,6 +8,7 @@ pub mod collect;
 pub mod config;
 pub mod log;
 pub mod metrics;
+pub mod proxy;
 #[doc(hidden)]
 pub mod testing;
 pub mod web;

@@ -38,7 +38,7 @@ fn help_lists_every_subcommand() {
 
 #[test]
 fn unfinished_subcommands_exit_2() {
-    for sub in ["stats-server", "redfish-proxy", "check-privileges"] {
+    for sub in ["stats-server", "check-privileges"] {
         let out = Command::new(BIN).arg(sub).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{sub}");
         assert!(String::from_utf8_lossy(&out.stderr).contains("not implemented yet"));
@@ -275,19 +275,24 @@ fn bad_config_is_an_error_naming_key_and_file() {
 fn example_config_documents_every_key_and_loads() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ceems.toml");
     let text = std::fs::read_to_string(&path).unwrap();
-    for opt in ceems::cmd::exporter::opts() {
-        let last = opt.key.rsplit('.').next().unwrap();
-        let table = opt.key.rsplit_once('.').map(|(t, _)| t).unwrap_or("");
-        let section = text
-            .split(&format!("[exporter.{table}]\n"))
-            .nth(1)
-            .unwrap_or_else(|| panic!("no [exporter.{table}] in examples/ceems.toml"));
-        let section = section.split("\n[").next().unwrap();
-        assert!(
-            section.contains(&format!("{last} = ")),
-            "examples/ceems.toml does not document {}",
-            opt.key
-        );
+    for (sub, opts) in [
+        ("exporter", ceems::cmd::exporter::opts()),
+        ("redfish-proxy", ceems::cmd::redfish_proxy::opts()),
+    ] {
+        for opt in opts {
+            let last = opt.key.rsplit('.').next().unwrap();
+            let table = opt.key.rsplit_once('.').map(|(t, _)| t).unwrap_or("");
+            let section = text
+                .split(&format!("[{sub}.{table}]\n"))
+                .nth(1)
+                .unwrap_or_else(|| panic!("no [{sub}.{table}] in examples/ceems.toml"));
+            let section = section.split("\n[").next().unwrap();
+            assert!(
+                section.contains(&format!("{last} = ")),
+                "examples/ceems.toml does not document {sub}.{}",
+                opt.key
+            );
+        }
     }
     // The example is the defaults: loading it must succeed and change nothing.
     let out = Command::new(BIN)
@@ -297,4 +302,11 @@ fn example_config_documents_every_key_and_loads() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("invalid listen address"), "{err}");
+    let out = Command::new(BIN)
+        .arg("redfish-proxy")
+        .arg(format!("--config.file={}", path.display()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no --redfish.target configured"), "{err}");
 }

@@ -257,7 +257,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         });
         web::serve(
             listener,
-            web_opts.max_requests,
+            web::ServeOptions::new(web_opts.max_requests),
             handler,
             web::shutdown_signal(),
         )

@@ -1,18 +1,174 @@
-//! `ceems redfish-proxy`: Relay exporters' Redfish requests to BMCs (:5000).
+//! `ceems redfish-proxy`: relays exporters' Redfish requests to the BMCs of their nodes (:5000).
 
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::{ArgMatches, Command};
+use serde::Deserialize;
 
-use crate::config;
+use crate::config::{self, Kind, LogConfig, Opt};
+use crate::proxy::{AllowList, Proxy, ProxyConfig, Targets, DEFAULT_ALLOWED};
+use crate::web::{self, client::Timeouts};
+
+pub fn opts() -> Vec<Opt> {
+    let mut opts = vec![
+        Opt::new(
+            "web.listen-address",
+            Kind::Str,
+            "Address to listen on: host:port, or :port for every interface",
+        )
+        .default(":5000"),
+        Opt::new(
+            "web.max-requests",
+            Kind::Int,
+            "Requests served at once; more get 503 (0: no limit)",
+        )
+        .default("200"),
+        Opt::new(
+            "web.header-read-timeout",
+            Kind::Duration,
+            "A client must send its request headers within this time",
+        )
+        .default("10s"),
+        Opt::new(
+            "web.read-timeout",
+            Kind::Duration,
+            "Longest wait for data from a client (request body, idle keep-alive)",
+        )
+        .default("60s"),
+        Opt::new(
+            "web.write-timeout",
+            Kind::Duration,
+            "Longest wait for a client to take a response write",
+        )
+        .default("30s"),
+        Opt::new(
+            "redfish.target",
+            Kind::List,
+            "Compute node address(es) and the BMC they may reach, as IP[+IP…]=URL (repeatable), e.g. 10.0.0.11=https://10.1.0.11",
+        )
+        .key("redfish.targets"),
+        Opt::new(
+            "redfish.allowed-api-resource",
+            Kind::List,
+            "Redfish path relayed to BMCs (repeatable; `*` matches one path segment). Default: service root, sessions, chassis and their power resources",
+        )
+        .key("redfish.allowed-api-resources")
+        .default(&DEFAULT_ALLOWED.join(",")),
+        Opt::flag(
+            "redfish.insecure-skip-verify",
+            "Accept any BMC certificate (self-signed BMCs); prefer installing the BMC CA",
+        ),
+        Opt::new(
+            "redfish.connect-timeout",
+            Kind::Duration,
+            "Longest wait to connect to a BMC",
+        )
+        .default("3s"),
+        Opt::new(
+            "redfish.timeout",
+            Kind::Duration,
+            "Longest a BMC may take to answer one request; then the client gets 504",
+        )
+        .default("10s"),
+    ];
+    opts.extend(config::log_opts());
+    opts
+}
 
 pub fn command() -> Command {
     config::build_command(
-        Command::new("redfish-proxy").about("Relay exporters' Redfish requests to BMCs (:5000)"),
-        &config::log_opts(),
+        Command::new("redfish-proxy")
+            .about("Relay exporters' Redfish requests to the BMCs of their nodes (:5000)")
+            .long_about(
+                "Relay exporters' Redfish requests to the BMCs of their nodes (:5000).\n\n\
+                 Only configured BMCs are reached, chosen by the client's address (or X-Real-IP), \
+                 or by X-Redfish-Url when it names a configured BMC; only allow-listed read-only \
+                 power paths and session log-in/log-out are relayed; anything else gets 403.",
+            ),
+        &opts(),
     )
 }
 
-pub fn run(_matches: &ArgMatches) -> anyhow::Result<ExitCode> {
-    super::not_implemented("redfish-proxy")
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct WebSettings {
+    listen_address: String,
+    max_requests: i64,
+    #[serde(deserialize_with = "config::de_duration")]
+    header_read_timeout: Duration,
+    #[serde(deserialize_with = "config::de_duration")]
+    read_timeout: Duration,
+    #[serde(deserialize_with = "config::de_duration")]
+    write_timeout: Duration,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RedfishSettings {
+    #[serde(default)]
+    targets: Vec<String>,
+    allowed_api_resources: Vec<String>,
+    insecure_skip_verify: bool,
+    #[serde(deserialize_with = "config::de_duration")]
+    connect_timeout: Duration,
+    #[serde(deserialize_with = "config::de_duration")]
+    timeout: Duration,
+}
+
+pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
+    let settings = config::load("redfish-proxy", &opts(), matches)?;
+    let log: LogConfig = settings.get("log")?;
+    crate::log::init(&log)?;
+    let web_settings: WebSettings = settings.get("web")?;
+    let r: RedfishSettings = settings.get("redfish")?;
+    let targets = Targets::parse(&r.targets).context("invalid --redfish.target")?;
+    if targets.is_empty() {
+        anyhow::bail!(
+            "no --redfish.target configured: the proxy relays only to listed BMCs \
+             (e.g. --redfish.target=10.0.0.11=https://10.1.0.11)"
+        );
+    }
+    let allowed = AllowList::new(&r.allowed_api_resources)
+        .context("invalid --redfish.allowed-api-resource")?;
+    let proxy = Proxy::new(ProxyConfig {
+        targets,
+        allowed,
+        insecure_skip_verify: r.insecure_skip_verify,
+        timeouts: Timeouts {
+            connect: r.connect_timeout,
+            total: r.timeout,
+        },
+        body_timeout: web_settings.read_timeout,
+    })
+    .context("cannot set up TLS for BMC connections")?;
+    if r.insecure_skip_verify {
+        tracing::warn!("BMC certificates are not verified (--redfish.insecure-skip-verify)");
+    }
+    let proxy = Arc::new(proxy);
+    let options = web::ServeOptions {
+        max_requests: usize::try_from(web_settings.max_requests).unwrap_or(0),
+        header_read_timeout: web_settings.header_read_timeout,
+        read_timeout: Some(web_settings.read_timeout),
+        write_timeout: Some(web_settings.write_timeout),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ceems-redfish-proxy")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let listener = web::bind(&web_settings.listen_address).await?;
+        tracing::info!(address = %web_settings.listen_address, targets = r.targets.len(), "redfish proxy listening");
+        let handler: web::Handler = Arc::new(move |req| {
+            let proxy = Arc::clone(&proxy);
+            Box::pin(proxy.handle(req))
+        });
+        web::serve(listener, options, handler, web::shutdown_signal()).await;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -118,14 +118,43 @@ pub fn body_response(body: String, content_type: &'static str, gzip: bool) -> Re
     resp
 }
 
+/// The client's address, put in every request's extensions.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// Limits of one server.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeOptions {
+    /// Requests beyond this many at once get 503; 0 for no limit.
+    pub max_requests: usize,
+    /// A client must send its request headers within this time (slow clients hold no slot).
+    pub header_read_timeout: Duration,
+    /// Longest wait for one read from the client, idle keep-alive included.
+    pub read_timeout: Option<Duration>,
+    /// Longest wait for one write to the client.
+    pub write_timeout: Option<Duration>,
+}
+
+impl ServeOptions {
+    pub fn new(max_requests: usize) -> ServeOptions {
+        ServeOptions {
+            max_requests,
+            header_read_timeout: Duration::from_secs(30),
+            read_timeout: None,
+            write_timeout: None,
+        }
+    }
+}
+
 /// Serves `handler` on `listener` until `shutdown` resolves, then lets requests in flight
-/// finish for up to 10 s. With `max_requests` > 0, requests beyond that many at once get 503.
+/// finish for up to 10 s.
 pub async fn serve(
     listener: TcpListener,
-    max_requests: usize,
+    options: ServeOptions,
     handler: Handler,
     shutdown: impl Future<Output = ()>,
 ) {
+    let max_requests = options.max_requests;
     let limit = (max_requests > 0).then(|| Arc::new(Semaphore::new(max_requests)));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -142,7 +171,8 @@ pub async fn serve(
                 };
                 let handler = Arc::clone(&handler);
                 let limit = limit.clone();
-                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+                    req.extensions_mut().insert(PeerAddr(peer));
                     let handler = Arc::clone(&handler);
                     let limit = limit.clone();
                     async move {
@@ -162,8 +192,13 @@ pub async fn serve(
                         Ok::<_, Infallible>(handler(req).await)
                     }
                 });
+                let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
+                stream.set_read_timeout(options.read_timeout);
+                stream.set_write_timeout(options.write_timeout);
                 let conn = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service);
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(options.header_read_timeout)
+                    .serve_connection(TokioIo::new(Box::pin(stream)), service);
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {
                     if let Err(e) = conn.await {

@@ -58,10 +58,20 @@ pub fn start_exporter_env(
     args: &[&str],
     env: &[(&str, std::ffi::OsString)],
 ) -> Running {
+    start_subcommand("exporter", cwd, args, env)
+}
+
+/// Starts `ceems <subcommand>` with `args` on a free port and waits until its /health answers.
+pub fn start_subcommand(
+    subcommand: &str,
+    cwd: &Path,
+    args: &[&str],
+    env: &[(&str, std::ffi::OsString)],
+) -> Running {
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_ceems"))
         .envs(env.iter().map(|(k, v)| (k, v)))
-        .arg("exporter")
+        .arg(subcommand)
         .args(args)
         .arg(format!("--web.listen-address=127.0.0.1:{port}"))
         .current_dir(cwd)
@@ -76,11 +86,11 @@ pub fn start_exporter_env(
             return running;
         }
         if let Ok(Some(status)) = running.child.try_wait() {
-            panic!("exporter exited at start: {status}");
+            panic!("{subcommand} exited at start: {status}");
         }
         assert!(
             start.elapsed() < Duration::from_secs(10),
-            "exporter did not answer within 10 s"
+            "{subcommand} did not answer within 10 s"
         );
         std::thread::sleep(Duration::from_millis(50));
     }

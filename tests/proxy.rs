@@ -1,0 +1,192 @@
+//! `ceems redfish-proxy` end to end: real exporters → the proxy → two stand-in BMCs, and the
+//! requests it must refuse.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::bmc::{Flavor, PowerModel, StandinBmc};
+use common::{start_exporter, start_subcommand, Running};
+
+fn bmc(watts: f64) -> StandinBmc {
+    let b = StandinBmc::start(
+        Flavor::Dmtf {
+            model: PowerModel::Legacy,
+            credentials: ("admin".into(), "secret".into()),
+            sessions: true,
+        },
+        false,
+    );
+    b.set_watts(watts);
+    b
+}
+
+fn proxy(bmcs: &[(&str, &StandinBmc)], extra: &[&str]) -> Running {
+    let targets: Vec<String> = bmcs
+        .iter()
+        .map(|(ip, b)| format!("--redfish.target={ip}={}", b.url()))
+        .collect();
+    let mut args: Vec<&str> = targets.iter().map(String::as_str).collect();
+    args.extend_from_slice(extra);
+    start_subcommand("redfish-proxy", std::path::Path::new("."), &args, &[])
+}
+
+fn exporter_via(proxy: &Running, bmc: &StandinBmc, dir: &std::path::Path) -> Running {
+    let config = dir.join(format!("redfish-{}.yml", bmc.port));
+    std::fs::write(
+        &config,
+        format!(
+            "redfish_web_config:\n  protocol: http\n  hostname: 127.0.0.1\n  port: {}\n  username: admin\n  password: secret\n  use_session_token: true\n  external_url: {}\n",
+            bmc.port,
+            proxy.url("")
+        ),
+    )
+    .unwrap();
+    let flag = format!("--collector.redfish.web-config={}", config.display());
+    start_exporter(
+        dir,
+        &[
+            "--collector.disable-defaults",
+            "--collector.redfish",
+            &flag,
+            "--collector.empty-hostname-label",
+        ],
+    )
+}
+
+fn status(req: ureq::Request) -> (u16, String) {
+    match req.call() {
+        Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn exporters_reach_their_own_bmc_through_the_proxy() {
+    let (b1, b2) = (bmc(300.0), bmc(700.0));
+    let p = proxy(&[("10.0.0.1", &b1), ("10.0.0.2", &b2)], &[]);
+    let dir = tempfile::tempdir().unwrap();
+    for (b, want) in [(&b1, "300"), (&b2, "700")] {
+        let e = exporter_via(&p, b, dir.path());
+        let text = e.get("/metrics");
+        assert!(
+            text.contains(&format!(
+                "ceems_redfish_current_watts{{chassis=\"1U\",hostname=\"\"}} {want}\n"
+            )),
+            "{text}"
+        );
+        assert!(text.contains("ceems_scrape_collector_success{collector=\"redfish\"} 1\n"));
+    }
+    for b in [&b1, &b2] {
+        assert_eq!(b.logins(), 1, "one session per exporter");
+        for seen in b.seen() {
+            assert!(
+                !seen.headers.contains_key("x-redfish-url"),
+                "routing header reached the BMC: {seen:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn x_real_ip_picks_the_bmc_and_client_authorization_is_stripped() {
+    let (b1, b2) = (bmc(300.0), bmc(700.0));
+    let p = proxy(&[("10.0.0.1", &b1), ("10.0.0.2", &b2)], &[]);
+    // Basic auth would be accepted by the BMC, but must not pass the proxy.
+    let (code, _) = status(
+        ureq::get(&p.url("/redfish/v1/Chassis/1U/Power"))
+            .set("X-Real-IP", "10.0.0.2")
+            .set("Authorization", "Basic YWRtaW46c2VjcmV0"),
+    );
+    assert_eq!(code, 401);
+    assert!(b2
+        .seen()
+        .iter()
+        .all(|s| !s.headers.contains_key("authorization")));
+
+    let login = ureq::post(&p.url("/redfish/v1/SessionService/Sessions"))
+        .set("X-Real-IP", "10.0.0.2")
+        .set("Content-Type", "application/json")
+        .send_string(r#"{"UserName":"admin","Password":"secret"}"#)
+        .unwrap();
+    assert_eq!(login.status(), 201);
+    let token = login.header("X-Auth-Token").unwrap().to_owned();
+    // The BMC's Location comes back as a path, to be used through the proxy.
+    assert!(login
+        .header("Location")
+        .unwrap()
+        .starts_with("/redfish/v1/"));
+    let (code, body) = status(
+        ureq::get(&p.url("/redfish/v1/Chassis/1U/Power"))
+            .set("X-Real-IP", "10.0.0.2")
+            .set("X-Auth-Token", &token),
+    );
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"PowerConsumedWatts\":700.0"), "{body}");
+    assert_eq!(b1.seen().len(), 0, "the other BMC was contacted");
+}
+
+#[test]
+fn refused_paths_unknown_targets_and_slow_bmcs() {
+    let b1 = bmc(300.0);
+    let p = proxy(&[("10.0.0.1", &b1)], &["--redfish.timeout=1s"]);
+    for path in [
+        "/redfish/v1/AccountService/Accounts",
+        "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset",
+        "/redfish/v1/Chassis/1U/%2e%2e/%2e%2e/AccountService",
+        "/redfish/v1/Chassis?$expand=*",
+    ] {
+        let (code, body) = status(ureq::get(&p.url(path)).set("X-Real-IP", "10.0.0.1"));
+        assert_eq!(code, 403, "{path}: {body}");
+        assert!(body.contains("not"), "{path}: {body}");
+    }
+    let (code, body) = status(
+        ureq::request("PATCH", &p.url("/redfish/v1/Chassis/1U")).set("X-Real-IP", "10.0.0.1"),
+    );
+    assert_eq!(code, 405, "{body}");
+    assert_eq!(b1.seen().len(), 0, "a refused request reached the BMC");
+
+    let (code, body) =
+        status(ureq::get(&p.url("/redfish/v1/Chassis")).set("X-Real-IP", "10.9.9.9"));
+    assert_eq!(code, 403);
+    assert!(
+        body.contains("no BMC is configured for client 10.9.9.9"),
+        "{body}"
+    );
+    let (code, body) =
+        status(ureq::get(&p.url("/redfish/v1/Chassis")).set("X-Redfish-Url", "https://192.0.2.1"));
+    assert_eq!(code, 403);
+    assert!(body.contains("not a configured target"), "{body}");
+    // A configured BMC may be named by the header when the address maps to none.
+    let (code, _) = status(ureq::get(&p.url("/redfish/v1/")).set("X-Redfish-Url", &b1.url()));
+    assert_eq!(code, 200);
+
+    b1.set_delay(Duration::from_secs(3));
+    let start = Instant::now();
+    let (code, body) = status(ureq::get(&p.url("/redfish/v1/")).set("X-Real-IP", "10.0.0.1"));
+    assert_eq!(code, 504, "{body}");
+    assert!(
+        start.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn a_proxy_without_targets_refuses_to_start() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ceems"))
+        .args(["redfish-proxy", "--web.listen-address=127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no --redfish.target"), "{err}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ceems"))
+        .args(["redfish-proxy", "--redfish.target=node1=https://bmc"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("node1"), "{err}");
+}
