@@ -61,7 +61,7 @@ fn session_token_is_reused_and_renewed_after_a_401() {
     let seen = bmc.seen();
     assert!(seen
         .iter()
-        .filter(|s| s.method == "GET" && s.path != "/redfish/v1/")
+        .filter(|s| s.method == "GET" && s.path() != "/redfish/v1/")
         .all(
             |s| s.headers.contains_key("x-auth-token") && !s.headers.contains_key("authorization")
         ));

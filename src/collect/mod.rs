@@ -6,6 +6,7 @@ pub mod cgroup;
 pub mod command;
 pub mod cpu;
 pub mod cray_pm_counters;
+pub mod emissions;
 pub mod hwmon;
 pub mod ipmi;
 pub mod meminfo;
@@ -138,6 +139,7 @@ pub static COLLECTORS: &[CollectorSpec] = &[
     cray_pm_counters::SPEC,
     ipmi::SPEC,
     redfish::SPEC,
+    emissions::SPEC,
 ];
 
 /// The flags of every collector: `--collector.<name>` and each one's own options.

@@ -5,14 +5,14 @@
 //! resources.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
+
+use super::http::{Request, Response, TestServer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PowerModel {
@@ -35,87 +35,52 @@ pub enum Flavor {
     },
 }
 
-/// One request as the stand-in saw it.
-#[derive(Debug, Clone)]
-pub struct Seen {
-    pub method: String,
-    pub path: String,
-    pub headers: HashMap<String, String>,
-}
-
 struct Shared {
     flavor: Flavor,
     watts: Mutex<f64>,
-    delay: Mutex<Duration>,
     tokens: Mutex<HashMap<String, u64>>,
     next_session: AtomicU64,
     logins: AtomicU64,
-    seen: Mutex<Vec<Seen>>,
-    stop: AtomicBool,
 }
 
 pub struct StandinBmc {
     pub port: u16,
     pub tls: bool,
+    server: TestServer,
     shared: Arc<Shared>,
-}
-
-impl Drop for StandinBmc {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        // Wake the accept loop so it sees the flag.
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
-    }
 }
 
 impl StandinBmc {
     pub fn start(flavor: Flavor, tls: bool) -> StandinBmc {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind stand-in BMC");
-        let port = listener.local_addr().expect("addr").port();
         let shared = Arc::new(Shared {
             flavor,
             watts: Mutex::new(420.0),
-            delay: Mutex::new(Duration::ZERO),
             tokens: Mutex::new(HashMap::new()),
             next_session: AtomicU64::new(1),
             logins: AtomicU64::new(0),
-            seen: Mutex::new(Vec::new()),
-            stop: AtomicBool::new(false),
         });
-        let tls_config = tls.then(server_tls);
         let s = Arc::clone(&shared);
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if s.stop.load(Ordering::Acquire) {
-                    break;
-                }
-                let Ok(conn) = conn else { continue };
-                let s = Arc::clone(&s);
-                let tls_config = tls_config.clone();
-                std::thread::spawn(move || {
-                    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
-                    match tls_config {
-                        Some(cfg) => {
-                            let Ok(server) = rustls::ServerConnection::new(cfg) else {
-                                return;
-                            };
-                            let mut stream = rustls::StreamOwned::new(server, conn);
-                            serve_one(&s, &mut stream);
-                        }
-                        None => {
-                            let mut conn = conn;
-                            serve_one(&s, &mut conn);
-                        }
-                    }
-                });
-            }
-        });
-        StandinBmc { port, tls, shared }
+        let server = TestServer::start(
+            tls,
+            Arc::new(move |req: &Request| match &s.flavor {
+                Flavor::CeemsMock(dir) => ceems_mock(dir, req),
+                Flavor::Dmtf {
+                    model,
+                    credentials,
+                    sessions,
+                } => dmtf(&s, *model, credentials, *sessions, req),
+            }),
+        );
+        StandinBmc {
+            port: server.port,
+            tls,
+            server,
+            shared,
+        }
     }
 
     pub fn url(&self) -> String {
-        let scheme = if self.tls { "https" } else { "http" };
-        format!("{scheme}://127.0.0.1:{}", self.port)
+        self.server.url()
     }
 
     pub fn set_watts(&self, w: f64) {
@@ -124,7 +89,7 @@ impl StandinBmc {
 
     /// Every answer waits this long first (a slow or hung BMC).
     pub fn set_delay(&self, d: Duration) {
-        *self.shared.delay.lock().unwrap() = d;
+        self.server.set_delay(d);
     }
 
     /// Forgets every session, as a BMC reset does: the next request with a token gets 401.
@@ -140,128 +105,14 @@ impl StandinBmc {
         self.shared.tokens.lock().unwrap().len()
     }
 
-    pub fn seen(&self) -> Vec<Seen> {
-        self.shared.seen.lock().unwrap().clone()
+    pub fn seen(&self) -> Vec<Request> {
+        self.server.seen()
     }
-}
-
-fn server_tls() -> Arc<rustls::ServerConfig> {
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
-        .expect("self-signed certificate");
-    let der = cert.cert.der().clone();
-    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into());
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_no_client_auth()
-        .with_single_cert(vec![der], key)
-        .expect("server certificate");
-    Arc::new(cfg)
-}
-
-struct Request {
-    method: String,
-    path: String,
-    headers: HashMap<String, String>,
-    body: Vec<u8>,
-}
-
-fn read_request(stream: &mut dyn Read) -> Option<Request> {
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    reader.read_line(&mut line).ok()?;
-    let mut parts = line.split_whitespace();
-    let method = parts.next()?.to_owned();
-    let path = parts.next()?.to_owned();
-    let mut headers = HashMap::new();
-    loop {
-        let mut h = String::new();
-        reader.read_line(&mut h).ok()?;
-        let h = h.trim_end();
-        if h.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = h.split_once(':') {
-            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
-        }
-    }
-    let len: usize = headers
-        .get("content-length")
-        .and_then(|l| l.parse().ok())
-        .unwrap_or(0);
-    let mut body = vec![0; len.min(1 << 20)];
-    reader.read_exact(&mut body).ok()?;
-    Some(Request {
-        method,
-        path,
-        headers,
-        body,
-    })
-}
-
-struct Response {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Response {
-    fn json(status: u16, v: Value) -> Response {
-        Response {
-            status,
-            headers: vec![("Content-Type".into(), "application/json".into())],
-            body: v.to_string().into_bytes(),
-        }
-    }
-
-    fn raw(status: u16, body: Vec<u8>) -> Response {
-        Response {
-            status,
-            headers: Vec::new(),
-            body,
-        }
-    }
-}
-
-fn serve_one<S: Read + Write>(s: &Shared, stream: &mut S) {
-    let Some(req) = read_request(stream) else {
-        return;
-    };
-    s.seen.lock().unwrap().push(Seen {
-        method: req.method.clone(),
-        path: req.path.clone(),
-        headers: req.headers.clone(),
-    });
-    let delay = *s.delay.lock().unwrap();
-    if !delay.is_zero() {
-        std::thread::sleep(delay);
-    }
-    let resp = match &s.flavor {
-        Flavor::CeemsMock(dir) => ceems_mock(dir, &req),
-        Flavor::Dmtf {
-            model,
-            credentials,
-            sessions,
-        } => dmtf(s, *model, credentials, *sessions, &req),
-    };
-    let mut head = format!(
-        "HTTP/1.1 {} X\r\nContent-Length: {}\r\nConnection: close\r\n",
-        resp.status,
-        resp.body.len()
-    );
-    for (k, v) in &resp.headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    let _ = stream.write_all(head.as_bytes());
-    let _ = stream.write_all(&resp.body);
-    let _ = stream.flush();
 }
 
 /// CEEMS's e2e mock, by the rules of its `routes.tsv`.
 fn ceems_mock(dir: &std::path::Path, req: &Request) -> Response {
-    let path = req.path.split('?').next().unwrap_or("");
+    let path = req.path();
     let file = |name: String| match std::fs::read(dir.join(&name)) {
         Ok(b) => Response::raw(200, b),
         Err(_) => Response::raw(
@@ -285,16 +136,15 @@ fn ceems_mock(dir: &std::path::Path, req: &Request) -> Response {
     if path.starts_with("/redfish/v1/") {
         return file("service_root.json".into());
     }
-    Response::raw(404, b"404 page not found\n".to_vec())
+    Response::raw(404, "404 page not found\n")
 }
 
 fn authorised(s: &Shared, creds: &(String, String), req: &Request) -> bool {
-    if let Some(t) = req.headers.get("x-auth-token") {
+    if let Some(t) = req.header("x-auth-token") {
         return s.tokens.lock().unwrap().contains_key(t);
     }
     if let Some(basic) = req
-        .headers
-        .get("authorization")
+        .header("authorization")
         .and_then(|a| a.strip_prefix("Basic "))
     {
         use base64::Engine as _;
@@ -312,12 +162,7 @@ fn dmtf(
     sessions: bool,
     req: &Request,
 ) -> Response {
-    let path = req
-        .path
-        .split('?')
-        .next()
-        .unwrap_or("")
-        .trim_end_matches('/');
+    let path = req.path().trim_end_matches('/');
     let sessions_path = "/redfish/v1/SessionService/Sessions";
     // The service root is readable without credentials, as the standard says.
     if path == "/redfish/v1" {
@@ -348,13 +193,12 @@ fn dmtf(
         let token = format!("token-{n}-{}", std::process::id());
         s.tokens.lock().unwrap().insert(token.clone(), n);
         let location = format!("{sessions_path}/{n}");
-        let mut r = Response::json(
+        return Response::json(
             201,
             json!({"@odata.id": location, "Id": n.to_string(), "UserName": creds.0}),
-        );
-        r.headers.push(("X-Auth-Token".into(), token));
-        r.headers.push(("Location".into(), location));
-        return r;
+        )
+        .with_header("X-Auth-Token", &token)
+        .with_header("Location", &location);
     }
     if !authorised(s, creds, req) {
         return Response::json(
@@ -366,7 +210,7 @@ fn dmtf(
         if let Some(n) = path.strip_prefix(&format!("{sessions_path}/")) {
             let n: u64 = n.parse().unwrap_or(0);
             s.tokens.lock().unwrap().retain(|_, v| *v != n);
-            return Response::raw(204, Vec::new());
+            return Response::raw(204, "");
         }
     }
     let watts = *s.watts.lock().unwrap();

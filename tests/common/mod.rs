@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod bmc;
+pub mod http;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
