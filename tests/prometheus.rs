@@ -7,7 +7,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{fixtures, free_port, start_exporter, Running};
+use common::bmc::{Flavor, StandinBmc};
+use common::{fixtures, free_port, start_exporter, stub, Running};
 
 /// Installs Debian's prometheus package when it is missing and we are root.
 fn prometheus_tools() -> Result<(), String> {
@@ -184,16 +185,58 @@ fn promtool_check_metrics_is_clean_but_for_documented_names() {
     if !require_tools("promtool_check_metrics_is_clean_but_for_documented_names") {
         return;
     }
+    // Every collector that has fixtures, so every family is linted.
+    let dir = fixtures().join("compat");
+    let stubs = tempfile::tempdir().unwrap();
+    let ipmi = stub(
+        stubs.path(),
+        "ipmi-dcmi",
+        &dir.join("fixtures/ipmi/freeipmi/ipmi-dcmi_--get-system-power-statistics.txt"),
+    );
+    let bmc = StandinBmc::start(
+        Flavor::CeemsMock(dir.join("fixtures/mock-servers/redfish")),
+        false,
+    );
+    let redfish = stubs.path().join("redfish.yml");
+    std::fs::write(
+        &redfish,
+        format!(
+            "redfish_web_config:\n  protocol: http\n  hostname: 127.0.0.1\n  port: {}\n",
+            bmc.port
+        ),
+    )
+    .unwrap();
+    let ipmi_flag = format!("--collector.ipmi_dcmi.cmd={}", ipmi.display());
+    let redfish_flag = format!("--collector.redfish.web-config={}", redfish.display());
     let exporter = exporter_on_fixtures(&[
         "--collector.slurm.swap-memory-metrics",
         "--collector.slurm.psi-metrics",
         "--collector.meminfo.all-stats",
+        "--collector.hwmon",
+        "--collector.cray_pm_counters",
+        "--collector.ipmi_dcmi",
+        &ipmi_flag,
+        "--collector.redfish",
+        &redfish_flag,
+        "--collector.emissions",
+        "--collector.emissions.provider=owid",
+        "--collector.emissions.provider=global",
     ]);
     let body = exporter.get("/metrics");
     assert!(
         body.contains("process_resident_memory_bytes"),
         "exporter metrics missing"
     );
+    for family in [
+        "ceems_rapl_package_joules_total",
+        "ceems_hwmon_power_current_watts",
+        "ceems_cray_pm_counters_power_watts",
+        "ceems_ipmi_dcmi_current_watts",
+        "ceems_redfish_current_watts",
+        "ceems_emissions_gCo2_kWh",
+    ] {
+        assert!(body.contains(&format!("\n{family}{{")), "{family} missing");
+    }
     let mut child = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
@@ -234,4 +277,39 @@ fn promtool_check_metrics_is_clean_but_for_documented_names() {
         "promtool complaints not listed in docs/compat.md:\n{}",
         unexpected.join("\n")
     );
+}
+
+/// The shipped recording rules are valid and their unit tests (synthetic series, including a
+/// node whose two jobs' shares must add up to its power) pass.
+#[test]
+fn recording_rules_pass_promtool_check_and_unit_tests() {
+    if !require_tools("recording_rules_pass_promtool_check_and_unit_tests") {
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/prometheus/rules");
+    let rules: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yml"))
+        .collect();
+    let tests: Vec<_> = std::fs::read_dir(root.join("tests"))
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yml"))
+        .collect();
+    assert!(!rules.is_empty() && !tests.is_empty());
+    for (what, files) in [("check", &rules), ("test", &tests)] {
+        let out = Command::new("promtool")
+            .args([what, "rules"])
+            .args(files.iter())
+            .current_dir(&root)
+            .output()
+            .expect("run promtool");
+        assert!(
+            out.status.success(),
+            "promtool {what} rules failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

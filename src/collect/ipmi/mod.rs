@@ -35,7 +35,7 @@ const TOOLS: &[(&str, &[&str])] = &[
 ];
 
 /// Where the OpenIPMI driver's device node may be, by distribution and udev rules.
-const DEVICES: &[&str] = &["/dev/ipmi0", "/dev/ipmi/0", "/dev/ipmidev/0"];
+pub const DEVICES: &[&str] = &["/dev/ipmi0", "/dev/ipmi/0", "/dev/ipmidev/0"];
 
 fn options() -> Vec<Opt> {
     vec![

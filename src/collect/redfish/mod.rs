@@ -437,13 +437,35 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
             "the redfish collector needs --collector.redfish.web-config (BMC address and credentials)".into(),
         )
     })?;
-    let cfg = WebConfig::load(&path).map_err(|e| CollectError::Other(e.to_string()))?;
+    let mut cfg = WebConfig::load(&path).map_err(|e| CollectError::Other(e.to_string()))?;
+    if cfg.hostname.is_empty() {
+        cfg.hostname = bmc_address_from_ipmi().unwrap_or_default();
+    }
     let node = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();
     RedfishCollector::new(&cfg, &node, &ctx.hostname)
         .map(|c| Box::new(c) as Box<dyn Collector>)
         .map_err(CollectError::Other)
+}
+
+/// The BMC's LAN address as the BMC itself reports it through OpenIPMI, for configurations
+/// that name no host (CEEMS does the same). None without a device or an answer.
+fn bmc_address_from_ipmi() -> Option<String> {
+    use crate::collect::ipmi::{native, DEVICES};
+    let device = DEVICES.iter().map(Path::new).find(|p| p.exists())?;
+    let mut dev = native::OpenIpmiDevice::open(device).ok()?;
+    match native::read_lan_ip(&mut dev, 1, 1, Duration::from_secs(1)) {
+        Ok(ip) if !ip.is_unspecified() => {
+            tracing::info!(collector = "redfish", %ip, "BMC address from IPMI LAN configuration");
+            Some(ip.to_string())
+        }
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!(collector = "redfish", error = %e, "cannot read the BMC address over IPMI; using localhost");
+            None
+        }
+    }
 }
 
 impl RedfishCollector {
