@@ -8,6 +8,13 @@ if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
   fi
 fi
 command -v python3 >/dev/null || { [ "$(id -u)" = 0 ] && apt-get install -y -qq python3 >/dev/null; } || true
+# The real IPMI tools, talking to a simulated BMC (tests/ipmi_tools.rs).
+if [ "$(id -u)" = 0 ]; then
+  if ! command -v ipmitool >/dev/null || ! command -v ipmi-dcmi >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ipmitool freeipmi-tools >/dev/null
+  fi
+  python3 -c 'import pyghmi' 2>/dev/null || python3 -m pip install -q pyghmi >/dev/null 2>&1 || true
+fi
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
 cargo test --locked

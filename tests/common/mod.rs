@@ -131,7 +131,12 @@ pub fn stub(dir: &Path, name: &str, output: &Path) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(dir).expect("stub dir");
     let path = dir.join(name);
-    std::fs::write(&path, format!("#!/bin/sh\ncat '{}'\n", output.display())).expect("stub");
+    // Absolute paths, so it works with a PATH that holds nothing but stand-ins.
+    std::fs::write(
+        &path,
+        format!("#!/bin/sh\nexec /bin/cat '{}'\n", output.display()),
+    )
+    .expect("stub");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     path
 }

@@ -1,0 +1,142 @@
+//! The exporter reading the real IPMI tools' output: FreeIPMI's `ipmi-dcmi` and `ipmitool`
+//! talk IPMI-over-LAN to a simulated BMC on 127.0.0.1 (`tests/tools/ipmi-dcmi-bmc.py`, on
+//! pyghmi), so our parsers see what the tools really print, not captured text.
+//! `ipmiutil` is left out: its LAN mode is fixed to UDP port 623 (see shared/notes/bmc.md).
+
+mod common;
+
+use std::net::UdpSocket;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{parse_series, start_exporter};
+
+fn have(cmd: &str, arg: &str) -> bool {
+    Command::new(cmd)
+        .arg(arg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
+}
+
+fn tools_present() -> bool {
+    have("ipmitool", "-V")
+        && have("ipmi-dcmi", "--version")
+        && Command::new("python3")
+            .args(["-c", "import pyghmi"])
+            .status()
+            .is_ok_and(|s| s.success())
+}
+
+/// Installs the tools when missing and we are root (CI); otherwise says why not.
+fn tools() -> Result<(), String> {
+    if tools_present() {
+        return Ok(());
+    }
+    if !nix::unistd::Uid::effective().is_root() {
+        return Err("ipmitool, freeipmi-tools or pyghmi missing and not root".into());
+    }
+    let apt = Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(["ipmitool", "freeipmi-tools"])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|e| format!("apt-get: {e}"))?;
+    let pip = Command::new("python3")
+        .args(["-m", "pip", "install", "-q", "pyghmi"])
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|e| format!("pip: {e}"))?;
+    if !apt.success() || !pip.success() || !tools_present() {
+        return Err(format!("install failed: apt {apt}, pip {pip}"));
+    }
+    Ok(())
+}
+
+struct Bmc(Child, u16);
+
+impl Drop for Bmc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn simulated_bmc() -> Bmc {
+    let port = UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .map(|a| a.port())
+        .expect("free UDP port");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/ipmi-dcmi-bmc.py");
+    let child = Command::new("python3")
+        .arg(script)
+        .arg(port.to_string())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start simulated BMC");
+    let bmc = Bmc(child, port);
+    // Ready when ipmitool gets an answer.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        let ok = Command::new("ipmitool")
+            .args(["-I", "lanplus", "-H", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-U", "admin", "-P", "password", "-N", "1", "-R", "1"])
+            .args(["dcmi", "power", "reading"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return bmc;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("simulated BMC did not answer on UDP port {port}");
+}
+
+#[test]
+fn real_ipmitool_and_ipmi_dcmi_output_is_read() {
+    if let Err(reason) = tools() {
+        if std::env::var_os("CI").is_some() {
+            panic!("{reason}");
+        }
+        println!("SKIPPED real_ipmitool_and_ipmi_dcmi_output_is_read: {reason}");
+        return;
+    }
+    let bmc = simulated_bmc();
+    let port = bmc.1;
+    for cmd in [
+        format!("ipmitool -I lanplus -H 127.0.0.1 -p {port} -U admin -P password dcmi power reading"),
+        format!("ipmi-dcmi -h 127.0.0.1:{port} -u admin -p password --driver-type=LAN_2_0 --get-system-power-statistics"),
+    ] {
+        let flag = format!("--collector.ipmi_dcmi.cmd={cmd}");
+        let exporter = start_exporter(
+            Path::new("."),
+            &[
+                "--collector.disable-defaults",
+                "--collector.ipmi_dcmi",
+                &flag,
+                "--collector.empty-hostname-label",
+            ],
+        );
+        let series = parse_series(&exporter.get("/metrics"));
+        for (name, want) in [
+            ("ceems_ipmi_dcmi_current_watts", 344.0),
+            ("ceems_ipmi_dcmi_min_watts", 271.0),
+            ("ceems_ipmi_dcmi_max_watts", 405.0),
+            ("ceems_ipmi_dcmi_avg_watts", 319.0),
+        ] {
+            assert_eq!(
+                series.get(&format!("{name}{{hostname=\"\"}}")),
+                Some(&want),
+                "{cmd}: {name}"
+            );
+        }
+        assert_eq!(
+            series.get("ceems_scrape_collector_success{collector=\"ipmi_dcmi\"}"),
+            Some(&1.0),
+            "{cmd}"
+        );
+    }
+}
