@@ -11,7 +11,9 @@ command -v python3 >/dev/null || { [ "$(id -u)" = 0 ] && apt-get install -y -qq 
 # The real IPMI tools, talking to a simulated BMC (tests/ipmi_tools.rs).
 if [ "$(id -u)" = 0 ]; then
   if ! command -v ipmitool >/dev/null || ! command -v ipmi-dcmi >/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ipmitool freeipmi-tools >/dev/null
+    ipmi_tools=(ipmitool freeipmi-tools)
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${ipmi_tools[@]}" >/dev/null 2>&1 \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${ipmi_tools[@]}" >/dev/null; }
   fi
   python3 -c 'import pyghmi' 2>/dev/null || python3 -m pip install -q pyghmi >/dev/null 2>&1 || true
 fi
