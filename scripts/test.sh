@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: lint, then every test (compat, real kernel, real Prometheus, promtool).
+# The whole test suite: lint, then every test (compat, real kernel, real Prometheus, promtool,
+# real IPMI tools against a simulated BMC, a real Redfish emulator).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
@@ -16,6 +17,8 @@ if [ "$(id -u)" = 0 ]; then
       || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${ipmi_tools[@]}" >/dev/null; }
   fi
   python3 -c 'import pyghmi' 2>/dev/null || python3 -m pip install -q pyghmi >/dev/null 2>&1 || true
+  # A real Redfish emulator (tests/redfish_emulator.rs).
+  command -v sushy-static >/dev/null || python3 -m pip install -q sushy-tools >/dev/null 2>&1 || true
 fi
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings

@@ -262,7 +262,12 @@ impl RedfishClient {
                     self.token = Some((t.to_owned(), resp.header("Location").map(str::to_owned)));
                 }
                 None => {
-                    tracing::info!(collector = "redfish", %url, "BMC granted no session token; using basic auth");
+                    let fallback = if self.username.is_some() {
+                        "basic auth"
+                    } else {
+                        "no credentials"
+                    };
+                    tracing::info!(collector = "redfish", %url, fallback, "BMC granted no session token");
                     self.no_sessions = true;
                 }
             },
@@ -276,8 +281,10 @@ impl RedfishClient {
     /// GETs a Redfish document by its `@odata.id` path.
     pub fn get(&mut self, path: &str) -> Result<Value, RedfishError> {
         let url = format!("{}{path}", self.endpoint);
+        // The service root is readable without credentials; it also says where to log in.
+        let is_root = path.trim_end_matches('/') == "/redfish/v1";
         for attempt in 0..2 {
-            if self.use_session_token && self.token.is_none() && !self.no_sessions {
+            if self.use_session_token && self.token.is_none() && !self.no_sessions && !is_root {
                 self.login();
             }
             let err = match self.authorised(self.request("GET", path)).call() {
