@@ -18,7 +18,7 @@ if [ "$(id -u)" = 0 ]; then
   fi
   python3 -c 'import pyghmi' 2>/dev/null || python3 -m pip install -q pyghmi >/dev/null 2>&1 || true
   # A real Redfish emulator (tests/redfish_emulator.rs).
-  command -v sushy-static >/dev/null || python3 -m pip install -q sushy-tools >/dev/null 2>&1 || true
+  python3 -c 'import sushy_tools.static.main' 2>/dev/null || python3 -m pip install -q sushy-tools >/dev/null 2>&1 || true
 fi
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings

@@ -15,9 +15,14 @@ use ceems::collect::Collector;
 use ceems::metrics::MetricSet;
 use common::{fixtures, free_port, start_exporter, start_subcommand};
 
+/// `sushy-static`, run through the interpreter pip installed it for, so that a PATH without
+/// pip's script directory does not matter.
+const SUSHY_STATIC: &str =
+    "import sys; from sushy_tools.static.main import main; sys.argv[0] = 'sushy-static'; sys.exit(main())";
+
 fn sushy_present() -> bool {
-    Command::new("sushy-static")
-        .arg("--help")
+    Command::new("python3")
+        .args(["-c", "import sushy_tools.static.main"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
@@ -71,7 +76,8 @@ fn mockup(dir: &Path) {
 fn emulator(dir: &Path) -> Emulator {
     mockup(dir);
     let port = free_port();
-    let child = Command::new("sushy-static")
+    let child = Command::new("python3")
+        .args(["-c", SUSHY_STATIC])
         .args(["-i", "127.0.0.1", "-p", &port.to_string(), "-m"])
         .arg(dir)
         .stdout(Stdio::null())
