@@ -12,8 +12,15 @@ use std::time::{Duration, Instant};
 
 use common::{parse_series, start_exporter};
 
+/// A tool's full path: PATH, then the sbin directories (a CI PATH may lack /usr/sbin).
+fn tool(name: &str) -> String {
+    ceems::collect::command::find_program(name, std::env::var_os("PATH").as_deref())
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| name.to_owned())
+}
+
 fn have(cmd: &str, arg: &str) -> bool {
-    Command::new(cmd)
+    Command::new(tool(cmd))
         .arg(arg)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -81,7 +88,7 @@ fn simulated_bmc() -> Bmc {
     // Ready when ipmitool gets an answer.
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(10) {
-        let ok = Command::new("ipmitool")
+        let ok = Command::new(tool("ipmitool"))
             .args(["-I", "lanplus", "-H", "127.0.0.1", "-p", &port.to_string()])
             .args(["-U", "admin", "-P", "password", "-N", "1", "-R", "1"])
             .args(["dcmi", "power", "reading"])
@@ -107,8 +114,14 @@ fn real_ipmitool_and_ipmi_dcmi_output_is_read() {
     let bmc = simulated_bmc();
     let port = bmc.1;
     for cmd in [
-        format!("ipmitool -I lanplus -H 127.0.0.1 -p {port} -U admin -P password dcmi power reading"),
-        format!("ipmi-dcmi -h 127.0.0.1:{port} -u admin -p password --driver-type=LAN_2_0 --get-system-power-statistics"),
+        format!(
+            "{} -I lanplus -H 127.0.0.1 -p {port} -U admin -P password dcmi power reading",
+            tool("ipmitool")
+        ),
+        format!(
+            "{} -h 127.0.0.1:{port} -u admin -p password --driver-type=LAN_2_0 --get-system-power-statistics",
+            tool("ipmi-dcmi")
+        ),
     ] {
         let flag = format!("--collector.ipmi_dcmi.cmd={cmd}");
         let exporter = start_exporter(
