@@ -43,6 +43,12 @@ pub fn opts() -> Vec<Opt> {
             "web.disable-exporter-metrics",
             "Exclude metrics about the exporter itself (process_*)",
         ),
+        Opt::new(
+            "web.config.file",
+            Kind::Str,
+            "Web config file (exporter-toolkit YAML): TLS, client certificates, basic auth, headers",
+        )
+        .env("CEEMS_EXPORTER_WEB_CONFIG_FILE"),
         Opt::new("path.sysfs", Kind::Str, "sysfs mountpoint").default("/sys"),
         Opt::new("path.procfs", Kind::Str, "procfs mountpoint").default("/proc"),
         Opt::new("path.cgroupfs", Kind::Str, "cgroupfs mountpoint").default("/sys/fs/cgroup"),
@@ -71,6 +77,14 @@ struct WebSettings {
     telemetry_path: String,
     max_requests: i64,
     disable_exporter_metrics: bool,
+    #[serde(default)]
+    config: Option<WebConfigFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WebConfigFile {
+    file: Option<std::path::PathBuf>,
 }
 
 /// The top level of `[exporter]`: only these tables exist.
@@ -145,6 +159,10 @@ impl Exporter {
             WebOptions {
                 listen_address: web.listen_address,
                 max_requests,
+                security: match web.config.as_ref().and_then(|c| c.file.as_deref()) {
+                    Some(path) => Some(web::toolkit::WebSecurity::load(path)?),
+                    None => None,
+                },
             },
         ))
     }
@@ -229,6 +247,7 @@ fn landing_page(telemetry: &str) -> String {
 pub struct WebOptions {
     pub listen_address: String,
     pub max_requests: usize,
+    pub security: Option<web::toolkit::WebSecurity>,
 }
 
 pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
@@ -257,7 +276,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         });
         web::serve(
             listener,
-            web::ServeOptions::new(web_opts.max_requests),
+            web::ServeOptions::new(web_opts.max_requests).with_security(web_opts.security),
             handler,
             web::shutdown_signal(),
         )

@@ -45,6 +45,11 @@ pub fn opts() -> Vec<Opt> {
         )
         .default("30s"),
         Opt::new(
+            "web.config.file",
+            Kind::Str,
+            "Web config file (exporter-toolkit YAML): TLS, client certificates, basic auth, headers",
+        ),
+        Opt::new(
             "redfish.target",
             Kind::List,
             "Compute node address(es) and the BMC they may reach, as IP[+IP…]=URL (repeatable), e.g. 10.0.0.11=https://10.1.0.11",
@@ -103,6 +108,14 @@ struct WebSettings {
     read_timeout: Duration,
     #[serde(deserialize_with = "config::de_duration")]
     write_timeout: Duration,
+    #[serde(default)]
+    config: Option<WebConfigFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WebConfigFile {
+    file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -153,7 +166,14 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         header_read_timeout: web_settings.header_read_timeout,
         read_timeout: Some(web_settings.read_timeout),
         write_timeout: Some(web_settings.write_timeout),
-    };
+        security: None,
+    }
+    .with_security(
+        match web_settings.config.as_ref().and_then(|c| c.file.as_deref()) {
+            Some(path) => Some(web::toolkit::WebSecurity::load(path)?),
+            None => None,
+        },
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("ceems-redfish-proxy")

@@ -2,6 +2,7 @@
 //! a cap on requests in flight, gzip, and graceful shutdown.
 
 pub mod client;
+pub mod toolkit;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -122,8 +123,8 @@ pub fn body_response(body: String, content_type: &'static str, gzip: bool) -> Re
 #[derive(Debug, Clone, Copy)]
 pub struct PeerAddr(pub SocketAddr);
 
-/// Limits of one server.
-#[derive(Debug, Clone, Copy)]
+/// Limits and security of one server.
+#[derive(Debug, Clone)]
 pub struct ServeOptions {
     /// Requests beyond this many at once get 503; 0 for no limit.
     pub max_requests: usize,
@@ -133,6 +134,8 @@ pub struct ServeOptions {
     pub read_timeout: Option<Duration>,
     /// Longest wait for one write to the client.
     pub write_timeout: Option<Duration>,
+    /// TLS, basic auth and headers from `--web.config.file`.
+    pub security: Option<Arc<toolkit::WebSecurity>>,
 }
 
 impl ServeOptions {
@@ -142,8 +145,54 @@ impl ServeOptions {
             header_read_timeout: Duration::from_secs(30),
             read_timeout: None,
             write_timeout: None,
+            security: None,
         }
     }
+
+    pub fn with_security(mut self, security: Option<toolkit::WebSecurity>) -> ServeOptions {
+        self.security = security.map(Arc::new);
+        self
+    }
+}
+
+fn unauthorized() -> Response<Body> {
+    let mut resp = text_response(StatusCode::UNAUTHORIZED, "Unauthorized\n");
+    resp.headers_mut().insert(
+        hyper::header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Basic realm=\"ceems\""),
+    );
+    resp
+}
+
+/// Basic auth (when configured) in front of the handler, and the configured headers after it.
+async fn secured(
+    security: Option<Arc<toolkit::WebSecurity>>,
+    handler: Handler,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let Some(sec) = security else {
+        return handler(req).await;
+    };
+    if let Some(auth) = &sec.auth {
+        let header = req
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let auth = Arc::clone(auth);
+        // bcrypt takes tens of milliseconds: never on an async worker.
+        let ok = tokio::task::spawn_blocking(move || auth.verify_blocking(header.as_deref()))
+            .await
+            .unwrap_or(false);
+        if !ok {
+            return unauthorized();
+        }
+    }
+    let mut resp = handler(req).await;
+    for (k, v) in &sec.headers {
+        resp.headers_mut().insert(k.clone(), v.clone());
+    }
+    resp
 }
 
 /// Serves `handler` on `listener` until `shutdown` resolves, then lets requests in flight
@@ -156,6 +205,11 @@ pub async fn serve(
 ) {
     let max_requests = options.max_requests;
     let limit = (max_requests > 0).then(|| Arc::new(Semaphore::new(max_requests)));
+    let tls = options
+        .security
+        .as_ref()
+        .and_then(|s| s.tls.clone())
+        .map(tokio_rustls::TlsAcceptor::from);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -171,9 +225,11 @@ pub async fn serve(
                 };
                 let handler = Arc::clone(&handler);
                 let limit = limit.clone();
+                let security = options.security.clone();
                 let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
                     req.extensions_mut().insert(PeerAddr(peer));
                     let handler = Arc::clone(&handler);
+                    let security = security.clone();
                     let limit = limit.clone();
                     async move {
                         let _permit = match &limit {
@@ -189,22 +245,51 @@ pub async fn serve(
                                 }
                             },
                         };
-                        Ok::<_, Infallible>(handler(req).await)
+                        Ok::<_, Infallible>(secured(security, handler, req).await)
                     }
                 });
                 let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
                 stream.set_read_timeout(options.read_timeout);
                 stream.set_write_timeout(options.write_timeout);
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(options.header_read_timeout)
-                    .serve_connection(TokioIo::new(Box::pin(stream)), service);
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                let stream = Box::pin(stream);
+                let http = {
+                    let mut b = hyper::server::conn::http1::Builder::new();
+                    b.timer(hyper_util::rt::TokioTimer::new())
+                        .header_read_timeout(options.header_read_timeout);
+                    b
+                };
+                match &tls {
+                    None => {
+                        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                        tokio::spawn(async move {
+                            if let Err(e) = conn.await {
+                                tracing::debug!(%peer, error = %e, "connection ended with an error");
+                            }
+                        });
                     }
-                });
+                    Some(acceptor) => {
+                        let acceptor = acceptor.clone();
+                        let handshake_timeout = options.header_read_timeout;
+                        let watcher = graceful.watcher();
+                        tokio::spawn(async move {
+                            let tls_stream = match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                                Ok(Ok(s)) => s,
+                                Ok(Err(e)) => {
+                                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                                    return;
+                                }
+                                Err(_) => {
+                                    tracing::debug!(%peer, "TLS handshake timed out");
+                                    return;
+                                }
+                            };
+                            let conn = watcher.watch(http.serve_connection(TokioIo::new(tls_stream), service));
+                            if let Err(e) = conn.await {
+                                tracing::debug!(%peer, error = %e, "connection ended with an error");
+                            }
+                        });
+                    }
+                }
             }
             _ = &mut shutdown => {
                 tracing::info!("shutting down: no new connections");

@@ -83,7 +83,11 @@ pub fn start_subcommand(
     let mut running = Running { child, port };
     let start = Instant::now();
     loop {
-        if ureq::get(&running.url("/health")).call().is_ok() {
+        // Any HTTP answer means it is up (a 401 behind basic auth included).
+        if matches!(
+            ureq::get(&running.url("/health")).call(),
+            Ok(_) | Err(ureq::Error::Status(..))
+        ) {
             return running;
         }
         if let Ok(Some(status)) = running.child.try_wait() {
