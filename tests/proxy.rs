@@ -190,3 +190,45 @@ fn a_proxy_without_targets_refuses_to_start() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("node1"), "{err}");
 }
+
+#[test]
+fn tls_bmcs_need_skip_verify_and_slow_clients_are_cut_off() {
+    let tls_bmc = StandinBmc::start(
+        Flavor::Dmtf {
+            model: PowerModel::Legacy,
+            credentials: ("admin".into(), "secret".into()),
+            sessions: true,
+        },
+        true,
+    );
+    let strict = proxy(&[("10.0.0.1", &tls_bmc)], &[]);
+    let (code, body) = status(ureq::get(&strict.url("/redfish/v1/")).set("X-Real-IP", "10.0.0.1"));
+    assert_eq!(code, 502, "a self-signed BMC was trusted: {body}");
+    assert!(body.to_lowercase().contains("certificate"), "{body}");
+    let lax = proxy(
+        &[("10.0.0.1", &tls_bmc)],
+        &[
+            "--redfish.insecure-skip-verify",
+            "--web.header-read-timeout=1s",
+        ],
+    );
+    let (code, body) = status(ureq::get(&lax.url("/redfish/v1/")).set("X-Real-IP", "10.0.0.1"));
+    assert_eq!(code, 200, "{body}");
+
+    // A client that never finishes its headers loses the connection.
+    use std::io::{Read, Write};
+    let mut slow = std::net::TcpStream::connect(("127.0.0.1", lax.port)).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    slow.write_all(b"GET /redfish/v1/ HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let start = Instant::now();
+    let mut buf = [0u8; 256];
+    let n = slow.read(&mut buf).unwrap_or(0);
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "connection kept open {:?}",
+        start.elapsed()
+    );
+    let answer = String::from_utf8_lossy(&buf[..n]);
+    assert!(n == 0 || answer.contains("408"), "{answer}");
+}
