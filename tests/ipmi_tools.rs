@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{parse_series, start_exporter};
+use common::{ensure_tools, parse_series, runnable, start_exporter};
 
 /// A tool's full path: PATH, then the sbin directories (a CI PATH may lack /usr/sbin).
 fn tool(name: &str) -> String {
@@ -35,32 +35,6 @@ fn tools_present() -> bool {
             .args(["-c", "import pyghmi"])
             .status()
             .is_ok_and(|s| s.success())
-}
-
-/// Installs the tools when missing and we are root (CI); otherwise says why not.
-fn tools() -> Result<(), String> {
-    if tools_present() {
-        return Ok(());
-    }
-    if !nix::unistd::Uid::effective().is_root() {
-        return Err("ipmitool, freeipmi-tools or pyghmi missing and not root".into());
-    }
-    let apt = Command::new("apt-get")
-        .args(["install", "-y", "-qq", "--no-install-recommends"])
-        .args(["ipmitool", "freeipmi-tools"])
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .stdout(Stdio::null())
-        .status()
-        .map_err(|e| format!("apt-get: {e}"))?;
-    let pip = Command::new("python3")
-        .args(["-m", "pip", "install", "-q", "pyghmi"])
-        .stdout(Stdio::null())
-        .status()
-        .map_err(|e| format!("pip: {e}"))?;
-    if !apt.success() || !pip.success() || !tools_present() {
-        return Err(format!("install failed: apt {apt}, pip {pip}"));
-    }
-    Ok(())
 }
 
 struct Bmc(Child, u16);
@@ -104,11 +78,8 @@ fn simulated_bmc() -> Bmc {
 
 #[test]
 fn real_ipmitool_and_ipmi_dcmi_output_is_read() {
-    if let Err(reason) = tools() {
-        if std::env::var_os("CI").is_some() {
-            panic!("{reason}");
-        }
-        println!("SKIPPED real_ipmitool_and_ipmi_dcmi_output_is_read: {reason}");
+    let tools = ensure_tools(tools_present, &["ipmitool", "freeipmi-tools"], &["pyghmi"]);
+    if !runnable("real_ipmitool_and_ipmi_dcmi_output_is_read", tools) {
         return;
     }
     let bmc = simulated_bmc();

@@ -8,45 +8,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::bmc::{Flavor, StandinBmc};
-use common::{fixtures, free_port, start_exporter, stub, Running};
+use common::{ensure_tools, fixtures, free_port, runnable, start_exporter, stub, Running};
 
-/// Installs Debian's prometheus package when it is missing and we are root.
-fn prometheus_tools() -> Result<(), String> {
-    let have = |bin: &str| Command::new(bin).arg("--version").output().is_ok();
-    if have("prometheus") && have("promtool") {
-        return Ok(());
-    }
-    if !nix::unistd::Uid::effective().is_root() {
-        return Err("prometheus is not installed and we are not root to install it".into());
-    }
-    let status = Command::new("apt-get")
-        .args([
-            "install",
-            "-y",
-            "-qq",
-            "--no-install-recommends",
-            "prometheus",
-        ])
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .stdout(Stdio::null())
-        .status()
-        .map_err(|e| format!("cannot run apt-get: {e}"))?;
-    if !status.success() || !have("prometheus") {
-        return Err(format!("apt-get install prometheus failed: {status}"));
-    }
-    Ok(())
-}
-
-/// Skips outside CI when the tools cannot be had; in CI that is a failure.
+/// Debian's prometheus package (prometheus and promtool), installed when missing and root;
+/// skipped outside CI when it cannot be had.
 fn require_tools(test: &str) -> bool {
-    match prometheus_tools() {
-        Ok(()) => true,
-        Err(reason) if std::env::var_os("CI").is_some() => panic!("{test}: {reason}"),
-        Err(reason) => {
-            println!("SKIPPED {test}: {reason}");
-            false
-        }
-    }
+    let have = |bin: &str| Command::new(bin).arg("--version").output().is_ok();
+    let present = || have("prometheus") && have("promtool");
+    runnable(test, ensure_tools(present, &["prometheus"], &[]))
 }
 
 fn exporter_on_fixtures(extra: &[&str]) -> Running {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use ceems::collect::redfish::{RedfishCollector, WebConfig};
 use ceems::collect::Collector;
 use ceems::metrics::MetricSet;
-use common::{fixtures, free_port, start_exporter, start_subcommand};
+use common::{ensure_tools, fixtures, free_port, runnable, start_exporter, start_subcommand};
 
 /// `sushy-static`, run through the interpreter pip installed it for, so that a PATH without
 /// pip's script directory does not matter.
@@ -27,24 +27,6 @@ fn sushy_present() -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
-}
-
-fn sushy() -> Result<(), String> {
-    if sushy_present() {
-        return Ok(());
-    }
-    if !nix::unistd::Uid::effective().is_root() {
-        return Err("sushy-tools is not installed and we are not root".into());
-    }
-    let status = Command::new("python3")
-        .args(["-m", "pip", "install", "-q", "sushy-tools"])
-        .stdout(Stdio::null())
-        .status()
-        .map_err(|e| format!("pip: {e}"))?;
-    if !status.success() || !sushy_present() {
-        return Err(format!("pip install sushy-tools failed: {status}"));
-    }
-    Ok(())
 }
 
 struct Emulator(Child, u16);
@@ -99,14 +81,7 @@ fn emulator(dir: &Path) -> Emulator {
 }
 
 fn require(test: &str) -> bool {
-    match sushy() {
-        Ok(()) => true,
-        Err(reason) if std::env::var_os("CI").is_some() => panic!("{test}: {reason}"),
-        Err(reason) => {
-            println!("SKIPPED {test}: {reason}");
-            false
-        }
-    }
+    runnable(test, ensure_tools(sushy_present, &[], &["sushy-tools"]))
 }
 
 fn config(dir: &Path, port: u16, proxy: Option<&str>) -> std::path::PathBuf {

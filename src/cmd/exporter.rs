@@ -77,14 +77,10 @@ struct WebSettings {
     telemetry_path: String,
     max_requests: i64,
     disable_exporter_metrics: bool,
+    /// `--web.config.file`, read by [`web::toolkit::WebSecurity::from_settings`].
     #[serde(default)]
-    config: Option<WebConfigFile>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct WebConfigFile {
-    file: Option<std::path::PathBuf>,
+    #[allow(dead_code)]
+    config: toml::Table,
 }
 
 /// The top level of `[exporter]`: only these tables exist.
@@ -159,10 +155,7 @@ impl Exporter {
             WebOptions {
                 listen_address: web.listen_address,
                 max_requests,
-                security: match web.config.as_ref().and_then(|c| c.file.as_deref()) {
-                    Some(path) => Some(web::toolkit::WebSecurity::load(path)?),
-                    None => None,
-                },
+                security: web::toolkit::WebSecurity::from_settings(settings)?,
             },
         ))
     }

@@ -108,14 +108,10 @@ struct WebSettings {
     read_timeout: Duration,
     #[serde(deserialize_with = "config::de_duration")]
     write_timeout: Duration,
+    /// `--web.config.file`, read by [`web::toolkit::WebSecurity::from_settings`].
     #[serde(default)]
-    config: Option<WebConfigFile>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct WebConfigFile {
-    file: Option<std::path::PathBuf>,
+    #[allow(dead_code)]
+    config: toml::Table,
 }
 
 #[derive(Debug, Deserialize)]
@@ -168,12 +164,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         write_timeout: Some(web_settings.write_timeout),
         security: None,
     }
-    .with_security(
-        match web_settings.config.as_ref().and_then(|c| c.file.as_deref()) {
-            Some(path) => Some(web::toolkit::WebSecurity::load(path)?),
-            None => None,
-        },
-    );
+    .with_security(web::toolkit::WebSecurity::from_settings(&settings)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("ceems-redfish-proxy")

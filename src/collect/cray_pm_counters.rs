@@ -110,13 +110,8 @@ impl Collector for CrayPmCollector {
     }
 
     fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
-        let entries = std::fs::read_dir(&self.dir).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                CollectError::Absent("this node has no Cray pm_counters".into())
-            } else {
-                CollectError::io(&self.dir, e)
-            }
-        })?;
+        let entries =
+            CollectError::read_dir_or_absent(&self.dir, "this node has no Cray pm_counters")?;
         let mut values = BTreeMap::new();
         for entry in entries.flatten() {
             let Some((domain, q)) = classify(&entry.file_name().to_string_lossy()) else {

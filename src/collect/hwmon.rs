@@ -175,13 +175,8 @@ impl Collector for HwmonCollector {
     }
 
     fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
-        let entries = std::fs::read_dir(&self.class_dir).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                CollectError::Absent("this platform has no hwmon class".into())
-            } else {
-                CollectError::io(&self.class_dir, e)
-            }
-        })?;
+        let entries =
+            CollectError::read_dir_or_absent(&self.class_dir, "this platform has no hwmon class")?;
         let mut any = false;
         for entry in entries.flatten() {
             let dir = entry.path();

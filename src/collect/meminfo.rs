@@ -30,9 +30,6 @@ fn options() -> Vec<Opt> {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct Settings {
-    #[serde(default)]
-    #[allow(dead_code)]
-    enabled: bool,
     all_stats: bool,
 }
 
@@ -43,10 +40,7 @@ pub struct MeminfoCollector {
 }
 
 fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
-    let s: Settings = ctx
-        .settings
-        .get("")
-        .map_err(|e| CollectError::Other(e.to_string()))?;
+    let s: Settings = ctx.settings()?;
     Ok(Box::new(MeminfoCollector {
         path: ctx.paths.procfs.join("meminfo"),
         labels: ctx.hostname_labels(),

@@ -69,6 +69,20 @@ impl CollectError {
         }
     }
 
+    /// Lists a directory whose absence means "this node has no such hardware".
+    pub fn read_dir_or_absent(
+        dir: &std::path::Path,
+        absent: &str,
+    ) -> Result<std::fs::ReadDir, CollectError> {
+        std::fs::read_dir(dir).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                CollectError::Absent(absent.to_owned())
+            } else {
+                CollectError::io(dir, e)
+            }
+        })
+    }
+
     fn is_absence(&self) -> bool {
         matches!(self, CollectError::Absent(_))
     }
@@ -113,6 +127,13 @@ pub struct Context {
 }
 
 impl Context {
+    /// This collector's own settings (its table without `enabled`).
+    pub fn settings<T: serde::de::DeserializeOwned>(&self) -> Result<T, CollectError> {
+        self.settings
+            .get("")
+            .map_err(|e| CollectError::Other(e.to_string()))
+    }
+
     pub fn hostname_labels(&self) -> Labels {
         Labels::new(&[("hostname", &self.hostname)])
     }
@@ -244,7 +265,7 @@ pub fn select(settings: &Layered) -> Result<Selection, crate::config::ConfigErro
     let mut enabled = Vec::new();
     for (spec, table) in COLLECTORS.iter().zip(tables) {
         let path = format!("collector.{}", spec.name);
-        let layer = settings.scoped(&path, table);
+        let mut layer = settings.scoped(&path, table);
         let on = match layer.table.get("enabled") {
             Some(toml::Value::Boolean(b)) => *b,
             Some(_) => {
@@ -263,6 +284,8 @@ pub fn select(settings: &Layered) -> Result<Selection, crate::config::ConfigErro
             on
         };
         if on {
+            // The collector's own settings are the rest of its table.
+            layer.table.remove("enabled");
             enabled.push((spec, layer));
         }
     }

@@ -31,9 +31,6 @@ fn options() -> Vec<Opt> {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct Settings {
-    #[serde(default)]
-    #[allow(dead_code)]
-    enabled: bool,
     enable_zone_label: bool,
 }
 
@@ -95,7 +92,8 @@ fn longest_window_limit(dir: &Path) -> Option<u64> {
 /// Reads every zone under `powercap`. A zone whose energy cannot be read is reported in the
 /// second list and left out of the first, so one broken zone does not hide the others.
 pub fn read_zones(powercap: &Path) -> Result<(Vec<Zone>, Vec<CollectError>), CollectError> {
-    let entries = std::fs::read_dir(powercap).map_err(|e| CollectError::io(powercap, e))?;
+    let entries =
+        CollectError::read_dir_or_absent(powercap, "this platform has no powercap zones")?;
     let mut dirs: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
     dirs.sort();
     let mut zones = Vec::new();
@@ -174,10 +172,7 @@ pub struct RaplCollector {
 }
 
 fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
-    let s: Settings = ctx
-        .settings
-        .get("")
-        .map_err(|e| CollectError::Other(e.to_string()))?;
+    let s: Settings = ctx.settings()?;
     Ok(Box::new(RaplCollector::new(
         &ctx.paths.sysfs,
         &ctx.hostname,
@@ -206,17 +201,7 @@ impl Collector for RaplCollector {
     }
 
     fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
-        let (zones, faults) = match read_zones(&self.powercap) {
-            Ok(z) => z,
-            Err(CollectError::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
-                return Err(CollectError::Absent(
-                    "this platform has no powercap zones".into(),
-                ))
-            }
-            Err(e) => return Err(e),
-        };
+        let (zones, faults) = read_zones(&self.powercap)?;
         for fault in &faults {
             tracing::warn!(collector = "rapl", error = %fault, "skipping RAPL zone");
         }

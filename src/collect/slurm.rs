@@ -55,9 +55,6 @@ fn options() -> Vec<Opt> {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct Settings {
-    #[serde(default)]
-    #[allow(dead_code)]
-    enabled: bool,
     swap_memory_metrics: bool,
     psi_metrics: bool,
 }
@@ -110,10 +107,7 @@ fn host_memory(procfs: &Path) -> HostMemory {
 }
 
 fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
-    let s: Settings = ctx
-        .settings
-        .get("")
-        .map_err(|e| CollectError::Other(e.to_string()))?;
+    let s: Settings = ctx.settings()?;
     let root = &ctx.paths.cgroupfs;
     let version = match ctx.common.cgroups.force_version.as_deref() {
         Some(v) => CgroupVersion::from_flag(v)

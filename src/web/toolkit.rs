@@ -304,7 +304,24 @@ impl BasicAuth {
     }
 }
 
+/// The `web.config` table of a subcommand's settings.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WebConfigKey {
+    #[serde(default)]
+    file: Option<PathBuf>,
+}
+
 impl WebSecurity {
+    /// The security asked for by `--web.config.file` in `settings`, if any.
+    pub fn from_settings(settings: &crate::config::Layered) -> anyhow::Result<Option<WebSecurity>> {
+        let key: WebConfigKey = settings.get("web.config")?;
+        Ok(match key.file {
+            Some(path) => Some(WebSecurity::load(&path)?),
+            None => None,
+        })
+    }
+
     /// Reads and checks a web config file. Relative certificate paths are relative to the file,
     /// as in exporter-toolkit.
     pub fn load(path: &Path) -> Result<WebSecurity, WebConfigError> {

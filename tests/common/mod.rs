@@ -144,3 +144,57 @@ pub fn stub(dir: &Path, name: &str, output: &Path) -> PathBuf {
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     path
 }
+
+/// Makes sure a test's outside tools are here: already present, or installed from Debian's
+/// and PyPI's packages when we are root (as in CI); otherwise says why not.
+pub fn ensure_tools(present: impl Fn() -> bool, apt: &[&str], pip: &[&str]) -> Result<(), String> {
+    if present() {
+        return Ok(());
+    }
+    if !nix::unistd::Uid::effective().is_root() {
+        return Err(format!(
+            "{apt:?} {pip:?} missing and we are not root to install them"
+        ));
+    }
+    if !apt.is_empty() {
+        let status = Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(apt)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(Stdio::null())
+            .status()
+            .map_err(|e| format!("cannot run apt-get: {e}"))?;
+        if !status.success() {
+            return Err(format!("apt-get install {apt:?} failed: {status}"));
+        }
+    }
+    if !pip.is_empty() {
+        let status = Command::new("python3")
+            .args(["-m", "pip", "install", "-q"])
+            .args(pip)
+            .stdout(Stdio::null())
+            .status()
+            .map_err(|e| format!("cannot run pip: {e}"))?;
+        if !status.success() {
+            return Err(format!("pip install {pip:?} failed: {status}"));
+        }
+    }
+    if present() {
+        Ok(())
+    } else {
+        Err(format!("{apt:?} {pip:?} installed but still not usable"))
+    }
+}
+
+/// Whether a test whose tools may be missing runs: outside CI it is skipped with the reason,
+/// in CI a missing tool is a failure.
+pub fn runnable(test: &str, tools: Result<(), String>) -> bool {
+    match tools {
+        Ok(()) => true,
+        Err(reason) if std::env::var_os("CI").is_some() => panic!("{test}: {reason}"),
+        Err(reason) => {
+            println!("SKIPPED {test}: {reason}");
+            false
+        }
+    }
+}

@@ -71,9 +71,6 @@ fn options() -> Vec<Opt> {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct Settings {
-    #[serde(default)]
-    #[allow(dead_code)]
-    enabled: bool,
     provider: Vec<String>,
     #[serde(default)]
     country_code: Option<String>,
@@ -140,10 +137,7 @@ pub struct EmissionsCollector {
 }
 
 fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
-    let s: Settings = ctx
-        .settings
-        .get("")
-        .map_err(|e| CollectError::Other(e.to_string()))?;
+    let s: Settings = ctx.settings()?;
     let cfg = EmissionsConfig {
         providers: s.provider,
         country_code: s.country_code,

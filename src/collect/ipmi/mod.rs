@@ -79,9 +79,6 @@ fn options() -> Vec<Opt> {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct Settings {
     #[serde(default)]
-    #[allow(dead_code)]
-    enabled: bool,
-    #[serde(default)]
     cmd: Option<String>,
     force_native_mode: bool,
     #[serde(deserialize_with = "crate::config::de_duration")]
@@ -162,10 +159,7 @@ pub struct IpmiCollector {
 }
 
 fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
-    let s: Settings = ctx
-        .settings
-        .get("")
-        .map_err(|e| CollectError::Other(e.to_string()))?;
+    let s: Settings = ctx.settings()?;
     let devices: Vec<&Path> = match &s.device {
         Some(d) => vec![d.as_path()],
         None => DEVICES.iter().map(Path::new).collect(),

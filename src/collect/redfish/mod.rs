@@ -47,9 +47,6 @@ fn options() -> Vec<Opt> {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct Settings {
     #[serde(default)]
-    #[allow(dead_code)]
-    enabled: bool,
-    #[serde(default)]
     web_config: Option<PathBuf>,
 }
 
@@ -435,10 +432,7 @@ pub struct RedfishCollector {
 }
 
 fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
-    let s: Settings = ctx
-        .settings
-        .get("")
-        .map_err(|e| CollectError::Other(e.to_string()))?;
+    let s: Settings = ctx.settings()?;
     let path = s.web_config.ok_or_else(|| {
         CollectError::Other(
             "the redfish collector needs --collector.redfish.web-config (BMC address and credentials)".into(),
