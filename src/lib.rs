@@ -9,6 +9,7 @@ pub mod config;
 pub mod log;
 pub mod metrics;
 pub mod proxy;
+pub mod security;
 #[doc(hidden)]
 pub mod testing;
 pub mod web;

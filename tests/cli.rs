@@ -112,7 +112,8 @@ fn hanging_collector_times_out_and_excess_requests_get_503() {
     .unwrap();
     let stat = tree.job_dir(0).join("memory.stat");
     std::fs::remove_file(&stat).unwrap();
-    nix::unistd::mkfifo(&stat, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    // Readable by the unprivileged user the exporter drops to, so that reading it hangs.
+    nix::unistd::mkfifo(&stat, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
 
     let cg = format!("--path.cgroupfs={}", tree.cgroupfs().display());
     let proc = format!("--path.procfs={}", tree.procfs().display());

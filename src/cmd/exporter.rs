@@ -54,6 +54,7 @@ pub fn opts() -> Vec<Opt> {
         Opt::new("path.cgroupfs", Kind::Str, "cgroupfs mountpoint").default("/sys/fs/cgroup"),
     ];
     opts.extend(collect::options());
+    opts.extend(crate::security::opts());
     opts.extend(config::log_opts());
     opts
 }
@@ -92,6 +93,7 @@ struct Tables {
     path: toml::Table,
     log: toml::Table,
     collector: toml::Table,
+    security: toml::Table,
 }
 
 /// What the HTTP handler needs.
@@ -248,6 +250,15 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let settings = config::load("exporter", &opts, matches)?;
     let log: LogConfig = settings.get("log")?;
     crate::log::init(&log)?;
+    // Bind first (a port below 1024 needs root), then drop privileges before any collector
+    // or thread starts.
+    let web_settings: WebSettings = settings.get("web")?;
+    let listener = web::bind_std(&web_settings.listen_address)?;
+    let needed = collect::needed_capabilities(&settings)?;
+    let security: crate::security::SecuritySettings = settings.get("security")?;
+    let outcome = crate::security::drop_privileges(&security, &needed)
+        .context("cannot drop privileges (--security.drop-privileges=false to run as started)")?;
+    outcome.log("exporter");
     let (exporter, web_opts) = Exporter::from_settings(&settings)?;
     let exporter = Arc::new(exporter);
     tracing::info!(collectors = ?exporter.registry.names(), "starting ceems exporter");
@@ -261,7 +272,8 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        let listener = web::bind(&web_opts.listen_address).await?;
+        let listener = web::into_async(listener)
+            .with_context(|| format!("cannot listen on {}", web_opts.listen_address))?;
         tracing::info!(address = %web_opts.listen_address, "listening");
         let handler: web::Handler = Arc::new(move |req| {
             let exporter = Arc::clone(&exporter);

@@ -79,6 +79,7 @@ pub fn opts() -> Vec<Opt> {
         )
         .default("10s"),
     ];
+    opts.extend(crate::security::opts());
     opts.extend(config::log_opts());
     opts
 }
@@ -132,6 +133,12 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let log: LogConfig = settings.get("log")?;
     crate::log::init(&log)?;
     let web_settings: WebSettings = settings.get("web")?;
+    // Bind (a port below 1024 needs root), then run as nobody with no capability at all.
+    let listener = web::bind_std(&web_settings.listen_address)?;
+    let security: crate::security::SecuritySettings = settings.get("security")?;
+    crate::security::drop_privileges(&security, &[])
+        .context("cannot drop privileges (--security.drop-privileges=false to run as started)")?
+        .log("redfish-proxy");
     let r: RedfishSettings = settings.get("redfish")?;
     let targets = Targets::parse(&r.targets).context("invalid --redfish.target")?;
     if targets.is_empty() {
@@ -172,7 +179,8 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        let listener = web::bind(&web_settings.listen_address).await?;
+        let listener = web::into_async(listener)
+            .with_context(|| format!("cannot listen on {}", web_settings.listen_address))?;
         tracing::info!(address = %web_settings.listen_address, targets = r.targets.len(), "redfish proxy listening");
         let handler: web::Handler = Arc::new(move |req| {
             let proxy = Arc::clone(&proxy);

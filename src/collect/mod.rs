@@ -292,6 +292,19 @@ pub fn select(settings: &Layered) -> Result<Selection, crate::config::ConfigErro
     Ok(Selection { common, enabled })
 }
 
+/// The union of the capabilities the enabled collectors declare.
+pub fn needed_capabilities(
+    settings: &Layered,
+) -> Result<Vec<Capability>, crate::config::ConfigError> {
+    let selection = select(settings)?;
+    Ok(crate::security::sorted(
+        selection
+            .enabled
+            .iter()
+            .flat_map(|(spec, _)| spec.capabilities.iter().copied()),
+    ))
+}
+
 impl Registry {
     /// Builds the enabled collectors. A collector that cannot start is an error that names it.
     pub fn build(settings: &Layered, hostname: &str) -> Result<Registry, RegistryError> {

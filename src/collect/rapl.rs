@@ -201,7 +201,9 @@ impl Collector for RaplCollector {
     }
 
     fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
-        let (zones, faults) = read_zones(&self.powercap)?;
+        // energy_uj is root's since Linux 5.10.
+        let (zones, faults) =
+            crate::security::with_capabilities(SPEC.capabilities, || read_zones(&self.powercap))?;
         for fault in &faults {
             tracing::warn!(collector = "rapl", error = %fault, "skipping RAPL zone");
         }

@@ -337,6 +337,17 @@ impl SlurmCollector {
     /// The job id of an opaque directory: `SLURM_JOB_ID` of the first process that has one
     /// (slurmstepd itself sits in the job's subtree and has none).
     fn opaque_job_id(&self, dir: &Path, faults: &mut Vec<FileFault>) -> Option<String> {
+        // Other users' environ files need CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH.
+        crate::security::with_capabilities(SPEC.capabilities, || {
+            self.opaque_job_id_unprivileged(dir, faults)
+        })
+    }
+
+    fn opaque_job_id_unprivileged(
+        &self,
+        dir: &Path,
+        faults: &mut Vec<FileFault>,
+    ) -> Option<String> {
         let mut found = None;
         let mut path = PathBuf::new();
         cgroup::find_pid(dir, faults, &mut |pid| {

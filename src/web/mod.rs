@@ -40,27 +40,45 @@ pub enum WebError {
 }
 
 /// Binds a listen address as Prometheus exporters take it: `:9010` means every interface.
-pub async fn bind(listen: &str) -> Result<TcpListener, WebError> {
+/// Synchronous, so a daemon can bind before it drops privileges (ports below 1024).
+pub fn bind_std(listen: &str) -> Result<std::net::TcpListener, WebError> {
     let bind_err = |source| WebError::Bind {
         addr: listen.to_owned(),
         source,
     };
-    if let Some(port) = listen.strip_prefix(':') {
+    let listener = if let Some(port) = listen.strip_prefix(':') {
         let port: u16 = port
             .parse()
             .map_err(|_| WebError::Address(listen.to_owned()))?;
         // Dual-stack first; hosts with IPv6 disabled get IPv4 only.
-        return match TcpListener::bind(SocketAddr::from(([0u16; 8], port))).await {
-            Ok(l) => Ok(l),
-            Err(_) => TcpListener::bind(SocketAddr::from(([0u8; 4], port)))
-                .await
-                .map_err(bind_err),
-        };
-    }
-    if !listen.contains(':') {
-        return Err(WebError::Address(listen.to_owned()));
-    }
-    TcpListener::bind(listen).await.map_err(bind_err)
+        match std::net::TcpListener::bind(SocketAddr::from(([0u16; 8], port))) {
+            Ok(l) => l,
+            Err(_) => {
+                std::net::TcpListener::bind(SocketAddr::from(([0u8; 4], port))).map_err(bind_err)?
+            }
+        }
+    } else {
+        if !listen.contains(':') {
+            return Err(WebError::Address(listen.to_owned()));
+        }
+        std::net::TcpListener::bind(listen).map_err(bind_err)?
+    };
+    listener.set_nonblocking(true).map_err(bind_err)?;
+    Ok(listener)
+}
+
+/// Hands a listener bound with [`bind_std`] to the async runtime (call inside it).
+pub fn into_async(listener: std::net::TcpListener) -> std::io::Result<TcpListener> {
+    TcpListener::from_std(listener)
+}
+
+/// [`bind_std`] and [`into_async`] in one step.
+pub async fn bind(listen: &str) -> Result<TcpListener, WebError> {
+    let l = bind_std(listen)?;
+    into_async(l).map_err(|source| WebError::Bind {
+        addr: listen.to_owned(),
+        source,
+    })
 }
 
 pub fn text_response(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {

@@ -218,13 +218,19 @@ impl IpmiCollector {
                 args,
                 format,
             } => {
-                let out = command::run(program, args, self.timeout).map_err(|e| e.to_string())?;
+                // The tool gets the capability (ambient), not this process's threads.
+                let out = crate::security::with_capabilities_for_child(SPEC.capabilities, || {
+                    command::run(program, args, self.timeout)
+                })
+                .map_err(|e| e.to_string())?;
                 parse::parse(*format, &out)
                     .map_err(|e| format!("cannot parse output of {}: {e}", program.display()))
             }
             Source::Native { device } => {
-                let mut dev = native::OpenIpmiDevice::open(device)
-                    .map_err(|e| format!("cannot open {}: {e}", device.display()))?;
+                let mut dev = crate::security::with_capabilities(SPEC.capabilities, || {
+                    native::OpenIpmiDevice::open(device)
+                })
+                .map_err(|e| format!("cannot open {}: {e}", device.display()))?;
                 let id = self.msgid.fetch_add(1, Ordering::Relaxed);
                 native::read_power(&mut dev, id as std::os::raw::c_long, self.timeout)
                     .map_err(|e| format!("{}: {e}", device.display()))

@@ -1,0 +1,184 @@
+//! The privilege helper on the real kernel (needs root): the exporter started as root runs as
+//! nobody with an empty effective set and exactly the declared capabilities permitted, and
+//! still reads another user's job environment because the read raises CAP_SYS_PTRACE on its
+//! own short-lived thread. Without the capabilities, the same read fails.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{free_port, Running};
+
+fn is_root() -> bool {
+    nix::unistd::Uid::effective().is_root()
+}
+
+struct Job(Child);
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A process of user `daemon` with `SLURM_JOB_ID` in its environment, in a fake cgroup v2
+/// tree whose job directory has an opaque name (Slurm 26.05): the exporter must read the
+/// process's environ to know the job.
+fn foreign_job(root: &Path, job_id: &str) -> Job {
+    let child = Command::new("setpriv")
+        .args(["--reuid=daemon", "--regid=daemon", "--clear-groups", "--"])
+        .args(["env", &format!("SLURM_JOB_ID={job_id}"), "sleep", "120"])
+        .spawn()
+        .expect("setpriv");
+    let job = Job(child);
+    let dir = root.join("system.slice/slurmstepd.scope/0f6c1d2e-opaque");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("cgroup.procs"), format!("{}\n", job.0.id())).unwrap();
+    std::fs::write(dir.join("cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
+    std::fs::write(
+        dir.join("cpu.stat"),
+        "usage_usec 1000\nuser_usec 600\nsystem_usec 400\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("memory.current"), "4096\n").unwrap();
+    // Readable by nobody, as /sys/fs/cgroup is.
+    for p in [
+        root.to_path_buf(),
+        root.join("system.slice"),
+        root.join("system.slice/slurmstepd.scope"),
+        dir.clone(),
+    ] {
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    // The environ of a process that has just exec'd may still be setpriv's: wait for sleep.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", job.0.id())).unwrap_or_default();
+        if cmdline.starts_with(b"sleep") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    job
+}
+
+fn start(prefix: &[&str], args: &[&str]) -> Running {
+    let port = free_port();
+    let mut cmd = Command::new(
+        prefix
+            .first()
+            .copied()
+            .unwrap_or(env!("CARGO_BIN_EXE_ceems")),
+    );
+    if !prefix.is_empty() {
+        cmd.args(&prefix[1..]).arg(env!("CARGO_BIN_EXE_ceems"));
+    }
+    let child = cmd
+        .arg("exporter")
+        .args(args)
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start exporter");
+    let mut running = Running { child, port };
+    let start = Instant::now();
+    while ureq::get(&running.url("/health")).call().is_err() {
+        if let Ok(Some(status)) = running.child.try_wait() {
+            panic!("exporter exited at start: {status}");
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "exporter did not answer"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    running
+}
+
+fn status_field(pid: u32, field: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+fn mask(caps: &[caps::Capability]) -> u64 {
+    caps.iter().fold(0, |m, c| m | (1u64 << c.index()))
+}
+
+#[test]
+fn exporter_drops_to_nobody_and_raises_ptrace_only_to_read_a_foreign_environ() {
+    if !is_root() {
+        println!("SKIPPED: needs root");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let cg = tmp.path().join("cgroup");
+    let job = foreign_job(&cg, "4242");
+    let cg_flag = format!("--path.cgroupfs={}", cg.display());
+    let args = [
+        "--collector.slurm",
+        "--collector.cgroups.force-version=v2",
+        "--path.procfs=/proc",
+        cg_flag.as_str(),
+    ];
+
+    let exporter = start(
+        &[],
+        &[&args[..], &["--security.run-as-user=nobody"]].concat(),
+    );
+    let pid = exporter.child.id();
+    assert_eq!(status_field(pid, "Uid"), "65534\t65534\t65534\t65534");
+    assert_eq!(status_field(pid, "CapEff"), "0000000000000000");
+    assert_eq!(status_field(pid, "CapInh"), "0000000000000000");
+    assert_eq!(status_field(pid, "CapAmb"), "0000000000000000");
+    assert_eq!(status_field(pid, "NoNewPrivs"), "1");
+    // Exactly what the enabled collectors (cpu, meminfo, rapl, slurm) declare.
+    let declared: Vec<caps::Capability> = ceems::collect::COLLECTORS
+        .iter()
+        .filter(|s| ["cpu", "meminfo", "rapl", "slurm"].contains(&s.name))
+        .flat_map(|s| s.capabilities.iter().copied())
+        .collect();
+    assert_eq!(
+        u64::from_str_radix(&status_field(pid, "CapPrm"), 16).unwrap(),
+        mask(&declared)
+    );
+    let body = exporter.get("/metrics");
+    assert!(
+        body.contains("uuid=\"4242\""),
+        "the job of user daemon was not found:\n{body}"
+    );
+    // Still no capability in effect after the read.
+    assert_eq!(status_field(pid, "CapEff"), "0000000000000000");
+    drop(exporter);
+
+    // The same exporter started as nobody with no capabilities cannot read that environ.
+    let unprivileged = start(
+        &[
+            "setpriv",
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--",
+        ],
+        &args,
+    );
+    let body = unprivileged.get("/metrics");
+    assert!(
+        body.contains("ceems_scrape_collector_success{collector=\"slurm\"} 1"),
+        "{body}"
+    );
+    assert!(
+        !body.contains("uuid=\"4242\""),
+        "an unprivileged exporter read another user's environ:\n{body}"
+    );
+    drop(job);
+}
