@@ -182,3 +182,119 @@ fn exporter_drops_to_nobody_and_raises_ptrace_only_to_read_a_foreign_environ() {
     );
     drop(job);
 }
+
+fn check_privileges(prefix: &[&str], args: &[&str]) -> (i32, serde_json::Value) {
+    let mut cmd = Command::new(
+        prefix
+            .first()
+            .copied()
+            .unwrap_or(env!("CARGO_BIN_EXE_ceems")),
+    );
+    if !prefix.is_empty() {
+        cmd.args(&prefix[1..]).arg(env!("CARGO_BIN_EXE_ceems"));
+    }
+    let out = cmd
+        .args(["check-privileges", "--output=json", "exporter"])
+        .args(args)
+        .output()
+        .expect("run check-privileges");
+    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code().unwrap_or(-1), json)
+}
+
+fn names(v: &serde_json::Value) -> Vec<String> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn check_privileges_as_root_as_bare_nobody_and_as_nobody_with_ambient_capabilities() {
+    if !is_root() {
+        println!("SKIPPED: needs root");
+        return;
+    }
+    // A process of another user for the environ test to read.
+    let tmp = tempfile::tempdir().unwrap();
+    let _job = foreign_job(&tmp.path().join("cgroup"), "77");
+    let args = ["--collector.slurm", "--web.listen-address=127.0.0.1:0"];
+
+    let (code, report) = check_privileges(&[], &args);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["ok"], true);
+    let slurm = report["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["part"] == "collector slurm")
+        .unwrap()
+        .clone();
+    assert_eq!(slurm["test"]["outcome"], "ok", "{slurm:#}");
+
+    let nobody = [
+        "setpriv",
+        "--reuid=nobody",
+        "--regid=nogroup",
+        "--clear-groups",
+        "--",
+    ];
+    let (code, report) = check_privileges(&nobody, &args);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(report["ok"], false);
+    let missing = names(&report["missing"]);
+    assert!(
+        missing.contains(&"CAP_SYS_PTRACE".to_owned()),
+        "{missing:?}"
+    );
+    assert!(
+        missing.contains(&"CAP_DAC_READ_SEARCH".to_owned()),
+        "{missing:?}"
+    );
+    let fix = report["fix"]["systemd"][0].as_str().unwrap();
+    assert_eq!(
+        fix,
+        "AmbientCapabilities=CAP_DAC_READ_SEARCH CAP_SYS_PTRACE"
+    );
+    assert!(report["fix"]["setcap"]
+        .as_str()
+        .unwrap()
+        .starts_with("setcap 'cap_dac_read_search,cap_sys_ptrace=p' "));
+
+    let with_caps = [
+        "setpriv",
+        "--reuid=nobody",
+        "--regid=nogroup",
+        "--clear-groups",
+        "--inh-caps=+dac_read_search,+sys_ptrace",
+        "--ambient-caps=+dac_read_search,+sys_ptrace",
+        "--",
+    ];
+    let (code, report) = check_privileges(&with_caps, &args);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(
+        names(&report["process"]["ambient"]),
+        ["CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE"]
+    );
+}
+
+#[test]
+fn check_privileges_usage_errors_exit_2() {
+    for args in [
+        &["check-privileges"][..],
+        &["check-privileges", "exporter", "--bogus"][..],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ceems"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+}

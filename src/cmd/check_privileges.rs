@@ -1,18 +1,184 @@
-//! `ceems check-privileges`: Say which Linux capabilities each enabled collector needs, which ones the process or binary has, and what to change.
+//! `ceems check-privileges <subcommand> [its flags]`: says which capabilities each enabled part
+//! of that subcommand needs, what this process and binary have, what a real privileged
+//! operation gives when done as the daemon does it, and the lines that fix what is missing.
+//! Exit 0: all present; 1: something is missing; 2: bad usage.
 
 use std::process::ExitCode;
 
-use clap::{ArgMatches, Command};
+use anyhow::Context as _;
+use caps::Capability;
+use clap::{Arg, ArgMatches, Command};
 
-use crate::config;
+use super::{exporter, redfish_proxy, stats_server};
+use crate::collect::{self, ipmi, Paths};
+use crate::config::{self, Layered};
+use crate::security::check::{self, OperationTest, PartCheck, ProcessReport, Report, TestOutcome};
+use crate::security::{self, SecuritySettings};
 
 pub fn command() -> Command {
-    config::build_command(
-        Command::new("check-privileges").about("Say which Linux capabilities each enabled collector needs, which ones the process or binary has, and what to change"),
-        &config::log_opts(),
-    )
+    Command::new("check-privileges")
+        .about("Say which Linux capabilities each enabled collector needs, which ones the process or binary has, and what to change")
+        .long_about(
+            "Say which Linux capabilities each enabled part of a subcommand needs, which ones \
+             this process and the binary have, whether a real privileged operation works when \
+             done the way the daemon does it, and the setcap, systemd or sudoers lines that fix \
+             what is missing. Give it the subcommand and the same flags and config file as \
+             the daemon, and run it as the daemon is started (same user, same capabilities).\n\n\
+             Exit status: 0 when everything needed is present, 1 when something is missing, \
+             2 on bad usage.",
+        )
+        .arg(
+            Arg::new("output")
+                .long("output")
+                .value_parser(["text", "json"])
+                .default_value("text")
+                .global(true)
+                .help("Report format: text for people, json for automation"),
+        )
+        .subcommand_required(true)
+        .subcommand(exporter::command())
+        .subcommand(redfish_proxy::command())
+        .subcommand(stats_server::command())
 }
 
-pub fn run(_matches: &ArgMatches) -> anyhow::Result<ExitCode> {
-    super::not_implemented("check-privileges")
+/// The listener of a daemon: binding below 1024 needs CAP_NET_BIND_SERVICE unless root. The
+/// daemon binds before it drops privileges, and so does this test.
+fn listener_part(settings: &Layered) -> anyhow::Result<PartCheck> {
+    let listen: String = settings.get("web.listen-address")?;
+    let port: u16 = listen
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    let needs = if port != 0 && port < 1024 {
+        vec![Capability::CAP_NET_BIND_SERVICE]
+    } else {
+        Vec::new()
+    };
+    let test = match crate::web::bind_std(&listen) {
+        Ok(_) => OperationTest {
+            operation: format!("listen on {listen}"),
+            outcome: TestOutcome::Ok,
+            error: None,
+        },
+        Err(crate::web::WebError::Bind { source, .. }) => {
+            let mut t = OperationTest {
+                operation: format!("listen on {listen}"),
+                outcome: TestOutcome::Error,
+                error: Some(source.to_string()),
+            };
+            if source.kind() == std::io::ErrorKind::PermissionDenied {
+                t.outcome = TestOutcome::Denied;
+            }
+            t
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(PartCheck {
+        part: "listener".into(),
+        needs,
+        missing: Vec::new(),
+        test: Some(test),
+    })
+}
+
+/// The real operation behind a collector's declared capabilities.
+fn collector_test(name: &str, caps: &[Capability], paths: &Paths) -> Option<OperationTest> {
+    match name {
+        "rapl" => Some(check::test_rapl(&paths.sysfs, caps)),
+        "slurm" => Some(check::test_foreign_environ(&paths.procfs, caps)),
+        "ipmi_dcmi" => Some(check::test_ipmi_device(ipmi::DEVICES, caps)),
+        _ => None,
+    }
+}
+
+pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
+    let json = matches.get_one::<String>("output").map(String::as_str) == Some("json");
+    let Some((sub, sub_matches)) = matches.subcommand() else {
+        return Ok(ExitCode::from(2));
+    };
+    let opts = match sub {
+        "exporter" => exporter::opts(),
+        "redfish-proxy" => redfish_proxy::opts(),
+        _ => {
+            eprintln!("ceems check-privileges: {sub} is not implemented yet");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let settings = config::load(sub, &opts, sub_matches)?;
+
+    // What this process and binary have, before anything is dropped.
+    let process = ProcessReport::new(&security::process_caps().context("reading capabilities")?);
+    let binary = std::env::current_exe().context("locating this binary")?;
+    let file_caps = security::file_caps(&binary).unwrap_or(None);
+
+    let mut parts = vec![listener_part(&settings)?];
+    let mut collectors = Vec::new();
+    let mut sudo_commands = Vec::new();
+    if sub == "exporter" {
+        let selection = collect::select(&settings)?;
+        for (spec, layer) in &selection.enabled {
+            collectors.push((spec.name, spec.capabilities));
+            if spec.name == "ipmi_dcmi" {
+                if let Ok(Some(cmd)) = layer.get::<Option<String>>("cmd") {
+                    if let Some(program) = cmd.split_whitespace().next() {
+                        sudo_commands.push(program.to_owned());
+                    }
+                }
+            }
+        }
+    }
+    let needed = security::sorted(
+        parts
+            .iter()
+            .flat_map(|p| p.needs.clone())
+            .chain(collectors.iter().flat_map(|(_, c)| c.iter().copied())),
+    );
+
+    // Then test as the daemon runs: privileges dropped the same way.
+    let sec: SecuritySettings = settings.get("security")?;
+    let outcome = security::drop_privileges(&sec, &needed).context("dropping privileges")?;
+    let held = security::process_caps()
+        .context("reading capabilities")?
+        .permitted;
+    let missing_of = |needs: &[Capability]| -> Vec<Capability> {
+        needs
+            .iter()
+            .filter(|c| !held.contains(c))
+            .copied()
+            .collect()
+    };
+    if let Some(listener) = parts.first_mut() {
+        // The daemon binds before it drops: what counts is what it started with.
+        listener.missing = listener
+            .needs
+            .iter()
+            .filter(|c| !process.permitted.contains(c))
+            .copied()
+            .collect();
+    }
+    let paths: Option<Paths> = (sub == "exporter")
+        .then(|| settings.get("path"))
+        .transpose()?;
+    for (name, caps) in collectors {
+        let test = paths.as_ref().and_then(|p| collector_test(name, caps, p));
+        parts.push(PartCheck {
+            part: format!("collector {name}"),
+            needs: caps.to_vec(),
+            missing: missing_of(caps),
+            test,
+        });
+    }
+    tracing::debug!(?outcome, "privileges for the checks");
+    let report = Report::new(sub, process, binary, file_caps, parts, &sudo_commands);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.text());
+    }
+    Ok(if report.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }

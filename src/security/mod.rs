@@ -7,6 +7,8 @@
 use std::collections::HashSet;
 use std::io;
 
+pub mod check;
+
 use caps::{CapSet, Capability, CapsHashSet};
 use serde::Deserialize;
 
