@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, then every test (compat, real kernel, real Prometheus, promtool,
-# real IPMI tools against a simulated BMC, a real Redfish emulator).
+# real IPMI tools against a simulated BMC, a real Redfish emulator, privileges as root, and the
+# packages built, installed and removed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
@@ -23,3 +24,5 @@ fi
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
 cargo test --locked
+# Build the .deb and .rpm, install the .deb, check it, remove it (root only).
+bash scripts/package-test.sh

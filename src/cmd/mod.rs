@@ -1,5 +1,6 @@
 //! Subcommands: flags and wiring only; the work lives in the library modules.
 
+pub mod assets;
 pub mod check_privileges;
 pub mod exporter;
 pub mod redfish_proxy;
@@ -35,6 +36,7 @@ pub fn cli() -> Command {
         .subcommand(stats_server::command())
         .subcommand(redfish_proxy::command())
         .subcommand(check_privileges::command())
+        .subcommand(assets::command())
 }
 
 fn dispatch(name: &str, matches: &clap::ArgMatches) -> anyhow::Result<ExitCode> {
@@ -43,6 +45,7 @@ fn dispatch(name: &str, matches: &clap::ArgMatches) -> anyhow::Result<ExitCode> 
         "stats-server" => stats_server::run(matches),
         "redfish-proxy" => redfish_proxy::run(matches),
         "check-privileges" => check_privileges::run(matches),
+        "generate-assets" => assets::run(matches),
         other => anyhow::bail!("unknown subcommand {other}"),
     }
 }
