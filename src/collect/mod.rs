@@ -9,6 +9,7 @@ pub mod cray_pm_counters;
 pub mod emissions;
 pub mod hwmon;
 pub mod ipmi;
+pub mod job_props;
 pub mod meminfo;
 pub mod procfs;
 pub mod rapl;

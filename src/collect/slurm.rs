@@ -21,9 +21,10 @@ use serde::Deserialize;
 use super::cgroup::{
     self, names, CgroupReader, CgroupVersion, FileFault, HostMemory, ReadOptions, UnitError,
 };
+use super::job_props::{self, JobProps};
 use super::procfs;
 use super::{Capability, CollectError, Collector, CollectorSpec, Context};
-use crate::config::Opt;
+use crate::config::{Kind, Opt};
 use crate::metrics::{Labels, MetricSet};
 
 pub const SPEC: CollectorSpec = CollectorSpec {
@@ -49,6 +50,15 @@ fn options() -> Vec<Opt> {
             "Export pressure stall information of jobs (cgroups v2 only)",
         )
         .alias("collector.slurm.psi.metrics"),
+        Opt::flag(
+            "collector.slurm.info-metrics",
+            "Export ceems_compute_unit_info with each job's user, account, partition and name",
+        ),
+        Opt::new(
+            "collector.slurm.job-props-path",
+            Kind::Str,
+            "Directory of job properties files written by a prolog (examples/slurm/prolog.sh); read before the jobs' environment",
+        ),
     ]
 }
 
@@ -57,6 +67,9 @@ fn options() -> Vec<Opt> {
 struct Settings {
     swap_memory_metrics: bool,
     psi_metrics: bool,
+    info_metrics: bool,
+    #[serde(default)]
+    job_props_path: Option<PathBuf>,
 }
 
 /// A job's cgroup, as found by discovery.
@@ -68,6 +81,8 @@ pub struct JobCgroup {
     pub cgroup_host: String,
     /// Path relative to the hierarchy (v2) or to each controller (v1).
     pub rel: PathBuf,
+    /// The job's directory in the hierarchy discovery walks.
+    pub dir: PathBuf,
 }
 
 pub struct SlurmCollector {
@@ -79,6 +94,16 @@ pub struct SlurmCollector {
     read_opts: ReadOptions,
     reader: Mutex<CgroupReader>,
     cache: Mutex<DiscoveryCache>,
+    /// `Some` with `--collector.slurm.info-metrics`: where job properties files are, if any.
+    info: Option<JobInfoSource>,
+    /// Job id → its properties, until the job ends.
+    props: Mutex<HashMap<String, JobProps>>,
+}
+
+/// Where job metadata comes from.
+#[derive(Debug, Clone, Default)]
+pub struct JobInfoSource {
+    pub props_dir: Option<PathBuf>,
 }
 
 /// How long a job found with processes is trusted to still have some without walking its
@@ -125,6 +150,13 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
             psi: s.psi_metrics,
         },
     );
+    let collector = if s.info_metrics {
+        collector.with_info(JobInfoSource {
+            props_dir: s.job_props_path,
+        })
+    } else {
+        collector
+    };
     tracing::info!(
         version = ?version,
         base = %collector.base.display(),
@@ -184,7 +216,75 @@ impl SlurmCollector {
             read_opts,
             reader: Mutex::new(reader),
             cache: Mutex::new(DiscoveryCache::default()),
+            info: None,
+            props: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Also export `ceems_compute_unit_info` from these sources.
+    pub fn with_info(mut self, source: JobInfoSource) -> SlurmCollector {
+        self.info = Some(source);
+        self
+    }
+
+    /// A job's user, account, partition and name: the prolog's file, else a job process's
+    /// environment, else the user of the `uid_<uid>` directory. Only complete answers are
+    /// remembered, so a job found before its prolog wrote is asked again.
+    fn job_props(&self, job: &JobCgroup, source: &JobInfoSource) -> JobProps {
+        if let Some(p) = self
+            .props
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&job.uuid)
+        {
+            return p.clone();
+        }
+        let from_file = source.props_dir.as_ref().and_then(|dir| {
+            let path = dir.join(&job.uuid);
+            let text = std::fs::read_to_string(&path).ok()?;
+            job_props::parse_props_file(&text)
+                .map_err(|e| tracing::debug!(path = %path.display(), error = %e, "bad job properties file"))
+                .ok()
+        });
+        let found = from_file.or_else(|| self.props_from_environ(&job.dir));
+        let props = match found {
+            Some(p) => p,
+            None => JobProps {
+                user: job_props::uid_from_path(&job.rel)
+                    .and_then(|uid| {
+                        nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+                            .ok()
+                            .flatten()
+                    })
+                    .map(|u| u.name)
+                    .unwrap_or_default(),
+                ..JobProps::default()
+            },
+        };
+        if props.is_known() {
+            self.props
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(job.uuid.clone(), props.clone());
+        }
+        props
+    }
+
+    /// Job metadata from the environment of the first job process that has it.
+    fn props_from_environ(&self, dir: &Path) -> Option<JobProps> {
+        // Other users' environ files need CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH.
+        crate::security::with_capabilities(SPEC.capabilities, || {
+            let mut found = None;
+            let mut faults = Vec::new();
+            cgroup::find_pid(dir, &mut faults, &mut |pid| {
+                let path = self.procfs.join(pid.to_string()).join("environ");
+                found = std::fs::read(&path)
+                    .ok()
+                    .and_then(|e| job_props::from_environ(&e));
+                found.is_some()
+            });
+            found
+        })
     }
 
     fn candidates(&self) -> Result<Vec<Candidate>, CollectError> {
@@ -289,6 +389,7 @@ impl SlurmCollector {
                 uuid,
                 cgroup_host: c.cgroup_host,
                 rel,
+                dir: c.abs,
             });
         }
         Ok(jobs)
@@ -442,6 +543,31 @@ impl SlurmCollector {
                 );
             }
             cgroup::emit_unit(out, &labels, &stats, self.read_opts);
+            if let Some(source) = &self.info {
+                let p = self.job_props(job, source);
+                out.gauge(
+                    "ceems_compute_unit_info",
+                    "Slurm job metadata: user, account, partition and job name",
+                    Labels::new(&[
+                        ("account", &p.account),
+                        ("cgrouphostname", &job.cgroup_host),
+                        ("hostname", &self.hostname),
+                        ("jobname", &p.job_name),
+                        ("manager", MANAGER),
+                        ("partition", &p.partition),
+                        ("user", &p.user),
+                        ("uuid", &job.uuid),
+                    ]),
+                    1.0,
+                );
+            }
+        }
+        if self.info.is_some() {
+            let present: HashSet<&str> = jobs.iter().map(|j| j.uuid.as_str()).collect();
+            self.props
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|k, _| present.contains(k.as_str()));
         }
         out.gauge(
             names::UNITS,
@@ -592,6 +718,65 @@ mod tests {
         fs::remove_dir_all(&opaque).unwrap();
         assert_eq!(units(&scrape(&c)), 1.0);
         assert!(c.cache.lock().unwrap().opaque_ids.is_empty());
+    }
+
+    #[test]
+    fn job_info_from_props_file_then_environ_then_uid() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tree = generate(tmp.path(), TreeSpec::new(CgroupVersion::V1, 3)).unwrap();
+        let props = tmp.path().join("props");
+        fs::create_dir_all(&props).unwrap();
+        // Job 0: the prolog's file. Job 1: environ (the generator writes SLURM_JOB_ACCOUNT;
+        // add a user). Job 2: nothing but its uid_<uid> directory.
+        fs::write(props.join("1000000"), "alice physics node[1-2] /home/alice").unwrap();
+        for p in fs::read_dir(tree.procfs()).unwrap().flatten() {
+            let env = p.path().join("environ");
+            if let Ok(text) = fs::read(&env) {
+                if text.windows(18).any(|w| w == b"SLURM_JOB_ID=10000") {
+                    let job = String::from_utf8_lossy(&text).into_owned();
+                    if job.contains("SLURM_JOB_ID=1000001\0") {
+                        fs::write(&env, format!("{job}SLURM_JOB_USER=bob\0SLURM_JOB_PARTITION=gpu\0SLURM_JOB_NAME=train\0")).unwrap();
+                    } else if job.contains("SLURM_JOB_ID=1000002\0") {
+                        fs::write(&env, "HOME=/\0").unwrap();
+                    }
+                }
+            }
+        }
+        let c = collector(&tree).with_info(JobInfoSource {
+            props_dir: Some(props.clone()),
+        });
+        let text = scrape(&c);
+        let info = |uuid: &str| {
+            text.lines()
+                .find(|l| {
+                    l.starts_with("ceems_compute_unit_info{")
+                        && l.contains(&format!("uuid=\"{uuid}\""))
+                })
+                .unwrap_or_else(|| panic!("no info for {uuid} in\n{text}"))
+                .to_owned()
+        };
+        assert!(
+            info("1000000").contains("account=\"physics\"")
+                && info("1000000").contains("user=\"alice\""),
+            "{}",
+            info("1000000")
+        );
+        let bob = info("1000001");
+        assert!(
+            bob.contains("user=\"bob\"")
+                && bob.contains("partition=\"gpu\"")
+                && bob.contains("jobname=\"train\""),
+            "{bob}"
+        );
+        // Job 2's uid has no passwd entry in most test machines; the label is there, maybe empty.
+        assert!(info("1000002").contains("user=\""));
+        // Remembered while the job lives: the file going away changes nothing...
+        fs::remove_file(props.join("1000000")).unwrap();
+        assert!(scrape(&c).contains("user=\"alice\""));
+        // ...and forgotten when it ends.
+        fs::remove_dir_all(tree.job_dir(0)).unwrap();
+        scrape(&c);
+        assert!(!c.props.lock().unwrap().contains_key("1000000"));
     }
 
     #[test]
