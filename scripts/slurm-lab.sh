@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# A real one-node Slurm cluster on this machine (Debian's Slurm 22.05, slurmdbd on MariaDB,
+# munge), with proctrack/cgroup and jobacct_gather/cgroup on cgroup v1, for the tests that need
+# real jobs. Idempotent: installs what is missing, writes the configuration, starts what is
+# not running, and waits until the node is idle. Needs root.
+#   scripts/slurm-lab.sh          set up and start
+#   scripts/slurm-lab.sh stop     stop the daemons
+# Users alice (2001, account physics) and bob (2002, account chemistry) can submit jobs.
+set -euo pipefail
+
+if [ "$(id -u)" != 0 ]; then
+  echo "slurm-lab: needs root" >&2
+  exit 1
+fi
+
+stop() {
+  for pidfile in /run/slurm/slurmd.pid /run/slurm/slurmctld.pid /run/slurm/slurmdbd.pid; do
+    [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
+  done
+  sleep 1
+}
+
+if [ "${1:-}" = stop ]; then
+  stop
+  exit 0
+fi
+
+if ! command -v slurmctld >/dev/null || ! command -v slurmdbd >/dev/null || ! command -v mariadbd >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq slurm-wlm slurmdbd mariadb-server munge >/dev/null 2>&1 \
+    || { apt-get update -qq && apt-get install -y -qq slurm-wlm slurmdbd mariadb-server munge >/dev/null; }
+fi
+
+running() { pgrep -x "$1" >/dev/null; }
+wait_for() { # seconds, command...
+  local n=$(( $1 * 10 )); shift
+  until "$@" >/dev/null 2>&1; do
+    n=$((n - 1))
+    if [ "$n" -le 0 ]; then echo "slurm-lab: timed out waiting for: $*" >&2; return 1; fi
+    sleep 0.1
+  done
+}
+
+# munge
+if ! running munged; then
+  [ -s /etc/munge/munge.key ] || { dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key status=none; }
+  chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
+  mkdir -p /run/munge && chown munge:munge /run/munge
+  runuser -u munge -- /usr/sbin/munged
+fi
+
+# MariaDB for slurmdbd
+if ! running mariadbd; then
+  mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld
+  (mariadbd --user=mysql --innodb-buffer-pool-size=128M >/var/log/slurm-lab-mariadb.log 2>&1 &)
+  wait_for 30 mariadb -e 'select 1'
+fi
+db_pass=slurmlab
+mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$db_pass'; GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;"
+
+# Configuration
+node=$(hostname)
+cpus=$(nproc)
+mem_mib=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 1024 ))
+mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /run/slurm
+chown slurm:slurm /var/spool/slurmctld /var/log/slurm /run/slurm
+cat > /etc/slurm/slurm.conf <<CONF
+ClusterName=lab
+SlurmctldHost=localhost
+SlurmUser=slurm
+AuthType=auth/munge
+StateSaveLocation=/var/spool/slurmctld
+SlurmdSpoolDir=/var/spool/slurmd
+SlurmctldPidFile=/run/slurm/slurmctld.pid
+SlurmdPidFile=/run/slurm/slurmd.pid
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd.log
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/cgroup
+JobAcctGatherType=jobacct_gather/cgroup
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+SchedulerParameters=batch_sched_delay=0
+DefMemPerCPU=1000
+ReturnToService=2
+NodeName=localhost NodeHostname=$node CPUs=$cpus RealMemory=$mem_mib State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+CONF
+cat > /etc/slurm/cgroup.conf <<CONF
+CgroupPlugin=cgroup/v1
+ConstrainCores=yes
+ConstrainRAMSpace=yes
+CONF
+cat > /etc/slurm/slurmdbd.conf <<CONF
+AuthType=auth/munge
+DbdHost=localhost
+SlurmUser=slurm
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=slurm
+StoragePass=$db_pass
+StorageLoc=slurm_acct_db
+LogFile=/var/log/slurm/slurmdbd.log
+PidFile=/run/slurm/slurmdbd.pid
+CONF
+chown slurm:slurm /etc/slurm/slurmdbd.conf && chmod 600 /etc/slurm/slurmdbd.conf
+
+# Daemons, accounts and users
+running slurmdbd || slurmdbd
+wait_for 30 sacctmgr -n list cluster
+sacctmgr -i add cluster lab >/dev/null 2>&1 || true
+running slurmctld || slurmctld
+wait_for 30 scontrol ping
+for spec in "alice 2001 physics" "bob 2002 chemistry"; do
+  set -- $spec
+  id -u "$1" >/dev/null 2>&1 || useradd -m -u "$2" "$1"
+  sacctmgr -i add account "$3" >/dev/null 2>&1 || true
+  sacctmgr -i add user "$1" account="$3" >/dev/null 2>&1 || true
+done
+running slurmd || slurmd
+scontrol update nodename=localhost state=resume >/dev/null 2>&1 || true
+wait_for 60 sh -c 'sinfo -h -o %t | grep -Eq "^(idle|mix|alloc)"'
+echo "slurm-lab: node $(sinfo -h -o %t) on $node with $cpus CPUs"
