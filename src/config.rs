@@ -133,8 +133,14 @@ impl Opt {
                     .help(format!("Inverse of --{}", self.flag))
                     .hide(!self.key.ends_with(".enabled") || self.hidden)
                     .overrides_with(self.flag.clone());
+                // `--x`, or `--x=false` as kingpin-style scripts write it.
                 arg = arg
-                    .action(ArgAction::SetTrue)
+                    .action(ArgAction::Set)
+                    .num_args(0..=1)
+                    .require_equals(true)
+                    .default_missing_value("true")
+                    .value_name("BOOL")
+                    .value_parser(clap::builder::BoolishValueParser::new())
                     .overrides_with(self.negation_id());
                 vec![arg, negation]
             }
@@ -548,7 +554,9 @@ pub fn load(subcommand: &str, opts: &[Opt], matches: &ArgMatches) -> Result<Laye
                 if explicit(&neg) && matches.get_flag(&neg) {
                     Some(Value::Boolean(false))
                 } else if explicit(&opt.flag) {
-                    Some(Value::Boolean(matches.get_flag(&opt.flag)))
+                    Some(Value::Boolean(
+                        matches.get_one::<bool>(&opt.flag).copied().unwrap_or(true),
+                    ))
                 } else {
                     None
                 }
@@ -626,6 +634,7 @@ mod tests {
         vec![
             Opt::new("web.listen-address", Kind::Str, "addr").default(":9010"),
             Opt::new("web.max-requests", Kind::Int, "max").default("40"),
+            Opt::new("security.drop-privileges", Kind::Flag, "drop").default("true"),
         ]
     }
 
@@ -658,6 +667,31 @@ mod tests {
             .get("web")
             .unwrap();
         assert_eq!((w.listen_address.as_str(), w.max_requests), (":1", 7));
+    }
+
+    #[test]
+    fn flags_take_no_value_an_explicit_boolean_or_a_negation() {
+        let drop = |args: &[&str]| -> bool {
+            parse(args, None)
+                .unwrap()
+                .get::<toml::Table>("security")
+                .unwrap()["drop-privileges"]
+                .as_bool()
+                .unwrap()
+        };
+        assert!(drop(&[]));
+        assert!(!drop(&["--security.drop-privileges=false"]));
+        assert!(!drop(&["--no-security.drop-privileges"]));
+        assert!(drop(&["--security.drop-privileges"]));
+        assert!(drop(&[
+            "--no-security.drop-privileges",
+            "--security.drop-privileges=yes"
+        ]));
+        // A following word is an argument of its own, not the flag's value.
+        let cmd = build_command(Command::new("exporter"), &opts());
+        assert!(cmd
+            .try_get_matches_from(["exporter", "--security.drop-privileges", "false"])
+            .is_err());
     }
 
     #[test]
