@@ -176,7 +176,12 @@ fn scrape_agrees_with_kernel_accounting() {
 
     let exporter = start_exporter(
         Path::new("/"),
-        &["--collector.slurm", "--web.disable-exporter-metrics"],
+        &[
+            "--collector.slurm",
+            "--collector.slurm.per-core-metrics",
+            "--collector.slurm.memory-detail-metrics",
+            "--web.disable-exporter-metrics",
+        ],
     );
     let series = parse_series(&exporter.get("/metrics"));
     let uuid = job_id.to_string();
@@ -213,6 +218,28 @@ fn scrape_agrees_with_kernel_accounting() {
     assert!(
         within(scraped_rss, kernel_rss, 0.05),
         "rss: exporter {scraped_rss}, kernel {kernel_rss}"
+    );
+    // Per-core times add up to the job's total (both in ns in the kernel).
+    let per_core: f64 = series
+        .iter()
+        .filter(|(k, _)| {
+            name_of(k) == "ceems_compute_unit_cpu_per_core_seconds_total"
+                && label_of(k, "uuid") == Some(uuid.as_str())
+        })
+        .map(|(_, v)| *v)
+        .sum();
+    let usage_now = read_u64(&cpuacct.join(&job_rel).join("cpuacct.usage")) as f64 / 1e9;
+    assert!(
+        within(per_core, usage_now, 0.01),
+        "per-core sum {per_core} vs cpuacct.usage {usage_now}"
+    );
+    let peak = value("ceems_compute_unit_memory_max_used_bytes");
+    assert!(
+        peak >= scraped_used * 0.95,
+        "peak {peak} below use {scraped_used}"
+    );
+    println!(
+        "job {uuid}: per-core sum {per_core:.4} s / cpuacct.usage {usage_now:.4} s; peak memory {peak}"
     );
     println!(
         "job {uuid}: cpu exporter {scraped_cpu:.3} s / kernel {kernel_cpu:.3} s; \

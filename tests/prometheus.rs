@@ -181,6 +181,9 @@ fn promtool_check_metrics_is_clean_but_for_documented_names() {
         "--collector.slurm.swap-memory-metrics",
         "--collector.slurm.psi-metrics",
         "--collector.meminfo.all-stats",
+        "--collector.slurm.memory-detail-metrics",
+        "--collector.slurm.io-metrics",
+        "--collector.slurm.info-metrics",
         "--collector.hwmon",
         "--collector.cray_pm_counters",
         "--collector.ipmi_dcmi",
@@ -203,6 +206,8 @@ fn promtool_check_metrics_is_clean_but_for_documented_names() {
         "ceems_ipmi_dcmi_current_watts",
         "ceems_redfish_current_watts",
         "ceems_emissions_gCo2_kWh",
+        "ceems_compute_unit_memory_shmem_bytes",
+        "ceems_compute_unit_info",
     ] {
         assert!(body.contains(&format!("\n{family}{{")), "{family} missing");
     }

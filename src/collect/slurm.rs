@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+use super::cgroup::detail::{self, DetailOptions};
 use super::cgroup::{
     self, names, CgroupReader, CgroupVersion, FileFault, HostMemory, ReadOptions, UnitError,
 };
@@ -51,6 +52,18 @@ fn options() -> Vec<Opt> {
         )
         .alias("collector.slurm.psi.metrics"),
         Opt::flag(
+            "collector.slurm.memory-detail-metrics",
+            "Export jobs' huge pages, mapped, active/inactive file, unevictable and shared memory, and peak use",
+        ),
+        Opt::flag(
+            "collector.slurm.per-core-metrics",
+            "Export jobs' CPU time per core (cgroups v1; v2 keeps no per-core figure per cgroup)",
+        ),
+        Opt::flag(
+            "collector.slurm.io-metrics",
+            "Export jobs' block IO bytes and requests per device",
+        ),
+        Opt::flag(
             "collector.slurm.info-metrics",
             "Export ceems_compute_unit_info with each job's user, account, partition and name",
         ),
@@ -70,6 +83,9 @@ struct Settings {
     info_metrics: bool,
     #[serde(default)]
     job_props_path: Option<PathBuf>,
+    memory_detail_metrics: bool,
+    per_core_metrics: bool,
+    io_metrics: bool,
 }
 
 /// A job's cgroup, as found by discovery.
@@ -98,6 +114,7 @@ pub struct SlurmCollector {
     info: Option<JobInfoSource>,
     /// Job id → its properties, until the job ends.
     props: Mutex<HashMap<String, JobProps>>,
+    detail: DetailOptions,
 }
 
 /// Where job metadata comes from.
@@ -150,6 +167,11 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
             psi: s.psi_metrics,
         },
     );
+    let collector = collector.with_detail(DetailOptions {
+        memory: s.memory_detail_metrics,
+        per_core: s.per_core_metrics,
+        io: s.io_metrics,
+    });
     let collector = if s.info_metrics {
         collector.with_info(JobInfoSource {
             props_dir: s.job_props_path,
@@ -218,7 +240,14 @@ impl SlurmCollector {
             cache: Mutex::new(DiscoveryCache::default()),
             info: None,
             props: Mutex::new(HashMap::new()),
+            detail: DetailOptions::default(),
         }
+    }
+
+    /// Also read and export these detail groups.
+    pub fn with_detail(mut self, detail: DetailOptions) -> SlurmCollector {
+        self.detail = detail;
+        self
     }
 
     /// Also export `ceems_compute_unit_info` from these sources.
@@ -515,6 +544,13 @@ impl SlurmCollector {
         let mut faults = Vec::new();
         let mut reader = self.reader.lock().unwrap_or_else(|p| p.into_inner());
         let mut count = 0usize;
+        let devices = if self.detail.io {
+            std::fs::read_to_string(self.procfs.join("diskstats"))
+                .map(|t| detail::diskstats_names(&t))
+                .unwrap_or_default()
+        } else {
+            HashMap::new()
+        };
         for job in jobs {
             let stats = match reader.read_unit(&job.rel, self.read_opts, &mut faults) {
                 Ok(s) => s,
@@ -543,6 +579,23 @@ impl SlurmCollector {
                 );
             }
             cgroup::emit_unit(out, &labels, &stats, self.read_opts);
+            if self.detail.any() {
+                let d = reader.read_detail(&job.rel, self.detail, &mut faults);
+                for f in faults.drain(..) {
+                    tracing::debug!(job = %job.uuid, path = %f.path.display(), error = %f.message, "cannot read job detail file");
+                }
+                detail::emit_detail(
+                    out,
+                    &[
+                        ("cgrouphostname", &job.cgroup_host),
+                        ("hostname", &self.hostname),
+                        ("manager", MANAGER),
+                        ("uuid", &job.uuid),
+                    ],
+                    &d,
+                    &devices,
+                );
+            }
             if let Some(source) = &self.info {
                 let p = self.job_props(job, source);
                 out.gauge(

@@ -4,6 +4,7 @@
 //! module a path relative to the hierarchy; it reads each file once and turns the values into
 //! the `ceems_compute_unit_*` series that CEEMS exports.
 
+pub mod detail;
 pub mod parse;
 
 use std::io::{self, Read};
