@@ -1,7 +1,8 @@
 //! The exporter on a real Slurm cluster (`scripts/slurm-lab.sh`: Debian's Slurm 22.05 with
-//! proctrack/cgroup on cgroup v1): a job of another user is found, labelled with its user,
-//! account, partition and name read from its processes' environment by the unprivileged
-//! exporter, accounts CPU time, and disappears when it ends.
+//! proctrack/cgroup on cgroup v1): a job of another user that starts three processes, opens
+//! ten files, writes 50 MB and burns CPU is found, labelled with its user, account, partition
+//! and name read from its processes' environment by the unprivileged exporter, shows its
+//! processes, open files and CPU per executable, and disappears when it ends.
 
 mod common;
 
@@ -57,9 +58,23 @@ fn a_real_slurm_job_of_another_user_is_found_labelled_and_dropped_when_it_ends()
     if !common::runnable("slurm_lab", lab()) {
         return;
     }
+    // python3 holds 10 files open, writes 50 MB, starts two sleeps and burns CPU.
+    let workload = r#"import os, subprocess, time
+files = [open('/tmp/ceems-lab-%d-%d' % (os.getpid(), i), 'w') for i in range(10)]
+with open('/tmp/ceems-lab-%d-data' % os.getpid(), 'wb') as f:
+    for _ in range(50):
+        f.write(bytes(1 << 20))
+    f.flush()
+    os.fsync(f.fileno())
+kids = [subprocess.Popen(['sleep', '120']) for _ in range(2)]
+t = time.time()
+while time.time() - t < 120:
+    pass
+"#;
+    std::fs::write("/tmp/ceems-lab-workload.py", workload).unwrap();
     let job = as_user(
         "bob",
-        "cd /tmp && sbatch --parsable -c 1 --mem=200M -J burner --wrap 'timeout 120 sh -c \"while :; do :; done\"'",
+        "cd /tmp && sbatch --parsable -c 1 --mem=300M -J burner --wrap 'python3 /tmp/ceems-lab-workload.py'",
     );
     let job = job.split(';').next().unwrap_or_default().to_owned();
     assert!(job.chars().all(|c| c.is_ascii_digit()), "job id {job}");
@@ -68,7 +83,12 @@ fn a_real_slurm_job_of_another_user_is_found_labelled_and_dropped_when_it_ends()
     // Started as root: it drops to nobody and raises CAP_SYS_PTRACE only to read bob's environ.
     let exporter = start_exporter(
         Path::new("/"),
-        &["--collector.slurm", "--collector.slurm.info-metrics"],
+        &[
+            "--collector.slurm",
+            "--collector.slurm.info-metrics",
+            "--collector.slurm.process-metrics",
+            "--collector.slurm.io-metrics",
+        ],
     );
     let uuid = format!("uuid=\"{job}\"");
     let mut body = String::new();
@@ -93,6 +113,57 @@ fn a_real_slurm_job_of_another_user_is_found_labelled_and_dropped_when_it_ends()
         assert!(info.contains(label), "{label} missing in {info}");
     }
 
+    let job_value = |body: &str, name: &str, label: Option<(&str, &str)>| -> f64 {
+        parse_series(body)
+            .into_iter()
+            .filter(|(k, _)| {
+                k.starts_with(&format!("{name}{{"))
+                    && k.contains(&uuid)
+                    && label.is_none_or(|(l, v)| k.contains(&format!("{l}=\"{v}\"")))
+            })
+            .map(|(_, v)| v)
+            .sum()
+    };
+    wait_until(
+        "three processes and ten open files",
+        Duration::from_secs(30),
+        || {
+            body = exporter.get("/metrics");
+            job_value(&body, "ceems_compute_unit_processes", None) >= 3.0
+                && job_value(&body, "ceems_compute_unit_open_fds", None) >= 10.0
+        },
+    );
+    assert!(
+        job_value(&body, "ceems_compute_unit_threads", None) >= 3.0,
+        "{body}"
+    );
+    let python_cpu = |body: &str| -> f64 {
+        parse_series(body)
+            .into_iter()
+            .filter(|(k, _)| {
+                k.starts_with("ceems_compute_unit_process_cpu_seconds{")
+                    && k.contains(&uuid)
+                    && k.contains("python3")
+            })
+            .map(|(_, v)| v)
+            .sum()
+    };
+    let first = python_cpu(&body);
+    std::thread::sleep(Duration::from_millis(1500));
+    let second = python_cpu(&exporter.get("/metrics"));
+    assert!(
+        second > first,
+        "python3 CPU did not grow: {first} then {second}\n{body}"
+    );
+    // Slurm's cgroup v1 plugin does not put jobs in the blkio hierarchy, so their writes are
+    // not accounted per job on this machine; the series appear only where the kernel counts.
+    let written = job_value(&body, "ceems_compute_unit_blkio_write_bytes_total", None);
+    if written > 0.0 {
+        assert!(written >= 50e6, "write bytes {written}");
+    } else {
+        println!("block IO of job {job} not accounted by this kernel/cgroup set-up");
+    }
+
     drop(cancel);
     wait_until("the job to leave /metrics", Duration::from_secs(30), || {
         !exporter.get("/metrics").contains(&uuid)
@@ -105,5 +176,13 @@ struct Cancel(String);
 impl Drop for Cancel {
     fn drop(&mut self) {
         let _ = Command::new("scancel").arg(&self.0).status();
+        // The workload's files, the 50 MB one included.
+        if let Ok(entries) = std::fs::read_dir("/tmp") {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().starts_with("ceems-lab-") {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
     }
 }

@@ -11,6 +11,7 @@ pub mod hwmon;
 pub mod ipmi;
 pub mod job_props;
 pub mod meminfo;
+pub mod processes;
 pub mod procfs;
 pub mod rapl;
 pub mod redfish;

@@ -246,3 +246,97 @@ mod tests {
         }
     }
 }
+
+/// What the exporter takes from `/proc/<pid>/stat` (or `/proc/<pid>/task/<tid>/stat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PidStat {
+    /// The state letter: R, S, D, Z, T, t, X, I, …
+    pub state: char,
+    /// User and system time in clock ticks.
+    pub utime: u64,
+    pub stime: u64,
+    pub num_threads: u64,
+}
+
+/// Parses `pid (comm) state ppid … utime stime … num_threads …`. The command name may hold
+/// spaces and parentheses, so fields are counted from the last `)`.
+pub fn pid_stat(text: &str) -> Result<PidStat, ParseError> {
+    let close = text
+        .rfind(')')
+        .ok_or_else(|| ParseError::new(1, "no `)` after the command name"))?;
+    let rest = text.get(close + 1..).unwrap_or_default();
+    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+    // After `)`: state is field 3 of the man page, utime 14, stime 15, num_threads 20.
+    let field = |n: usize| -> Result<&str, ParseError> {
+        fields
+            .get(n - 3)
+            .copied()
+            .ok_or_else(|| ParseError::new(1, format!("field {n} is missing")))
+    };
+    let number = |n: usize| -> Result<u64, ParseError> {
+        let f = field(n)?;
+        f.parse()
+            .map_err(|_| ParseError::new(1, format!("field {n} `{f}` is not an unsigned integer")))
+    };
+    let state = field(3)?;
+    let mut chars = state.chars();
+    let (Some(state), None) = (chars.next(), chars.next()) else {
+        return Err(ParseError::new(
+            1,
+            format!("state `{state}` is not one letter"),
+        ));
+    };
+    Ok(PidStat {
+        state,
+        utime: number(14)?,
+        stime: number(15)?,
+        num_threads: number(20)?,
+    })
+}
+
+/// The name Prometheus users know a process state by.
+pub fn state_name(state: char) -> &'static str {
+    match state {
+        'R' => "running",
+        'S' => "sleeping",
+        'D' => "disk_sleep",
+        'Z' => "zombie",
+        'T' => "stopped",
+        't' => "tracing_stop",
+        'X' | 'x' => "dead",
+        'I' => "idle",
+        'P' => "parked",
+        'W' | 'K' => "waking",
+        _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod pid_stat_tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines() {
+        let line = "4242 (python3 (x) y) R 1 4242 4242 0 -1 4194304 100 0 0 0 250 12 0 0 20 0 3 0 123 456 789";
+        assert_eq!(
+            pid_stat(line),
+            Ok(PidStat {
+                state: 'R',
+                utime: 250,
+                stime: 12,
+                num_threads: 3
+            })
+        );
+        assert!(pid_stat("4242 (x").is_err());
+        assert!(pid_stat("4242 (x) R 1").is_err());
+        assert!(pid_stat("4242 (x) RS 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18").is_err());
+        assert_eq!(state_name('D'), "disk_sleep");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn never_panics(s in "\\PC*") {
+            let _ = pid_stat(&s);
+        }
+    }
+}

@@ -23,6 +23,7 @@ use super::cgroup::{
     self, names, CgroupReader, CgroupVersion, FileFault, HostMemory, ReadOptions, UnitError,
 };
 use super::job_props::{self, JobProps};
+use super::processes;
 use super::procfs;
 use super::{Capability, CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
@@ -51,6 +52,16 @@ fn options() -> Vec<Opt> {
             "Export pressure stall information of jobs (cgroups v2 only)",
         )
         .alias("collector.slurm.psi.metrics"),
+        Opt::flag(
+            "collector.slurm.process-metrics",
+            "Export jobs' processes and threads by state, open files and CPU time per executable",
+        ),
+        Opt::new(
+            "collector.slurm.process-exe-limit",
+            Kind::Int,
+            "Executables per job with their own exe label; the rest are summed as exe=\"other\"",
+        )
+        .default("10"),
         Opt::flag(
             "collector.slurm.memory-detail-metrics",
             "Export jobs' huge pages, mapped, active/inactive file, unevictable and shared memory, and peak use",
@@ -86,6 +97,8 @@ struct Settings {
     memory_detail_metrics: bool,
     per_core_metrics: bool,
     io_metrics: bool,
+    process_metrics: bool,
+    process_exe_limit: i64,
 }
 
 /// A job's cgroup, as found by discovery.
@@ -115,6 +128,8 @@ pub struct SlurmCollector {
     /// Job id → its properties, until the job ends.
     props: Mutex<HashMap<String, JobProps>>,
     detail: DetailOptions,
+    /// `Some(exe limit)` with `--collector.slurm.process-metrics`.
+    processes: Option<usize>,
 }
 
 /// Where job metadata comes from.
@@ -172,6 +187,11 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
         per_core: s.per_core_metrics,
         io: s.io_metrics,
     });
+    let collector = if s.process_metrics {
+        collector.with_processes(usize::try_from(s.process_exe_limit).unwrap_or(0))
+    } else {
+        collector
+    };
     let collector = if s.info_metrics {
         collector.with_info(JobInfoSource {
             props_dir: s.job_props_path,
@@ -241,7 +261,14 @@ impl SlurmCollector {
             info: None,
             props: Mutex::new(HashMap::new()),
             detail: DetailOptions::default(),
+            processes: None,
         }
+    }
+
+    /// Also export per-job process detail, with at most `exe_limit` executables each.
+    pub fn with_processes(mut self, exe_limit: usize) -> SlurmCollector {
+        self.processes = Some(exe_limit);
+        self
     }
 
     /// Also read and export these detail groups.
@@ -551,6 +578,18 @@ impl SlurmCollector {
         } else {
             HashMap::new()
         };
+        // Other users' /proc/<pid>/fd and exe: one privileged thread for all jobs.
+        let processes: HashMap<&str, processes::JobProcesses> = match self.processes {
+            Some(_) => crate::security::with_capabilities(SPEC.capabilities, || {
+                jobs.iter()
+                    .map(|j| {
+                        let pids = processes::subtree_pids(&j.dir);
+                        (j.uuid.as_str(), processes::read_job(&self.procfs, &pids))
+                    })
+                    .collect()
+            }),
+            None => HashMap::new(),
+        };
         for job in jobs {
             let stats = match reader.read_unit(&job.rel, self.read_opts, &mut faults) {
                 Ok(s) => s,
@@ -561,12 +600,13 @@ impl SlurmCollector {
                 }
             };
             count += 1;
-            let labels = Labels::new(&[
-                ("cgrouphostname", &job.cgroup_host),
-                ("hostname", &self.hostname),
+            let base = [
+                ("cgrouphostname", job.cgroup_host.as_str()),
+                ("hostname", self.hostname.as_str()),
                 ("manager", MANAGER),
-                ("uuid", &job.uuid),
-            ]);
+                ("uuid", job.uuid.as_str()),
+            ];
+            let labels = Labels::new(&base);
             if !faults.is_empty() {
                 for f in faults.drain(..) {
                     tracing::warn!(job = %job.uuid, path = %f.path.display(), error = %f.message, "cannot read job cgroup file");
@@ -584,17 +624,10 @@ impl SlurmCollector {
                 for f in faults.drain(..) {
                     tracing::debug!(job = %job.uuid, path = %f.path.display(), error = %f.message, "cannot read job detail file");
                 }
-                detail::emit_detail(
-                    out,
-                    &[
-                        ("cgrouphostname", &job.cgroup_host),
-                        ("hostname", &self.hostname),
-                        ("manager", MANAGER),
-                        ("uuid", &job.uuid),
-                    ],
-                    &d,
-                    &devices,
-                );
+                detail::emit_detail(out, &base, &d, &devices);
+            }
+            if let (Some(limit), Some(p)) = (self.processes, processes.get(job.uuid.as_str())) {
+                processes::emit(out, &base, p, limit, cgroup::clock_ticks());
             }
             if let Some(source) = &self.info {
                 let p = self.job_props(job, source);

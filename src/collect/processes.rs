@@ -1,0 +1,182 @@
+//! Per-job process detail (`--collector.slurm.process-metrics`): processes and threads by
+//! state, open file descriptors, and CPU time per executable, from each job's cgroup
+//! processes and their `/proc/<pid>` files. Processes that exit mid-read are skipped.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use super::cgroup::{self, FileFault};
+use super::procfs::{self, PidStat};
+use crate::metrics::{Labels, MetricSet};
+
+/// Executables beyond this many per job are summed as `exe="other"` unless configured.
+pub const DEFAULT_EXE_LIMIT: usize = 10;
+
+/// One job's processes, summed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobProcesses {
+    pub processes_by_state: BTreeMap<&'static str, u64>,
+    pub threads_by_state: BTreeMap<&'static str, u64>,
+    pub open_fds: u64,
+    /// Clock ticks of user + system time of the live processes, per executable path.
+    pub ticks_by_exe: HashMap<String, u64>,
+}
+
+/// Every pid of a cgroup subtree.
+pub fn subtree_pids(dir: &Path) -> Vec<u32> {
+    let mut pids = Vec::new();
+    let mut faults: Vec<FileFault> = Vec::new();
+    cgroup::find_pid(dir, &mut faults, &mut |pid| {
+        pids.push(pid);
+        false
+    });
+    pids
+}
+
+fn read_stat(path: &Path) -> Option<PidStat> {
+    let text = std::fs::read_to_string(path).ok()?;
+    procfs::pid_stat(&text).ok()
+}
+
+/// Reads the processes of one job. Needs to see other users' `/proc/<pid>/fd` and `exe`: call
+/// under the capabilities the slurm collector declares.
+pub fn read_job(procfs_root: &Path, pids: &[u32]) -> JobProcesses {
+    let mut j = JobProcesses::default();
+    let mut path = PathBuf::new();
+    for pid in pids {
+        path.clear();
+        path.push(procfs_root);
+        path.push(pid.to_string());
+        // Gone already: the job's process ended between the listing and now.
+        let Some(stat) = read_stat(&path.join("stat")) else {
+            continue;
+        };
+        *j.processes_by_state
+            .entry(procfs::state_name(stat.state))
+            .or_default() += 1;
+        let mut counted_threads = 0;
+        if let Ok(tasks) = std::fs::read_dir(path.join("task")) {
+            for t in tasks.flatten() {
+                if let Some(ts) = read_stat(&t.path().join("stat")) {
+                    *j.threads_by_state
+                        .entry(procfs::state_name(ts.state))
+                        .or_default() += 1;
+                    counted_threads += 1;
+                }
+            }
+        }
+        if counted_threads == 0 {
+            // No task directory to read: count the threads under the process's own state.
+            *j.threads_by_state
+                .entry(procfs::state_name(stat.state))
+                .or_default() += stat.num_threads.max(1);
+        }
+        if let Ok(fds) = std::fs::read_dir(path.join("fd")) {
+            j.open_fds += fds.count() as u64;
+        }
+        let exe = std::fs::read_link(path.join("exe"))
+            .map(|p| {
+                p.to_string_lossy()
+                    .trim_end_matches(" (deleted)")
+                    .to_owned()
+            })
+            .unwrap_or_else(|_| "unknown".to_owned());
+        *j.ticks_by_exe.entry(exe).or_default() += stat.utime + stat.stime;
+    }
+    j
+}
+
+/// Keeps the `limit` executables with the most CPU time and folds the rest into `other`.
+pub fn cap_executables(ticks: &HashMap<String, u64>, limit: usize) -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = ticks.iter().map(|(k, t)| (k.clone(), *t)).collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    if v.len() > limit {
+        let other: u64 = v[limit..].iter().map(|(_, t)| t).sum();
+        v.truncate(limit);
+        v.push(("other".to_owned(), other));
+    }
+    v
+}
+
+/// Emits one job's process series.
+pub fn emit(
+    out: &mut MetricSet,
+    base: &[(&str, &str)],
+    j: &JobProcesses,
+    exe_limit: usize,
+    ticks_per_second: f64,
+) {
+    let with = |name: &str, value: &str| {
+        let mut pairs = base.to_vec();
+        pairs.push((name, value));
+        Labels::new(&pairs)
+    };
+    for (state, n) in &j.processes_by_state {
+        out.gauge(
+            "ceems_compute_unit_processes",
+            "Processes of the job by state",
+            with("state", state),
+            *n as f64,
+        );
+    }
+    for (state, n) in &j.threads_by_state {
+        out.gauge(
+            "ceems_compute_unit_threads",
+            "Threads of the job by state",
+            with("state", state),
+            *n as f64,
+        );
+    }
+    out.gauge(
+        "ceems_compute_unit_open_fds",
+        "Open file descriptors of the job's processes",
+        Labels::new(base),
+        j.open_fds as f64,
+    );
+    for (exe, ticks) in cap_executables(&j.ticks_by_exe, exe_limit) {
+        out.gauge(
+            "ceems_compute_unit_process_cpu_seconds",
+            "CPU seconds (user and system) of the job's live processes per executable; drops when a process exits",
+            with("exe", &exe),
+            ticks as f64 / ticks_per_second,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn executables_beyond_the_cap_are_folded() {
+        let ticks: HashMap<String, u64> = [("/a", 50), ("/b", 30), ("/c", 20), ("/d", 5)]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        assert_eq!(
+            cap_executables(&ticks, 2),
+            vec![
+                ("/a".to_owned(), 50),
+                ("/b".to_owned(), 30),
+                ("other".to_owned(), 25)
+            ]
+        );
+        assert_eq!(cap_executables(&ticks, 10).len(), 4);
+    }
+
+    #[test]
+    fn this_process_is_read_and_a_vanished_one_skipped() {
+        let me = std::process::id();
+        let j = read_job(Path::new("/proc"), &[me, u32::MAX - 1]);
+        assert_eq!(j.processes_by_state.values().sum::<u64>(), 1);
+        assert!(j.threads_by_state.values().sum::<u64>() >= 1);
+        assert!(j.open_fds >= 3, "{}", j.open_fds);
+        let exe = std::env::current_exe().unwrap();
+        assert!(
+            j.ticks_by_exe
+                .contains_key(&exe.to_string_lossy().into_owned()),
+            "{:?}",
+            j.ticks_by_exe
+        );
+    }
+}
