@@ -88,6 +88,8 @@ while time.time() - t < 120:
             "--collector.slurm.info-metrics",
             "--collector.slurm.process-metrics",
             "--collector.slurm.io-metrics",
+            "--collector.slurm_cluster",
+            "--collector.slurm_cluster.poll-limit=1s",
         ],
     );
     let uuid = format!("uuid=\"{job}\"");
@@ -163,6 +165,25 @@ while time.time() - t < 120:
     } else {
         println!("block IO of job {job} not accounted by this kernel/cgroup set-up");
     }
+
+    // The controller's view: the node is busy and bob's job is running in debug.
+    body = exporter.get("/metrics");
+    let s = parse_series(&body);
+    let busy: f64 = ["mixed", "allocated"]
+        .iter()
+        .filter_map(|st| s.get(&format!("ceems_slurm_nodes{{state=\"{st}\"}}")))
+        .sum();
+    assert_eq!(busy, 1.0, "{body}");
+    assert!(
+        s.get("ceems_slurm_partition_jobs{partition=\"debug\",state=\"running\"}")
+            .is_some_and(|v| *v >= 1.0),
+        "{body}"
+    );
+    assert!(
+        s.get("ceems_slurm_user_jobs{state=\"running\",user=\"bob\"}")
+            .is_some_and(|v| *v >= 1.0),
+        "{body}"
+    );
 
     drop(cancel);
     wait_until("the job to leave /metrics", Duration::from_secs(30), || {

@@ -16,6 +16,7 @@ pub mod procfs;
 pub mod rapl;
 pub mod redfish;
 pub mod slurm;
+pub mod slurm_cluster;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -163,6 +164,7 @@ pub static COLLECTORS: &[CollectorSpec] = &[
     ipmi::SPEC,
     redfish::SPEC,
     emissions::SPEC,
+    slurm_cluster::SPEC,
 ];
 
 /// The flags of every collector: `--collector.<name>` and each one's own options.
