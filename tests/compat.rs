@@ -268,3 +268,91 @@ fn cgroupsv2_amd_ipmitool() {
         true,
     );
 }
+
+/// CEEMS's two discoverer scenarios: `/alloy-targets` must be JSON-equal to its output,
+/// ignoring order.
+fn check_targets(version: &str) {
+    let dir = fixtures().join("compat");
+    let expected: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join(format!(
+            "expected/e2e-test-discoverer-cgroups{version}-slurm-output.txt"
+        )))
+        .expect("expected targets"),
+    )
+    .expect("expected JSON");
+    let force = format!("--collector.cgroups.force-version={version}");
+    let exporter = start_exporter_env(
+        &dir,
+        &[
+            "--path.sysfs=sys",
+            "--path.cgroupfs=sys/fs/cgroup",
+            "--path.procfs=proc",
+            "--discoverer.alloy-targets",
+            "--collector.slurm",
+            &force,
+            "--collector.empty-hostname-label",
+        ],
+        &[],
+    );
+    let actual: serde_json::Value =
+        serde_json::from_str(&exporter.get("/alloy-targets")).expect("targets are JSON");
+    let sorted = |v: &serde_json::Value| {
+        let mut items: Vec<String> = v
+            .as_array()
+            .expect("an array")
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
+        items.sort();
+        items
+    };
+    assert_eq!(sorted(&actual), sorted(&expected));
+}
+
+#[test]
+fn discoverer_cgroupsv2_slurm() {
+    check_targets("v2");
+}
+
+#[test]
+fn discoverer_cgroupsv1_slurm() {
+    check_targets("v1");
+}
+
+/// With `--discoverer.alloy-targets.env-var`, only processes whose environment sets one of the
+/// variables are targets (users opt in to profiling).
+#[test]
+fn discoverer_keeps_only_opted_in_processes() {
+    let dir = fixtures().join("compat");
+    let targets = |var: &str| -> Vec<String> {
+        let flag = format!("--discoverer.alloy-targets.env-var={var}");
+        let exporter = start_exporter_env(
+            &dir,
+            &[
+                "--path.sysfs=sys",
+                "--path.cgroupfs=sys/fs/cgroup",
+                "--path.procfs=proc",
+                "--discoverer.alloy-targets",
+                &flag,
+                "--collector.slurm",
+                "--collector.cgroups.force-version=v2",
+            ],
+            &[],
+        );
+        let v: serde_json::Value = serde_json::from_str(&exporter.get("/alloy-targets")).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["labels"]["__process_pid__"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert!(targets("NO_SUCH_VARIABLE").is_empty());
+    let with_job_id = targets("SLURM_JOB_ID");
+    assert!(!with_job_id.is_empty());
+    // 36242 sets SLURM_JOB_ID; 56231 (a job process without it) is left out.
+    assert!(with_job_id.contains(&"36242".to_owned()), "{with_job_id:?}");
+    assert!(
+        !with_job_id.contains(&"56231".to_owned()),
+        "{with_job_id:?}"
+    );
+}

@@ -54,6 +54,7 @@ pub fn opts() -> Vec<Opt> {
         Opt::new("path.cgroupfs", Kind::Str, "cgroupfs mountpoint").default("/sys/fs/cgroup"),
     ];
     opts.extend(collect::options());
+    opts.extend(collect::alloy_targets::options());
     opts.extend(crate::security::opts());
     opts.extend(config::log_opts());
     opts
@@ -78,6 +79,7 @@ struct WebSettings {
     telemetry_path: String,
     max_requests: i64,
     disable_exporter_metrics: bool,
+    targets_path: String,
     /// `--web.config.file`, read by [`web::toolkit::WebSecurity::from_settings`].
     #[serde(default)]
     #[allow(dead_code)]
@@ -94,6 +96,7 @@ struct Tables {
     log: toml::Table,
     collector: toml::Table,
     security: toml::Table,
+    discoverer: toml::Table,
 }
 
 /// What the HTTP handler needs.
@@ -102,6 +105,8 @@ pub struct Exporter {
     timeout: Duration,
     telemetry_path: String,
     process_metrics: Option<prometheus::Registry>,
+    /// `--discoverer.alloy-targets`: its path and the discoverer.
+    alloy_targets: Option<(String, Arc<collect::alloy_targets::AlloyTargets>)>,
     build_info: Labels,
 }
 
@@ -132,7 +137,12 @@ impl Exporter {
                 web.max_requests
             )
         })?;
+        let alloy_targets =
+            collect::alloy_targets::AlloyTargets::from_settings(settings, &hostname)
+                .context("Alloy targets discoverer")?
+                .map(|d| (web.targets_path.clone(), Arc::new(d)));
         let exporter = Exporter {
+            alloy_targets,
             registry,
             timeout,
             telemetry_path: web.telemetry_path,
@@ -200,6 +210,25 @@ impl Exporter {
         body
     }
 
+    /// The Alloy targets as JSON.
+    async fn serve_targets(&self) -> hyper::Response<web::Body> {
+        let Some((_, discoverer)) = &self.alloy_targets else {
+            return web::text_response(StatusCode::NOT_FOUND, "not found\n");
+        };
+        let d = Arc::clone(discoverer);
+        match tokio::task::spawn_blocking(move || d.targets()).await {
+            Ok(Ok(targets)) => match serde_json::to_string(&targets) {
+                Ok(json) => web::body_response(json + "\n", "application/json", false),
+                Err(e) => web::text_response(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+            },
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot discover Alloy targets");
+                web::text_response(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n"))
+            }
+            Err(e) => web::text_response(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        }
+    }
+
     async fn handle(
         self: Arc<Self>,
         req: Request<hyper::body::Incoming>,
@@ -213,6 +242,13 @@ impl Exporter {
                 let gzip = web::accepts_gzip(&req);
                 let body = self.render(timeout).await;
                 web::body_response(body, TEXT_CONTENT_TYPE, gzip)
+            }
+            p if self
+                .alloy_targets
+                .as_ref()
+                .is_some_and(|(path, _)| path == p) =>
+            {
+                self.serve_targets().await
             }
             "/health" => web::text_response(StatusCode::OK, "OK\n"),
             "/" => {
@@ -254,7 +290,17 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     // or thread starts.
     let web_settings: WebSettings = settings.get("web")?;
     let listener = web::bind_std(&web_settings.listen_address)?;
-    let needed = collect::needed_capabilities(&settings)?;
+    let mut needed = collect::needed_capabilities(&settings)?;
+    // The Alloy discoverer reads job processes' environments like the slurm collector.
+    if settings
+        .get::<toml::Table>("discoverer.alloy-targets")?
+        .get("enabled")
+        .and_then(toml::Value::as_bool)
+        == Some(true)
+    {
+        needed.extend_from_slice(collect::slurm::SPEC.capabilities);
+        needed = crate::security::sorted(needed);
+    }
     let security: crate::security::SecuritySettings = settings.get("security")?;
     let outcome = crate::security::drop_privileges(&security, &needed)
         .context("cannot drop privileges (--security.drop-privileges=false to run as started)")?;

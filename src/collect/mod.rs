@@ -2,6 +2,7 @@
 //! [`COLLECTORS`] lists them. The registry turns the specs into flags, builds the enabled
 //! collectors, and runs a scrape in which each collector gets its own thread and deadline.
 
+pub mod alloy_targets;
 pub mod cgroup;
 pub mod command;
 pub mod cpu;

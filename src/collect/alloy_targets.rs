@@ -1,0 +1,158 @@
+//! The Grafana Alloy targets discoverer (CEEMS's `/alloy-targets`): one target per process of
+//! each Slurm job, for Alloy's Pyroscope eBPF profiler. Optionally only the processes whose
+//! environment sets one of `--discoverer.alloy-targets.env-var` (users opting in).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::cgroup::{self, CgroupVersion, ReadOptions};
+use super::processes;
+use super::procfs;
+use super::slurm::SlurmCollector;
+use super::{CollectError, CommonSettings, Paths};
+use crate::config::{Kind, Layered, Opt};
+
+pub fn options() -> Vec<Opt> {
+    vec![
+        Opt::flag(
+            "discoverer.alloy-targets",
+            "Serve Grafana Alloy targets (one per job process) on --web.targets-path",
+        )
+        .key("discoverer.alloy-targets.enabled"),
+        Opt::new(
+            "discoverer.alloy-targets.resource-manager",
+            Kind::Str,
+            "Resource manager whose jobs are targets",
+        )
+        .default("slurm")
+        .possible(&["slurm"]),
+        Opt::new(
+            "discoverer.alloy-targets.env-var",
+            Kind::List,
+            "Only processes whose environment sets this variable (repeatable; any of them) are targets",
+        ),
+        Opt::new(
+            "web.targets-path",
+            Kind::Str,
+            "Path under which Alloy targets are served",
+        )
+        .default("/alloy-targets"),
+    ]
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct Settings {
+    enabled: bool,
+    #[allow(dead_code)]
+    resource_manager: String,
+    #[serde(default)]
+    env_var: Vec<String>,
+}
+
+/// One Alloy target.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Target {
+    pub targets: Vec<String>,
+    pub labels: TargetLabels,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct TargetLabels {
+    #[serde(rename = "__process_pid__")]
+    pub process_pid: String,
+    pub service_name: String,
+}
+
+pub struct AlloyTargets {
+    jobs: SlurmCollector,
+    procfs: PathBuf,
+    env_vars: Vec<String>,
+}
+
+impl AlloyTargets {
+    /// The discoverer asked for in the exporter's settings, if any.
+    pub fn from_settings(
+        settings: &Layered,
+        hostname: &str,
+    ) -> Result<Option<AlloyTargets>, CollectError> {
+        let err = |e: crate::config::ConfigError| CollectError::Other(e.to_string());
+        let s: Settings = settings.get("discoverer.alloy-targets").map_err(err)?;
+        if !s.enabled {
+            return Ok(None);
+        }
+        let paths: Paths = settings.get("path").map_err(err)?;
+        let mut collector = settings.clone().take("collector");
+        for spec in super::COLLECTORS {
+            collector.remove(spec.name);
+        }
+        let common: CommonSettings = settings
+            .scoped("collector", collector)
+            .get("")
+            .map_err(err)?;
+        let version = match common.cgroups.force_version.as_deref() {
+            Some(v) => CgroupVersion::from_flag(v)
+                .ok_or_else(|| CollectError::Other(format!("unknown cgroup version `{v}`")))?,
+            None => cgroup::detect_version(&paths.cgroupfs),
+        };
+        Ok(Some(AlloyTargets {
+            jobs: SlurmCollector::new(
+                &paths.cgroupfs,
+                &paths.procfs,
+                version,
+                &common.cgroups.active_subsystem,
+                hostname,
+                ReadOptions::default(),
+            ),
+            procfs: paths.procfs,
+            env_vars: s.env_var,
+        }))
+    }
+
+    fn wanted(&self, pid: u32) -> bool {
+        let dir = self.procfs.join(pid.to_string());
+        if !dir.is_dir() {
+            // Listed by the cgroup but already gone.
+            return false;
+        }
+        if self.env_vars.is_empty() {
+            return true;
+        }
+        let Ok(environ) = std::fs::read(dir.join("environ")) else {
+            return false;
+        };
+        self.env_vars
+            .iter()
+            .any(|v| procfs::environ_var(&environ, v).is_some())
+    }
+
+    /// The current targets, by job then pid.
+    pub fn targets(&self) -> Result<Vec<Target>, CollectError> {
+        let mut faults = Vec::new();
+        let jobs = self.jobs.discover(&mut faults)?;
+        // Reading other users' environ (the opt-in variables) needs the slurm collector's
+        // capabilities.
+        Ok(crate::security::with_capabilities(
+            super::slurm::SPEC.capabilities,
+            || {
+                let mut out = Vec::new();
+                for job in &jobs {
+                    let mut pids = processes::subtree_pids(&job.dir);
+                    pids.sort_unstable();
+                    pids.dedup();
+                    for pid in pids.into_iter().filter(|p| self.wanted(*p)) {
+                        out.push(Target {
+                            targets: vec![job.uuid.clone()],
+                            labels: TargetLabels {
+                                process_pid: pid.to_string(),
+                                service_name: job.uuid.clone(),
+                            },
+                        });
+                    }
+                }
+                out
+            },
+        ))
+    }
+}
