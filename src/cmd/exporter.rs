@@ -44,6 +44,23 @@ pub fn opts() -> Vec<Opt> {
             "Exclude metrics about the exporter itself (process_*)",
         ),
         Opt::new(
+            "web.trace-path",
+            Kind::Str,
+            "Accept job trace samples (POST, JSON) on this path, e.g. /trace; off when unset",
+        ),
+        Opt::new(
+            "web.trace-ttl",
+            Kind::Duration,
+            "A traced job's samples are dropped this long after its last report",
+        )
+        .default("5m"),
+        Opt::new(
+            "web.trace-max-jobs",
+            Kind::Int,
+            "Jobs traced at once; reports of more get 429",
+        )
+        .default("100"),
+        Opt::new(
             "web.config.file",
             Kind::Str,
             "Web config file (exporter-toolkit YAML): TLS, client certificates, basic auth, headers",
@@ -80,6 +97,11 @@ struct WebSettings {
     max_requests: i64,
     disable_exporter_metrics: bool,
     targets_path: String,
+    #[serde(default)]
+    trace_path: Option<String>,
+    #[serde(deserialize_with = "config::de_duration")]
+    trace_ttl: Duration,
+    trace_max_jobs: i64,
     /// `--web.config.file`, read by [`web::toolkit::WebSecurity::from_settings`].
     #[serde(default)]
     #[allow(dead_code)]
@@ -105,6 +127,8 @@ pub struct Exporter {
     timeout: Duration,
     telemetry_path: String,
     process_metrics: Option<prometheus::Registry>,
+    /// `--web.trace-path`: its path and the samples received.
+    trace: Option<(String, collect::trace::TraceStore)>,
     /// `--discoverer.alloy-targets`: its path and the discoverer.
     alloy_targets: Option<(String, Arc<collect::alloy_targets::AlloyTargets>)>,
     build_info: Labels,
@@ -141,7 +165,25 @@ impl Exporter {
             collect::alloy_targets::AlloyTargets::from_settings(settings, &hostname)
                 .context("Alloy targets discoverer")?
                 .map(|d| (web.targets_path.clone(), Arc::new(d)));
+        let trace = web.trace_path.clone().filter(|p| !p.is_empty()).map(|p| {
+            (
+                p,
+                collect::trace::TraceStore::new(
+                    web.trace_ttl,
+                    usize::try_from(web.trace_max_jobs).unwrap_or(0),
+                    if settings
+                        .get::<bool>("collector.empty-hostname-label")
+                        .unwrap_or(false)
+                    {
+                        ""
+                    } else {
+                        &hostname
+                    },
+                ),
+            )
+        });
         let exporter = Exporter {
+            trace,
             alloy_targets,
             registry,
             timeout,
@@ -199,6 +241,9 @@ impl Exporter {
             self.build_info.clone(),
             1.0,
         );
+        if let Some((_, store)) = &self.trace {
+            store.emit(&mut set);
+        }
         let mut body = String::with_capacity(64 * set.len_samples() + 1024);
         set.encode_text(&mut body);
         if let Some(r) = &self.process_metrics {
@@ -208,6 +253,48 @@ impl Exporter {
             }
         }
         body
+    }
+
+    /// Job tracing: POST stores a report, GET shows the current entries.
+    async fn serve_trace(&self, req: Request<hyper::body::Incoming>) -> hyper::Response<web::Body> {
+        use collect::trace::{self, TraceError};
+        use http_body_util::BodyExt as _;
+        let Some((_, store)) = &self.trace else {
+            return web::text_response(StatusCode::NOT_FOUND, "not found\n");
+        };
+        match *req.method() {
+            Method::GET | Method::HEAD => match serde_json::to_string(&store.entries()) {
+                Ok(json) => web::body_response(json + "\n", "application/json", false),
+                Err(e) => web::text_response(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+            },
+            Method::POST => {
+                let limited = http_body_util::Limited::new(req.into_body(), trace::MAX_BODY);
+                let body =
+                    match tokio::time::timeout(Duration::from_secs(10), limited.collect()).await {
+                        Ok(Ok(b)) => b.to_bytes(),
+                        Ok(Err(_)) => {
+                            return web::text_response(
+                                StatusCode::BAD_REQUEST,
+                                format!("{}\n", TraceError::TooLarge),
+                            )
+                        }
+                        Err(_) => {
+                            return web::text_response(
+                                StatusCode::REQUEST_TIMEOUT,
+                                "body not received in time\n",
+                            )
+                        }
+                    };
+                match trace::parse_report(&body).and_then(|r| store.record(r)) {
+                    Ok(()) => web::text_response(StatusCode::NO_CONTENT, ""),
+                    Err(e @ TraceError::TooManyJobs(_)) => {
+                        web::text_response(StatusCode::TOO_MANY_REQUESTS, format!("{e}\n"))
+                    }
+                    Err(e) => web::text_response(StatusCode::BAD_REQUEST, format!("{e}\n")),
+                }
+            }
+            _ => web::text_response(StatusCode::METHOD_NOT_ALLOWED, "GET or POST\n"),
+        }
     }
 
     /// The Alloy targets as JSON.
@@ -233,6 +320,13 @@ impl Exporter {
         self: Arc<Self>,
         req: Request<hyper::body::Incoming>,
     ) -> hyper::Response<web::Body> {
+        if self
+            .trace
+            .as_ref()
+            .is_some_and(|(path, _)| path == req.uri().path())
+        {
+            return self.serve_trace(req).await;
+        }
         if req.method() != Method::GET && req.method() != Method::HEAD {
             return web::text_response(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
         }

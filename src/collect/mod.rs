@@ -18,6 +18,7 @@ pub mod rapl;
 pub mod redfish;
 pub mod slurm;
 pub mod slurm_cluster;
+pub mod trace;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
