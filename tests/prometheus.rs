@@ -175,6 +175,22 @@ fn promtool_check_metrics_is_clean_but_for_documented_names() {
         ),
     )
     .unwrap();
+    std::fs::write(
+        stubs.path().join("sinfo.txt"),
+        "localhost|debug*|mixed|1/1/0/2|23081|100|20312\n",
+    )
+    .unwrap();
+    std::fs::write(
+        stubs.path().join("squeue.txt"),
+        "debug|RUNNING|alice|physics|None|1\ndebug|PENDING|bob|chemistry|Resources|2\n",
+    )
+    .unwrap();
+    let sinfo = stub(stubs.path(), "sinfo", &stubs.path().join("sinfo.txt"));
+    let squeue = stub(stubs.path(), "squeue", &stubs.path().join("squeue.txt"));
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(stubs.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sinfo_flag = format!("--collector.slurm_cluster.sinfo-path={}", sinfo.display());
+    let squeue_flag = format!("--collector.slurm_cluster.squeue-path={}", squeue.display());
     let ipmi_flag = format!("--collector.ipmi_dcmi.cmd={}", ipmi.display());
     let redfish_flag = format!("--collector.redfish.web-config={}", redfish.display());
     let exporter = exporter_on_fixtures(&[
@@ -184,6 +200,11 @@ fn promtool_check_metrics_is_clean_but_for_documented_names() {
         "--collector.slurm.memory-detail-metrics",
         "--collector.slurm.io-metrics",
         "--collector.slurm.info-metrics",
+        "--collector.slurm.process-metrics",
+        "--collector.slurm_cluster",
+        &sinfo_flag,
+        &squeue_flag,
+        "--web.trace-path=/trace",
         "--collector.hwmon",
         "--collector.cray_pm_counters",
         "--collector.ipmi_dcmi",
@@ -194,6 +215,9 @@ fn promtool_check_metrics_is_clean_but_for_documented_names() {
         "--collector.emissions.provider=owid",
         "--collector.emissions.provider=global",
     ]);
+    ureq::post(&exporter.url("/trace"))
+        .send_string(r#"{"job_id":"1","samples":[{"pid":1,"cpu_percent":1.5,"rss_bytes":1,"read_bytes":2,"write_bytes":3,"threads":1}]}"#)
+        .expect("trace report");
     let body = exporter.get("/metrics");
     assert!(
         body.contains("process_resident_memory_bytes"),
@@ -208,6 +232,10 @@ fn promtool_check_metrics_is_clean_but_for_documented_names() {
         "ceems_emissions_gCo2_kWh",
         "ceems_compute_unit_memory_shmem_bytes",
         "ceems_compute_unit_info",
+        "ceems_compute_unit_processes",
+        "ceems_compute_unit_process_cpu_seconds",
+        "ceems_slurm_partition_cpus",
+        "ceems_trace_write_bytes_total",
     ] {
         assert!(body.contains(&format!("\n{family}{{")), "{family} missing");
     }
