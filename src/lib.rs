@@ -10,6 +10,7 @@ pub mod log;
 pub mod metrics;
 pub mod proxy;
 pub mod security;
+pub mod store;
 #[doc(hidden)]
 pub mod testing;
 pub mod web;

@@ -1,0 +1,3 @@
+//! The stats-server's data: jobs from Slurm's accounting (`sacct`) into SQLite.
+
+pub mod sacct;

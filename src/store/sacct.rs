@@ -1,0 +1,329 @@
+//! `sacct --parsable2` records of jobs (allocations only), their AllocTRES and node lists.
+//! Times are asked for as epoch seconds (`SLURM_TIME_FORMAT=%s`): Slurm 22.05 prints no UTC
+//! offset with `%z`. The job name comes last, so a `|` in it cannot shift the other fields.
+
+use crate::collect::cgroup::parse::ParseError;
+
+/// The fields asked of sacct, in this order.
+pub const FIELDS: &[&str] = &[
+    "jobidraw",
+    "partition",
+    "qos",
+    "account",
+    "group",
+    "gid",
+    "user",
+    "uid",
+    "submit",
+    "start",
+    "end",
+    "elapsed",
+    "elapsedraw",
+    "exitcode",
+    "state",
+    "alloctres",
+    "nodelist",
+    "workdir",
+    "jobname",
+];
+
+/// What AllocTRES says a job holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tres {
+    pub cpus: u64,
+    pub mem_bytes: u64,
+    pub gpus: u64,
+    pub billing: u64,
+    pub nodes: u64,
+}
+
+/// One job as sacct reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Job {
+    pub job_id: String,
+    pub partition: String,
+    pub qos: String,
+    pub account: String,
+    pub group: String,
+    pub gid: Option<u32>,
+    pub user: String,
+    pub uid: Option<u32>,
+    pub submit: Option<i64>,
+    pub start: Option<i64>,
+    pub end: Option<i64>,
+    pub elapsed_seconds: u64,
+    pub exit_code: String,
+    /// The state without its detail (`CANCELLED by 0` → `CANCELLED`).
+    pub state: String,
+    pub tres: Tres,
+    pub nodes: Vec<String>,
+    pub workdir: String,
+    pub name: String,
+}
+
+/// `1795358897` → Some; `Unknown`, `None` and empty → None.
+fn time(line: usize, field: &str, v: &str) -> Result<Option<i64>, ParseError> {
+    match v {
+        "" | "Unknown" | "None" => Ok(None),
+        v => v
+            .parse()
+            .map(Some)
+            .map_err(|_| ParseError::new(line, format!("{field} `{v}` is not epoch seconds"))),
+    }
+}
+
+fn optional_u32(line: usize, field: &str, v: &str) -> Result<Option<u32>, ParseError> {
+    if v.is_empty() {
+        return Ok(None);
+    }
+    v.parse()
+        .map(Some)
+        .map_err(|_| ParseError::new(line, format!("{field} `{v}` is not a number")))
+}
+
+/// `23081M` → bytes (binary units, as Slurm means them).
+pub fn memory_bytes(v: &str) -> Option<u64> {
+    let (num, mult) = match v.chars().last()? {
+        'K' => (&v[..v.len() - 1], 1u64 << 10),
+        'M' => (&v[..v.len() - 1], 1 << 20),
+        'G' => (&v[..v.len() - 1], 1 << 30),
+        'T' => (&v[..v.len() - 1], 1 << 40),
+        'P' => (&v[..v.len() - 1], 1 << 50),
+        c if c.is_ascii_digit() => (v, 1 << 20),
+        _ => return None,
+    };
+    // Fractions appear for large values (`1.50T`).
+    let n: f64 = num.parse().ok()?;
+    (n.is_finite() && n >= 0.0).then(|| (n * mult as f64).round() as u64)
+}
+
+/// `billing=1,cpu=4,mem=16G,node=1,gres/gpu=2` (and `gres/gpu:a100=2`).
+pub fn parse_tres(text: &str) -> Result<Tres, String> {
+    let mut t = Tres::default();
+    for item in text.split(',').filter(|s| !s.is_empty()) {
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| format!("TRES `{item}` is not name=value"))?;
+        let count = || {
+            v.parse::<u64>()
+                .map_err(|_| format!("TRES `{item}`: `{v}` is not a count"))
+        };
+        match k {
+            "cpu" => t.cpus = count()?,
+            "mem" => {
+                t.mem_bytes = memory_bytes(v).ok_or_else(|| format!("TRES `{item}`: bad memory"))?
+            }
+            "billing" => t.billing = count()?,
+            "node" => t.nodes = count()?,
+            "gres/gpu" => t.gpus = count()?,
+            // Typed GPUs are also counted in gres/gpu; count them only when it is absent.
+            k if k.starts_with("gres/gpu:") && t.gpus == 0 => t.gpus = count()?,
+            _ => {}
+        }
+    }
+    Ok(t)
+}
+
+/// `node[01-03,07],gpu1` → node01, node02, node03, node07, gpu1. `None assigned` → none.
+pub fn expand_nodelist(text: &str) -> Result<Vec<String>, String> {
+    if text.is_empty() || text == "None assigned" {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    // Split on commas outside brackets.
+    let mut depth = 0;
+    let mut start = 0;
+    let mut parts = Vec::new();
+    for (i, c) in text.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+        if depth < 0 {
+            return Err(format!("unbalanced `]` in `{text}`"));
+        }
+    }
+    if depth != 0 {
+        return Err(format!("unbalanced `[` in `{text}`"));
+    }
+    parts.push(&text[start..]);
+    for part in parts {
+        let Some(open) = part.find('[') else {
+            out.push(part.to_owned());
+            continue;
+        };
+        let prefix = &part[..open];
+        let close = part
+            .rfind(']')
+            .ok_or_else(|| format!("no `]` in `{part}`"))?;
+        let suffix = &part[close + 1..];
+        for range in part[open + 1..close].split(',') {
+            let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+            let width = lo.len();
+            let (a, b): (u64, u64) = (
+                lo.parse()
+                    .map_err(|_| format!("bad range `{range}` in `{part}`"))?,
+                hi.parse()
+                    .map_err(|_| format!("bad range `{range}` in `{part}`"))?,
+            );
+            if b < a || b - a > 100_000 {
+                return Err(format!(
+                    "range `{range}` in `{part}` is not a small ascending range"
+                ));
+            }
+            for n in a..=b {
+                out.push(format!("{prefix}{n:0width$}{suffix}"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Parses one record. `line` numbers the error.
+pub fn parse_line(line_no: usize, line: &str) -> Result<Job, ParseError> {
+    let f: Vec<&str> = line.splitn(FIELDS.len(), '|').collect();
+    if f.len() != FIELDS.len() {
+        return Err(ParseError::new(
+            line_no,
+            format!("expected {} fields, got {}", FIELDS.len(), f.len()),
+        ));
+    }
+    let job_id = f[0];
+    if job_id.is_empty() || !job_id.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(ParseError::new(
+            line_no,
+            format!("job id `{job_id}` is not numeric"),
+        ));
+    }
+    let bad = |m: String| ParseError::new(line_no, m);
+    Ok(Job {
+        job_id: job_id.to_owned(),
+        partition: f[1].to_owned(),
+        qos: f[2].to_owned(),
+        account: f[3].to_owned(),
+        group: f[4].to_owned(),
+        gid: optional_u32(line_no, "gid", f[5])?,
+        user: f[6].to_owned(),
+        uid: optional_u32(line_no, "uid", f[7])?,
+        submit: time(line_no, "submit", f[8])?,
+        start: time(line_no, "start", f[9])?,
+        end: time(line_no, "end", f[10])?,
+        elapsed_seconds: if f[12].is_empty() {
+            0
+        } else {
+            f[12]
+                .parse()
+                .map_err(|_| bad(format!("elapsedraw `{}` is not seconds", f[12])))?
+        },
+        exit_code: f[13].to_owned(),
+        state: f[14]
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_owned(),
+        tres: parse_tres(f[15]).map_err(bad)?,
+        nodes: expand_nodelist(f[16]).map_err(bad)?,
+        workdir: f[17].to_owned(),
+        name: f[18].to_owned(),
+    })
+}
+
+/// Parses sacct's output; malformed lines are returned with their error and skipped.
+pub fn parse_output(text: &str) -> (Vec<Job>, Vec<ParseError>) {
+    let mut jobs = Vec::new();
+    let mut errors = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match parse_line(i + 1, line) {
+            Ok(j) => jobs.push(j),
+            Err(e) => errors.push(e),
+        }
+    }
+    (jobs, errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lines from the lab's Slurm 22.05 (`scripts/slurm-lab.sh`), with SLURM_TIME_FORMAT=%s.
+    const LAB: &str = "\
+1|debug|normal|physics|alice|2001|alice|2001|1795358897|1795358897|1795358926|00:00:29|29|0:0|CANCELLED by 0|billing=1,cpu=1,mem=300M,node=1|localhost|/tmp|wrap
+8|debug|normal|chemistry|bob|2002|bob|2002|1795359473|None|1795359474|00:00:00|0|0:0|CANCELLED by 0||None assigned|/tmp|wrap
+11|debug|normal|physics|alice|2001|alice|2001|1795360656|1795360656|1795360657|00:00:01|1|0:0|COMPLETED|billing=1,cpu=1,mem=1000M,node=1|localhost|/tmp|a|b name
+12|debug|normal|physics|alice|2001|alice|2001|1795360700|1795360701|Unknown|00:00:09|9|0:0|RUNNING|billing=4,cpu=4,mem=16G,node=2,gres/gpu=2|node[01-02]|/home/alice|train
+";
+
+    #[test]
+    fn lab_lines() {
+        let (jobs, errors) = parse_output(LAB);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(jobs.len(), 4);
+        assert_eq!(jobs[0].state, "CANCELLED");
+        assert_eq!(jobs[0].tres.mem_bytes, 300 << 20);
+        assert_eq!(jobs[0].elapsed_seconds, 29);
+        assert_eq!(jobs[1].start, None);
+        assert!(jobs[1].nodes.is_empty());
+        assert_eq!(jobs[1].tres, Tres::default());
+        assert_eq!(
+            jobs[2].name, "a|b name",
+            "a `|` in the job name stays in it"
+        );
+        assert_eq!(jobs[3].end, None);
+        assert_eq!(
+            jobs[3].tres,
+            Tres {
+                cpus: 4,
+                mem_bytes: 16 << 30,
+                gpus: 2,
+                billing: 4,
+                nodes: 2
+            }
+        );
+        assert_eq!(jobs[3].nodes, ["node01", "node02"]);
+    }
+
+    #[test]
+    fn malformed_lines_are_errors_with_their_number() {
+        let text = "1|debug\nx|d|n|a|g|1|u|1|1|1|1|0|0|0:0|RUNNING||n||j\n";
+        let (jobs, errors) = parse_output(text);
+        assert!(jobs.is_empty());
+        assert_eq!(errors.iter().map(|e| e.line).collect::<Vec<_>>(), [1, 2]);
+        assert!(parse_line(1, "1|d|n|a|g|1|u|1|yesterday|1|1|0|0|0:0|RUNNING||n||j").is_err());
+        assert!(parse_line(1, "1|d|n|a|g|1|u|1|1|1|1|0|0|0:0|RUNNING|cpu=x|n||j").is_err());
+    }
+
+    #[test]
+    fn tres_and_nodes() {
+        assert_eq!(memory_bytes("1.5T"), Some(3 << 39));
+        assert_eq!(memory_bytes("512"), Some(512 << 20));
+        assert_eq!(memory_bytes("12Q"), None);
+        assert_eq!(parse_tres("gres/gpu:a100=3").unwrap().gpus, 3);
+        assert_eq!(parse_tres("gres/gpu=2,gres/gpu:a100=2").unwrap().gpus, 2);
+        assert!(parse_tres("cpu").is_err());
+        assert_eq!(
+            expand_nodelist("cn[08-10,12],gpu1,x[1-2]-ib").unwrap(),
+            ["cn08", "cn09", "cn10", "cn12", "gpu1", "x1-ib", "x2-ib"]
+        );
+        assert!(expand_nodelist("cn[1-").is_err());
+        assert!(expand_nodelist("cn[5-1]").is_err());
+        assert!(expand_nodelist("cn1]").is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn never_panics(s in "\\PC*") {
+            let _ = parse_output(&s);
+            let _ = parse_tres(&s);
+            let _ = expand_nodelist(&s);
+            let _ = memory_bytes(&s);
+        }
+    }
+}
