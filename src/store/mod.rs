@@ -1,3 +1,4 @@
 //! The stats-server's data: jobs from Slurm's accounting (`sacct`) into SQLite.
 
+pub mod db;
 pub mod sacct;
