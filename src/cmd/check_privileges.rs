@@ -100,10 +100,8 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let opts = match sub {
         "exporter" => exporter::opts(),
         "redfish-proxy" => redfish_proxy::opts(),
-        _ => {
-            eprintln!("ceems check-privileges: {sub} is not implemented yet");
-            return Ok(ExitCode::from(2));
-        }
+        "stats-server" => stats_server::opts(),
+        _ => return Ok(ExitCode::from(2)),
     };
     let settings = config::load(sub, &opts, sub_matches)?;
 

@@ -89,9 +89,3 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
         }
     }
 }
-
-/// For subcommands whose issue has not landed yet: they parse their flags, then say so.
-fn not_implemented(name: &str) -> anyhow::Result<ExitCode> {
-    eprintln!("ceems {name}: not implemented yet");
-    Ok(ExitCode::from(2))
-}

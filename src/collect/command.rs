@@ -24,6 +24,8 @@ pub enum CommandError {
         status: std::process::ExitStatus,
         stderr: String,
     },
+    #[error("{program} printed more than {limit} bytes")]
+    TooMuchOutput { program: String, limit: u64 },
     #[error("waiting for {program}: {source}")]
     Wait {
         program: String,
@@ -31,23 +33,37 @@ pub enum CommandError {
     },
 }
 
-fn drain(mut r: impl Read + Send + 'static, cap: u64) -> std::thread::JoinHandle<Vec<u8>> {
+/// Reads a pipe to its end, keeping at most `cap` bytes; says whether there was more.
+fn drain(mut r: impl Read + Send + 'static, cap: u64) -> std::thread::JoinHandle<(Vec<u8>, bool)> {
     std::thread::spawn(move || {
         let mut buf = Vec::new();
         let _ = (&mut r).take(cap).read_to_end(&mut buf);
         // Keep reading past the cap so the tool never blocks on a full pipe.
-        let _ = std::io::copy(&mut r, &mut std::io::sink());
-        buf
+        let more = std::io::copy(&mut r, &mut std::io::sink()).unwrap_or(0);
+        (buf, more > 0)
     })
 }
 
 /// Runs `program args…` and returns its stdout. Non-zero exit, a timeout or a failure to start
 /// are errors that name the program.
 pub fn run(program: &Path, args: &[String], timeout: Duration) -> Result<String, CommandError> {
+    run_env(program, args, &[], timeout, MAX_OUTPUT)
+}
+
+/// As [`run`], with extra environment variables and another output limit: more output than
+/// `max_output` is an error, never a silently cut answer.
+pub fn run_env(
+    program: &Path,
+    args: &[String],
+    env: &[(&str, &str)],
+    timeout: Duration,
+    max_output: u64,
+) -> Result<String, CommandError> {
     use std::os::unix::process::CommandExt;
     let name = program.display().to_string();
     let mut child = Command::new(program)
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -57,7 +73,7 @@ pub fn run(program: &Path, args: &[String], timeout: Duration) -> Result<String,
             program: name.clone(),
             source,
         })?;
-    let out = child.stdout.take().map(|s| drain(s, MAX_OUTPUT));
+    let out = child.stdout.take().map(|s| drain(s, max_output));
     let err = child.stderr.take().map(|s| drain(s, 4096));
     let deadline = Instant::now() + timeout;
     let status = loop {
@@ -84,8 +100,14 @@ pub fn run(program: &Path, args: &[String], timeout: Duration) -> Result<String,
             }
         }
     };
-    let stdout = out.and_then(|h| h.join().ok()).unwrap_or_default();
-    let stderr = err.and_then(|h| h.join().ok()).unwrap_or_default();
+    let (stdout, truncated) = out.and_then(|h| h.join().ok()).unwrap_or_default();
+    let (stderr, _) = err.and_then(|h| h.join().ok()).unwrap_or_default();
+    if truncated {
+        return Err(CommandError::TooMuchOutput {
+            program: name,
+            limit: max_output,
+        });
+    }
     if !status.success() {
         return Err(CommandError::Failed {
             program: name,
@@ -148,6 +170,9 @@ mod tests {
         let err = run(&p, &a, Duration::from_millis(200)).unwrap_err();
         assert!(matches!(err, CommandError::Timeout { .. }), "{err}");
         assert!(start.elapsed() < Duration::from_secs(5));
+        let (p, a) = sh("head -c 3000 /dev/zero");
+        let err = run_env(&p, &a, &[], Duration::from_secs(5), 1000).unwrap_err();
+        assert!(matches!(err, CommandError::TooMuchOutput { .. }), "{err}");
         let err = run(Path::new("/nonexistent/tool"), &[], Duration::from_secs(1)).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/tool"), "{err}");
     }

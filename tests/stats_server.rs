@@ -1,0 +1,129 @@
+//! `ceems stats-server` ingestion: killed with SIGKILL in the middle of a 200,000-job window
+//! from a stand-in sacct, then restarted, the database is sound and holds every job once.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ceems::store::db::Store;
+use common::{free_port, Running};
+
+const JOBS: usize = 200_000;
+
+/// sacct records shaped like the lab's, one job each.
+fn sacct_output(n: usize) -> String {
+    let mut out = String::with_capacity(n * 160);
+    for i in 0..n {
+        let (user, uid, account) = if i % 3 == 0 {
+            ("alice", 2001, "physics")
+        } else {
+            ("bob", 2002, "chemistry")
+        };
+        let start = 1_795_000_000 + i as i64;
+        out.push_str(&format!(
+            "{}|debug|normal|{account}|{user}|{uid}|{user}|{uid}|{start}|{start}|{}|00:01:00|60|0:0|COMPLETED|billing=1,cpu=2,mem=2G,node=1|cn[{:03}-{:03}]|/home/{user}|job {i}\n",
+            1000 + i,
+            start + 60,
+            i % 100,
+            i % 100 + 1,
+        ));
+    }
+    out
+}
+
+fn start_server(dir: &Path, sacct: &Path) -> Running {
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_ceems"))
+        .args([
+            "stats-server",
+            &format!("--web.listen-address=127.0.0.1:{port}"),
+            &format!("--storage.data.path={}", dir.join("data").display()),
+            &format!("--slurm.sacct.path={}", sacct.display()),
+            "--storage.update-interval=1h",
+            "--slurm.cluster-id=lab",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start stats-server");
+    Running { child, port }
+}
+
+async fn counts(db: &Path) -> (i64, i64, String) {
+    let store = Store::open(db).await.expect("reopen the database");
+    let total = store.count_units("lab").await.unwrap();
+    let distinct: i64 = sqlx::query_scalar("SELECT count(DISTINCT uuid) FROM units")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    (total, distinct, store.integrity_check().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_mid_ingestion_and_restarted_the_database_holds_every_job_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // The server drops to nobody when started as root.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::write(dir.join("sacct.txt"), sacct_output(JOBS)).unwrap();
+    let sacct = dir.join("sacct");
+    std::fs::write(
+        &sacct,
+        format!(
+            "#!/bin/sh\nexec /bin/cat '{}'\n",
+            dir.join("sacct.txt").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&sacct, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let db = dir.join("data/ceems.db");
+
+    // Kill it once some batches have committed.
+    let mut server = start_server(dir, &sacct);
+    let start = Instant::now();
+    loop {
+        let written = if db.exists() { counts(&db).await.0 } else { 0 };
+        if written > 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "nothing committed in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.child.kill().expect("SIGKILL");
+    let _ = server.child.wait();
+    let (after_kill, distinct, integrity) = counts(&db).await;
+    assert_eq!(integrity, "ok");
+    assert_eq!(after_kill, distinct, "a job was written twice");
+    println!("committed before SIGKILL: {after_kill} of {JOBS} jobs");
+
+    // The restarted server ingests the same window again; nothing is missing or doubled.
+    let server = start_server(dir, &sacct);
+    let start = Instant::now();
+    loop {
+        if counts(&db).await.0 == JOBS as i64 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "ingestion did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let metrics = server.get("/metrics");
+    assert!(
+        metrics.contains("ceems_stats_ingested_rows_total{cluster_id=\"lab\"}"),
+        "{metrics}"
+    );
+    drop(server);
+    let (total, distinct, integrity) = counts(&db).await;
+    assert_eq!(
+        (total, distinct, integrity.as_str()),
+        (JOBS as i64, JOBS as i64, "ok")
+    );
+}
