@@ -66,8 +66,8 @@ fn foreign_job(root: &Path, job_id: &str) -> Job {
     job
 }
 
-fn start(prefix: &[&str], args: &[&str]) -> Running {
-    let port = free_port();
+/// `ceems`, run through `prefix` (e.g. setpriv and its options) when one is given.
+fn ceems(prefix: &[&str]) -> Command {
     let mut cmd = Command::new(
         prefix
             .first()
@@ -77,7 +77,12 @@ fn start(prefix: &[&str], args: &[&str]) -> Running {
     if !prefix.is_empty() {
         cmd.args(&prefix[1..]).arg(env!("CARGO_BIN_EXE_ceems"));
     }
-    let child = cmd
+    cmd
+}
+
+fn start(prefix: &[&str], args: &[&str]) -> Running {
+    let port = free_port();
+    let child = ceems(prefix)
         .arg("exporter")
         .args(args)
         .arg(format!("--web.listen-address=127.0.0.1:{port}"))
@@ -184,16 +189,7 @@ fn exporter_drops_to_nobody_and_raises_ptrace_only_to_read_a_foreign_environ() {
 }
 
 fn check_privileges(prefix: &[&str], args: &[&str]) -> (i32, serde_json::Value) {
-    let mut cmd = Command::new(
-        prefix
-            .first()
-            .copied()
-            .unwrap_or(env!("CARGO_BIN_EXE_ceems")),
-    );
-    if !prefix.is_empty() {
-        cmd.args(&prefix[1..]).arg(env!("CARGO_BIN_EXE_ceems"));
-    }
-    let out = cmd
+    let out = ceems(prefix)
         .args(["check-privileges", "--output=json", "exporter"])
         .args(args)
         .output()

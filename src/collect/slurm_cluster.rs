@@ -108,15 +108,18 @@ fn num(line: usize, what: &str, v: &str) -> Result<u64, ParseError> {
         .map_err(|_| ParseError::new(line, format!("{what} `{v}` is not an unsigned integer")))
 }
 
+/// The non-empty records of a `|`-separated output, numbered from 1, fields trimmed.
+fn records(text: &str) -> impl Iterator<Item = (usize, Vec<&str>)> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| (i + 1, l.split('|').map(str::trim).collect()))
+}
+
 /// Parses `sinfo -h -N -O NodeList:|,Partition:|,StateLong:|,CPUsState:|,Memory:|,AllocMem:|,FreeMem:`.
 pub fn parse_nodes(text: &str) -> Result<Vec<NodeLine>, ParseError> {
     let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let n = i + 1;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let f: Vec<&str> = line.split('|').map(str::trim).collect();
+    for (n, f) in records(text) {
         let [node, partition, state, cpus, mem, alloc, free] = f[..] else {
             return Err(ParseError::new(
                 n,
@@ -153,12 +156,7 @@ pub fn parse_nodes(text: &str) -> Result<Vec<NodeLine>, ParseError> {
 /// Parses `squeue -h -o %P|%T|%u|%a|%r|%C`.
 pub fn parse_jobs(text: &str) -> Result<Vec<JobLine>, ParseError> {
     let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let n = i + 1;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let f: Vec<&str> = line.split('|').map(str::trim).collect();
+    for (n, f) in records(text) {
         let [partition, state, user, account, reason, cpus] = f[..] else {
             return Err(ParseError::new(
                 n,
