@@ -72,15 +72,6 @@ pub fn into_async(listener: std::net::TcpListener) -> std::io::Result<TcpListene
     TcpListener::from_std(listener)
 }
 
-/// [`bind_std`] and [`into_async`] in one step.
-pub async fn bind(listen: &str) -> Result<TcpListener, WebError> {
-    let l = bind_std(listen)?;
-    into_async(l).map_err(|source| WebError::Bind {
-        addr: listen.to_owned(),
-        source,
-    })
-}
-
 pub fn text_response(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
     let mut resp = Response::new(Full::new(body.into()));
     *resp.status_mut() = status;
