@@ -10,7 +10,7 @@ use super::cgroup::{self, CgroupVersion, ReadOptions};
 use super::processes;
 use super::procfs;
 use super::slurm::SlurmCollector;
-use super::{CollectError, CommonSettings, Paths};
+use super::{CollectError, Paths};
 use crate::config::{Kind, Layered, Opt};
 
 pub fn options() -> Vec<Opt> {
@@ -83,14 +83,7 @@ impl AlloyTargets {
             return Ok(None);
         }
         let paths: Paths = settings.get("path").map_err(err)?;
-        let mut collector = settings.clone().take("collector");
-        for spec in super::COLLECTORS {
-            collector.remove(spec.name);
-        }
-        let common: CommonSettings = settings
-            .scoped("collector", collector)
-            .get("")
-            .map_err(err)?;
+        let common = super::select(settings).map_err(err)?.common;
         let version = match common.cgroups.force_version.as_deref() {
             Some(v) => CgroupVersion::from_flag(v)
                 .ok_or_else(|| CollectError::Other(format!("unknown cgroup version `{v}`")))?,
