@@ -72,63 +72,78 @@ impl Store {
     }
 }
 
+/// Rows per INSERT: 23 parameters each stays far below SQLite's limit of 32766.
+const ROWS_PER_STATEMENT: usize = 500;
+
 async fn upsert(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
     cluster: &str,
     jobs: &[Job],
     now: i64,
 ) -> Result<(), StoreError> {
-    for j in jobs {
-        let started = j.start.unwrap_or(0);
-        if started != 0 {
-            sqlx::query("DELETE FROM units WHERE cluster_id = ?1 AND uuid = ?2 AND started_at = 0")
-                .bind(cluster)
-                .bind(&j.job_id)
-                .execute(&mut **tx)
-                .await?;
+    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    for chunk in jobs.chunks(ROWS_PER_STATEMENT) {
+        // A job that has started replaces the row it had while pending.
+        let started: Vec<&str> = chunk
+            .iter()
+            .filter(|j| j.start.unwrap_or(0) != 0)
+            .map(|j| j.job_id.as_str())
+            .collect();
+        if !started.is_empty() {
+            let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
+                "DELETE FROM units WHERE started_at = 0 AND cluster_id = ",
+            );
+            q.push_bind(cluster).push(" AND uuid IN (");
+            let mut ids = q.separated(", ");
+            for id in &started {
+                ids.push_bind(*id);
+            }
+            ids.push_unseparated(")");
+            q.build().execute(&mut **tx).await?;
         }
-        sqlx::query(
-                "INSERT INTO units (cluster_id, uuid, started_at, name, project, grp, gid, usr, uid,
-                    partition, qos, submitted_at, ended_at, elapsed_seconds, state, exit_code,
-                    alloc_cpus, alloc_mem_bytes, alloc_gpus, billing, nodes, workdir, last_updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                    ?18, ?19, ?20, ?21, ?22, ?23)
-                 ON CONFLICT (cluster_id, uuid, started_at) DO UPDATE SET
-                    name = excluded.name, project = excluded.project, grp = excluded.grp,
-                    gid = excluded.gid, usr = excluded.usr, uid = excluded.uid,
-                    partition = excluded.partition, qos = excluded.qos,
-                    submitted_at = excluded.submitted_at, ended_at = excluded.ended_at,
-                    elapsed_seconds = excluded.elapsed_seconds, state = excluded.state,
-                    exit_code = excluded.exit_code, alloc_cpus = excluded.alloc_cpus,
-                    alloc_mem_bytes = excluded.alloc_mem_bytes, alloc_gpus = excluded.alloc_gpus,
-                    billing = excluded.billing, nodes = excluded.nodes, workdir = excluded.workdir,
-                    last_updated_at = excluded.last_updated_at",
-            )
-            .bind(cluster)
-            .bind(&j.job_id)
-            .bind(started)
-            .bind(&j.name)
-            .bind(&j.account)
-            .bind(&j.group)
-            .bind(j.gid)
-            .bind(&j.user)
-            .bind(j.uid)
-            .bind(&j.partition)
-            .bind(&j.qos)
-            .bind(j.submit)
-            .bind(j.end)
-            .bind(i64::try_from(j.elapsed_seconds).unwrap_or(i64::MAX))
-            .bind(&j.state)
-            .bind(&j.exit_code)
-            .bind(i64::try_from(j.tres.cpus).unwrap_or(i64::MAX))
-            .bind(i64::try_from(j.tres.mem_bytes).unwrap_or(i64::MAX))
-            .bind(i64::try_from(j.tres.gpus).unwrap_or(i64::MAX))
-            .bind(i64::try_from(j.tres.billing).unwrap_or(i64::MAX))
-            .bind(j.nodes.join(","))
-            .bind(&j.workdir)
-            .bind(now)
-            .execute(&mut **tx)
-            .await?;
+        let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
+            "INSERT INTO units (cluster_id, uuid, started_at, name, project, grp, gid, usr, uid,
+                partition, qos, submitted_at, ended_at, elapsed_seconds, state, exit_code,
+                alloc_cpus, alloc_mem_bytes, alloc_gpus, billing, nodes, workdir, last_updated_at) ",
+        );
+        q.push_values(chunk, |mut row, j| {
+            row.push_bind(cluster)
+                .push_bind(j.job_id.as_str())
+                .push_bind(j.start.unwrap_or(0))
+                .push_bind(j.name.as_str())
+                .push_bind(j.account.as_str())
+                .push_bind(j.group.as_str())
+                .push_bind(j.gid)
+                .push_bind(j.user.as_str())
+                .push_bind(j.uid)
+                .push_bind(j.partition.as_str())
+                .push_bind(j.qos.as_str())
+                .push_bind(j.submit)
+                .push_bind(j.end)
+                .push_bind(int(j.elapsed_seconds))
+                .push_bind(j.state.as_str())
+                .push_bind(j.exit_code.as_str())
+                .push_bind(int(j.tres.cpus))
+                .push_bind(int(j.tres.mem_bytes))
+                .push_bind(int(j.tres.gpus))
+                .push_bind(int(j.tres.billing))
+                .push_bind(j.nodes.join(","))
+                .push_bind(j.workdir.as_str())
+                .push_bind(now);
+        });
+        q.push(
+            " ON CONFLICT (cluster_id, uuid, started_at) DO UPDATE SET
+                name = excluded.name, project = excluded.project, grp = excluded.grp,
+                gid = excluded.gid, usr = excluded.usr, uid = excluded.uid,
+                partition = excluded.partition, qos = excluded.qos,
+                submitted_at = excluded.submitted_at, ended_at = excluded.ended_at,
+                elapsed_seconds = excluded.elapsed_seconds, state = excluded.state,
+                exit_code = excluded.exit_code, alloc_cpus = excluded.alloc_cpus,
+                alloc_mem_bytes = excluded.alloc_mem_bytes, alloc_gpus = excluded.alloc_gpus,
+                billing = excluded.billing, nodes = excluded.nodes, workdir = excluded.workdir,
+                last_updated_at = excluded.last_updated_at",
+        );
+        q.build().execute(&mut **tx).await?;
     }
     Ok(())
 }
