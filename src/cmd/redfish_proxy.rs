@@ -13,13 +13,8 @@ use crate::proxy::{AllowList, Proxy, ProxyConfig, Targets, DEFAULT_ALLOWED};
 use crate::web::{self, client::Timeouts};
 
 pub fn opts() -> Vec<Opt> {
-    let mut opts = vec![
-        Opt::new(
-            "web.listen-address",
-            Kind::Str,
-            "Address to listen on: host:port, or :port for every interface",
-        )
-        .default(":5000"),
+    let mut opts = web::server_opts(":5000");
+    opts.extend([
         Opt::new(
             "web.max-requests",
             Kind::Int,
@@ -44,11 +39,6 @@ pub fn opts() -> Vec<Opt> {
             "Longest wait for a client to take a response write",
         )
         .default("30s"),
-        Opt::new(
-            "web.config.file",
-            Kind::Str,
-            "Web config file (exporter-toolkit YAML): TLS, client certificates, basic auth, headers",
-        ),
         Opt::new(
             "redfish.target",
             Kind::List,
@@ -78,7 +68,7 @@ pub fn opts() -> Vec<Opt> {
             "Longest a BMC may take to answer one request; then the client gets 504",
         )
         .default("10s"),
-    ];
+    ]);
     opts.extend(crate::security::opts());
     opts.extend(config::log_opts());
     opts

@@ -18,18 +18,8 @@ use crate::store::ingest::{self, Sacct};
 use crate::web;
 
 pub fn opts() -> Vec<Opt> {
-    let mut opts = vec![
-        Opt::new(
-            "web.listen-address",
-            Kind::Str,
-            "Address to listen on: host:port, or :port for every interface",
-        )
-        .default(":9020"),
-        Opt::new(
-            "web.config.file",
-            Kind::Str,
-            "Web config file (exporter-toolkit YAML): TLS, client certificates, basic auth, headers",
-        ),
+    let mut opts = web::server_opts(":9020");
+    opts.extend([
         Opt::new(
             "storage.data.path",
             Kind::Str,
@@ -61,7 +51,7 @@ pub fn opts() -> Vec<Opt> {
             "Name of the cluster in the database",
         )
         .default("slurm-0"),
-    ];
+    ]);
     opts.extend(crate::security::opts());
     opts.extend(config::log_opts());
     opts

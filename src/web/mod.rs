@@ -128,6 +128,24 @@ pub fn body_response(body: String, content_type: &'static str, gzip: bool) -> Re
     resp
 }
 
+/// The options every server has: where it listens and its web config file.
+pub fn server_opts(default_listen: &str) -> Vec<crate::config::Opt> {
+    use crate::config::{Kind, Opt};
+    vec![
+        Opt::new(
+            "web.listen-address",
+            Kind::Str,
+            "Address to listen on: host:port, or :port for every interface",
+        )
+        .default(default_listen),
+        Opt::new(
+            "web.config.file",
+            Kind::Str,
+            "Web config file (exporter-toolkit YAML): TLS, client certificates, basic auth, headers",
+        ),
+    ]
+}
+
 /// The client's address, put in every request's extensions.
 #[derive(Debug, Clone, Copy)]
 pub struct PeerAddr(pub SocketAddr);
