@@ -854,8 +854,18 @@ mod tests {
                 && bob.contains("jobname=\"train\""),
             "{bob}"
         );
-        // Job 2's uid has no passwd entry in most test machines; the label is there, maybe empty.
-        assert!(info("1000002").contains("user=\""));
+        // Job 2: the user of its uid_<uid> directory, or empty where passwd has no such uid.
+        let uid = job_props::uid_from_path(&tree.job_dir(2)).expect("v1 path has uid_");
+        let want = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+            .ok()
+            .flatten()
+            .map(|u| u.name)
+            .unwrap_or_default();
+        assert!(
+            info("1000002").contains(&format!("user=\"{want}\"")),
+            "{}",
+            info("1000002")
+        );
         // Remembered while the job lives: the file going away changes nothing...
         fs::remove_file(props.join("1000000")).unwrap();
         assert!(scrape(&c).contains("user=\"alice\""));
