@@ -269,6 +269,19 @@ fn cgroupsv2_amd_ipmitool() {
     );
 }
 
+/// The exporter on CEEMS's fixture trees with the Alloy discoverer and the slurm collector.
+fn discoverer(extra: &[&str]) -> common::Running {
+    let mut args = vec![
+        "--path.sysfs=sys",
+        "--path.cgroupfs=sys/fs/cgroup",
+        "--path.procfs=proc",
+        "--discoverer.alloy-targets",
+        "--collector.slurm",
+    ];
+    args.extend_from_slice(extra);
+    start_exporter_env(&fixtures().join("compat"), &args, &[])
+}
+
 /// CEEMS's two discoverer scenarios: `/alloy-targets` must be JSON-equal to its output,
 /// ignoring order.
 fn check_targets(version: &str) {
@@ -281,19 +294,7 @@ fn check_targets(version: &str) {
     )
     .expect("expected JSON");
     let force = format!("--collector.cgroups.force-version={version}");
-    let exporter = start_exporter_env(
-        &dir,
-        &[
-            "--path.sysfs=sys",
-            "--path.cgroupfs=sys/fs/cgroup",
-            "--path.procfs=proc",
-            "--discoverer.alloy-targets",
-            "--collector.slurm",
-            &force,
-            "--collector.empty-hostname-label",
-        ],
-        &[],
-    );
+    let exporter = discoverer(&[&force, "--collector.empty-hostname-label"]);
     let actual: serde_json::Value =
         serde_json::from_str(&exporter.get("/alloy-targets")).expect("targets are JSON");
     let sorted = |v: &serde_json::Value| {
@@ -323,22 +324,9 @@ fn discoverer_cgroupsv1_slurm() {
 /// variables are targets (users opt in to profiling).
 #[test]
 fn discoverer_keeps_only_opted_in_processes() {
-    let dir = fixtures().join("compat");
     let targets = |var: &str| -> Vec<String> {
         let flag = format!("--discoverer.alloy-targets.env-var={var}");
-        let exporter = start_exporter_env(
-            &dir,
-            &[
-                "--path.sysfs=sys",
-                "--path.cgroupfs=sys/fs/cgroup",
-                "--path.procfs=proc",
-                "--discoverer.alloy-targets",
-                &flag,
-                "--collector.slurm",
-                "--collector.cgroups.force-version=v2",
-            ],
-            &[],
-        );
+        let exporter = discoverer(&[&flag, "--collector.cgroups.force-version=v2"]);
         let v: serde_json::Value = serde_json::from_str(&exporter.get("/alloy-targets")).unwrap();
         v.as_array()
             .unwrap()

@@ -578,6 +578,7 @@ impl SlurmCollector {
         } else {
             HashMap::new()
         };
+        let ticks = cgroup::clock_ticks();
         // Other users' /proc/<pid>/fd and exe: one privileged thread for all jobs.
         let processes: HashMap<&str, processes::JobProcesses> = match self.processes {
             Some(_) => crate::security::with_capabilities(SPEC.capabilities, || {
@@ -627,7 +628,7 @@ impl SlurmCollector {
                 detail::emit_detail(out, &base, &d, &devices);
             }
             if let (Some(limit), Some(p)) = (self.processes, processes.get(job.uuid.as_str())) {
-                processes::emit(out, &base, p, limit, cgroup::clock_ticks());
+                processes::emit(out, &base, p, limit, ticks);
             }
             if let Some(source) = &self.info {
                 let p = self.job_props(job, source);
