@@ -42,6 +42,9 @@ pub enum Kind {
     /// A list of strings: a repeatable flag, or an array in the file. Its default is written
     /// comma-separated.
     List,
+    /// A table or an array of tables, set only in the file and checked by its owner's serde
+    /// types (a stats-server's `clusters`, say). No flag.
+    FileOnly,
 }
 
 /// One option of a subcommand.
@@ -115,6 +118,9 @@ impl Opt {
     }
 
     fn to_args(&self) -> Vec<Arg> {
+        if self.kind == Kind::FileOnly {
+            return Vec::new();
+        }
         let mut arg = Arg::new(self.flag.clone())
             .long(self.flag.clone())
             .help(self.help.clone())
@@ -193,6 +199,7 @@ impl Opt {
                 .map(Value::Float)
                 .map_err(|e| format!("`{raw}` is not a number: {e}")),
             Kind::Str | Kind::Duration => Ok(Value::String(raw.to_owned())),
+            Kind::FileOnly => Err("has no default from text".to_owned()),
             Kind::List => Ok(Value::Array(
                 raw.split(',')
                     .filter(|s| !s.is_empty())
@@ -468,6 +475,7 @@ fn validate(table: &Table, prefix: &str, opts: &[Opt], file: &Path) -> Result<()
                     }
                     true
                 }
+                (Kind::FileOnly, Value::Table(_) | Value::Array(_)) => true,
                 (Kind::Duration, Value::String(s)) => {
                     humantime::parse_duration(s)
                         .map_err(|e| invalid(format!("`{s}` is not a duration: {e}")))?;
@@ -500,6 +508,7 @@ fn validate(table: &Table, prefix: &str, opts: &[Opt], file: &Path) -> Result<()
                     Kind::Str => "a string",
                     Kind::Duration => "a duration string such as \"30s\"",
                     Kind::List => "a list of strings",
+                    Kind::FileOnly => "a table or an array of tables",
                 };
                 return Err(invalid(format!("expected {want}, got {}", v.type_str())));
             }

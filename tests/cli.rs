@@ -273,6 +273,16 @@ fn example_config_documents_every_key_and_loads() {
         ("stats-server", ceems::cmd::stats_server::opts()),
     ] {
         for opt in opts {
+            if opt.kind == ceems::config::Kind::FileOnly {
+                // Tables and arrays of tables: shown (commented) with their header.
+                assert!(
+                    text.contains(&format!("[{sub}.{}]", opt.key)),
+                    "examples/ceems.toml does not show [{sub}.{}] or [[{sub}.{}]]",
+                    opt.key,
+                    opt.key
+                );
+                continue;
+            }
             let last = opt.key.rsplit('.').next().unwrap();
             let table = opt.key.rsplit_once('.').map(|(t, _)| t).unwrap_or("");
             let section = text
@@ -302,4 +312,11 @@ fn example_config_documents_every_key_and_loads() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no --redfish.target configured"), "{err}");
+    let out = Command::new(BIN)
+        .args(["stats-server", "--web.listen-address=not-an-address"])
+        .arg(format!("--config.file={}", path.display()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid listen address"), "{err}");
 }

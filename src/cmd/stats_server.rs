@@ -1,6 +1,7 @@
-//! `ceems stats-server`: jobs from Slurm's accounting into SQLite (:9020). This first part
-//! ingests and serves `/health` and its own `/metrics`; the JSON API comes next.
+//! `ceems stats-server`: jobs from Slurm's accounting into SQLite, their energy, emissions and
+//! usage from Prometheus, and a JSON API for Grafana (:9020).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -11,15 +12,30 @@ use clap::{ArgMatches, Command};
 use hyper::{Method, StatusCode};
 use serde::Deserialize;
 
-use crate::config::{self, Kind, LogConfig, Opt};
+use crate::config::{self, Kind, Layered, LogConfig, Opt};
 use crate::metrics::{Labels, MetricSet, TEXT_CONTENT_TYPE};
-use crate::store::db::Store;
-use crate::store::ingest::{self, Sacct};
+use crate::store::aggregate::{self, HttpPrometheus, Limits, Prometheus, Queries};
+use crate::store::api::Api;
+use crate::store::db::{self, Store};
+use crate::store::ingest::{self, Cluster};
+use crate::store::runner::{self, RunMode, SlurmCommand};
 use crate::web;
 
 pub fn opts() -> Vec<Opt> {
     let mut opts = web::server_opts(":9020");
     opts.extend([
+        Opt::new(
+            "web.admin-users",
+            Kind::List,
+            "User who sees every user's jobs and the /admin routes (repeatable)",
+        )
+        .default(""),
+        Opt::new(
+            "web.user-header-name",
+            Kind::Str,
+            "Request header that names the user (Grafana sends X-Grafana-User)",
+        )
+        .default("X-Grafana-User"),
         Opt::new(
             "storage.data.path",
             Kind::Str,
@@ -27,9 +43,33 @@ pub fn opts() -> Vec<Opt> {
         )
         .default("/var/lib/ceems"),
         Opt::new(
+            "storage.data.retention-period",
+            Kind::Duration,
+            "Jobs that ended longer ago than this are deleted",
+        )
+        .default("1y"),
+        Opt::new(
+            "storage.data.backup.path",
+            Kind::Str,
+            "Directory for online backups of the database (empty: no backups)",
+        )
+        .default(""),
+        Opt::new(
+            "storage.data.backup.interval",
+            Kind::Duration,
+            "Time between two backups",
+        )
+        .default("1d"),
+        Opt::new(
+            "storage.data.backup.keep",
+            Kind::Int,
+            "Backups kept; older ones are deleted",
+        )
+        .default("7"),
+        Opt::new(
             "storage.update-interval",
             Kind::Duration,
-            "How often jobs are pulled from sacct",
+            "How often jobs are pulled from sacct and their aggregates updated",
         )
         .default("15m"),
         Opt::new(
@@ -40,17 +80,75 @@ pub fn opts() -> Vec<Opt> {
         .default("1d"),
         Opt::new("slurm.sacct.path", Kind::Str, "sacct command").default("sacct"),
         Opt::new(
+            "slurm.sacctmgr.path",
+            Kind::Str,
+            "sacctmgr command, for users and projects (empty: none)",
+        )
+        .default("sacctmgr"),
+        Opt::new(
             "slurm.sacct.timeout",
             Kind::Duration,
-            "Kill sacct after this long",
+            "Kill sacct or sacctmgr after this long",
         )
         .default("5m"),
         Opt::new(
+            "slurm.run-as-user",
+            Kind::Str,
+            "Run sacct and sacctmgr as this user when CAP_SETUID/CAP_SETGID allow (else sudo -n, else natively; empty: natively)",
+        )
+        .default("slurm"),
+        Opt::new(
             "slurm.cluster-id",
             Kind::Str,
-            "Name of the cluster in the database",
+            "Name of the cluster in the database (when no `clusters` are configured)",
         )
         .default("slurm-0"),
+        Opt::new(
+            "clusters",
+            Kind::FileOnly,
+            "Clusters in one database: [[stats-server.clusters]] with id, sacct-path, sacctmgr-path, slurm-cluster-name, prometheus-url",
+        ),
+        Opt::new(
+            "prometheus.url",
+            Kind::Str,
+            "Prometheus that holds the exporters' series, for per-job aggregates (empty: none)",
+        )
+        .default(""),
+        Opt::new(
+            "prometheus.timeout",
+            Kind::Duration,
+            "Timeout of one Prometheus query",
+        )
+        .default("1m"),
+        Opt::new(
+            "prometheus.cutoff",
+            Kind::Duration,
+            "Jobs shorter than this get no aggregates",
+        )
+        .default("1m"),
+        Opt::new(
+            "prometheus.max-batch",
+            Kind::Int,
+            "Most jobs in one Prometheus query",
+        )
+        .default("200"),
+        Opt::new(
+            "prometheus.max-samples",
+            Kind::Int,
+            "Prometheus's --query.max-samples; batches stay under half of it",
+        )
+        .default("50000000"),
+        Opt::new(
+            "prometheus.scrape-interval",
+            Kind::Duration,
+            "The exporters' scrape interval, to size batches",
+        )
+        .default("15s"),
+        Opt::new(
+            "prometheus.queries",
+            Kind::FileOnly,
+            "PromQL templates of the aggregates ($uuids, $range); see examples/ceems.toml",
+        ),
     ]);
     opts.extend(crate::security::opts());
     opts.extend(config::log_opts());
@@ -60,7 +158,7 @@ pub fn opts() -> Vec<Opt> {
 pub fn command() -> Command {
     config::build_command(
         Command::new("stats-server")
-            .about("Pull jobs from sacct into SQLite; JSON API for Grafana (:9020)"),
+            .about("Pull jobs from sacct into SQLite; per-job energy and usage from Prometheus; JSON API for Grafana (:9020)"),
         &opts(),
     )
 }
@@ -68,7 +166,7 @@ pub fn command() -> Command {
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 struct Storage {
-    data: DataPath,
+    data: DataSettings,
     #[serde(deserialize_with = "config::de_duration")]
     update_interval: Duration,
     #[serde(deserialize_with = "config::de_duration")]
@@ -76,31 +174,84 @@ struct Storage {
 }
 
 #[derive(Debug, Deserialize)]
-struct DataPath {
-    path: std::path::PathBuf,
+#[serde(rename_all = "kebab-case")]
+struct DataSettings {
+    path: PathBuf,
+    #[serde(deserialize_with = "config::de_duration")]
+    retention_period: Duration,
+    backup: BackupSettings,
+}
+
+#[derive(Debug, Deserialize)]
+struct BackupSettings {
+    path: String,
+    #[serde(deserialize_with = "config::de_duration")]
+    interval: Duration,
+    keep: i64,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 struct SlurmSettings {
     sacct: SacctSettings,
+    sacctmgr: PathSetting,
     cluster_id: String,
+    run_as_user: String,
 }
 
 #[derive(Debug, Deserialize)]
 struct SacctSettings {
-    path: std::path::PathBuf,
+    path: PathBuf,
     #[serde(deserialize_with = "config::de_duration")]
     timeout: Duration,
 }
 
-/// Counters of the ingestion, served on /metrics.
+#[derive(Debug, Deserialize)]
+struct PathSetting {
+    path: String,
+}
+
+/// One `[[stats-server.clusters]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct ClusterSettings {
+    id: String,
+    #[serde(default)]
+    sacct_path: Option<PathBuf>,
+    #[serde(default)]
+    sacctmgr_path: Option<String>,
+    #[serde(default)]
+    slurm_cluster_name: Option<String>,
+    #[serde(default)]
+    prometheus_url: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct PrometheusSettings {
+    url: String,
+    #[serde(deserialize_with = "config::de_duration")]
+    timeout: Duration,
+    #[serde(deserialize_with = "config::de_duration")]
+    cutoff: Duration,
+    max_batch: i64,
+    max_samples: i64,
+    #[serde(deserialize_with = "config::de_duration")]
+    scrape_interval: Duration,
+    #[serde(default)]
+    queries: Queries,
+}
+
+/// Counters of one cluster, served on /metrics.
 #[derive(Default)]
 struct Stats {
     rows: AtomicU64,
     malformed: AtomicU64,
     failures: AtomicU64,
     last_success: AtomicU64,
+    aggregated: AtomicU64,
+    aggregate_failures: AtomicU64,
+    association_failures: AtomicU64,
 }
 
 fn unix_now() -> i64 {
@@ -110,6 +261,62 @@ fn unix_now() -> i64 {
         .unwrap_or(0)
 }
 
+/// A cluster with what it needs at run time.
+struct Source {
+    cluster: Cluster,
+    prometheus: Option<Arc<dyn Prometheus>>,
+    stats: Stats,
+}
+
+/// The Slurm clusters of the configuration: the `clusters` list, or the one of `--slurm.*`.
+fn clusters(settings: &Layered, slurm: &SlurmSettings) -> anyhow::Result<Vec<ClusterSettings>> {
+    let list: Option<Vec<ClusterSettings>> = match settings.table.contains_key("clusters") {
+        true => Some(settings.get("clusters")?),
+        false => None,
+    };
+    let list = list.unwrap_or_else(|| {
+        vec![ClusterSettings {
+            id: slurm.cluster_id.clone(),
+            sacct_path: None,
+            sacctmgr_path: None,
+            slurm_cluster_name: None,
+            prometheus_url: None,
+        }]
+    });
+    let mut seen = std::collections::HashSet::new();
+    for c in &list {
+        anyhow::ensure!(!c.id.is_empty(), "clusters: an entry has an empty id");
+        anyhow::ensure!(
+            seen.insert(c.id.clone()),
+            "clusters: id `{}` appears twice",
+            c.id
+        );
+    }
+    Ok(list)
+}
+
+/// Whether the stats-server keeps CAP_SETUID/CAP_SETGID: to run Slurm commands as a user.
+pub fn needed_capabilities(settings: &Layered) -> anyhow::Result<Vec<caps::Capability>> {
+    let user: String = settings.get("slurm.run-as-user")?;
+    Ok(if user.is_empty() {
+        Vec::new()
+    } else {
+        runner::CAPABILITIES.to_vec()
+    })
+}
+
+/// Decides how Slurm commands run, and logs the choice and why.
+pub fn run_mode(run_as_user: &str, probe: &std::path::Path) -> RunMode {
+    if run_as_user.is_empty() {
+        tracing::info!("Slurm commands run as this process's user (--slurm.run-as-user is empty)");
+        return RunMode::Native;
+    }
+    let facts = runner::Facts::of_process(run_as_user);
+    let (mode, why) = runner::choose(&facts, |sudo| runner::sudo_allows(sudo, probe));
+    tracing::info!(mode = %mode, reasons = %why.join("; "), "how sacct and sacctmgr run");
+    mode
+}
+
 pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let settings = config::load("stats-server", &opts(), matches)?;
     let log: LogConfig = settings.get("log")?;
@@ -117,16 +324,69 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let listen: String = settings.get("web.listen-address")?;
     let storage: Storage = settings.get("storage")?;
     let slurm: SlurmSettings = settings.get("slurm")?;
+    let prom: PrometheusSettings = settings.get("prometheus")?;
+    prom.queries.validate().map_err(anyhow::Error::msg)?;
+    let admins: Vec<String> = settings.get("web.admin-users")?;
+    let user_header: String = settings.get("web.user-header-name")?;
+    hyper::header::HeaderName::from_bytes(user_header.as_bytes())
+        .with_context(|| format!("--web.user-header-name `{user_header}` is not a header name"))?;
+    let cluster_list = clusters(&settings, &slurm)?;
+    anyhow::ensure!(
+        storage.data.backup.keep >= 1,
+        "--storage.data.backup.keep must be at least 1"
+    );
+
     let listener = web::bind_std(&listen)?;
     let security: crate::security::SecuritySettings = settings.get("security")?;
-    crate::security::drop_privileges(&security, &[])
+    crate::security::drop_privileges(&security, &needed_capabilities(&settings)?)
         .context("cannot drop privileges (--security.drop-privileges=false to run as started)")?
         .log("stats-server");
-    let options = web::ServeOptions::new(64)
+    let options = web::ServeOptions::new(256)
         .with_security(web::toolkit::WebSecurity::from_settings(&settings)?);
     std::fs::create_dir_all(&storage.data.path)
         .with_context(|| format!("cannot create {}", storage.data.path.display()))?;
     let db_path = storage.data.path.join("ceems.db");
+    let mode = run_mode(&slurm.run_as_user, &slurm.sacct.path);
+
+    let limits = Limits {
+        cutoff: prom.cutoff,
+        max_batch: usize::try_from(prom.max_batch.max(1)).unwrap_or(1),
+        max_samples: u64::try_from(prom.max_samples.max(1)).unwrap_or(1),
+        scrape_interval: prom.scrape_interval,
+    };
+    let sources: Vec<Source> = cluster_list
+        .into_iter()
+        .map(|c| {
+            let command = |path: PathBuf| SlurmCommand {
+                path,
+                mode: mode.clone(),
+                timeout: slurm.sacct.timeout,
+            };
+            let sacctmgr = c
+                .sacctmgr_path
+                .clone()
+                .unwrap_or_else(|| slurm.sacctmgr.path.clone());
+            let url = c.prometheus_url.clone().unwrap_or_else(|| prom.url.clone());
+            Source {
+                cluster: Cluster {
+                    id: c.id.clone(),
+                    sacct: command(
+                        c.sacct_path
+                            .clone()
+                            .unwrap_or_else(|| slurm.sacct.path.clone()),
+                    ),
+                    sacctmgr: (!sacctmgr.is_empty()).then(|| command(PathBuf::from(sacctmgr))),
+                    slurm_name: c.slurm_cluster_name.clone(),
+                },
+                prometheus: (!url.is_empty()).then(|| {
+                    Arc::new(HttpPrometheus::new(&url, prom.timeout)) as Arc<dyn Prometheus>
+                }),
+                stats: Stats::default(),
+            }
+        })
+        .collect();
+    let sources = Arc::new(sources);
+
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("ceems-stats-server")
@@ -139,67 +399,59 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 .await
                 .with_context(|| format!("cannot open {}", db_path.display()))?,
         );
-        tracing::info!(db = %db_path.display(), cluster = %slurm.cluster_id, "stats-server started");
-        let stats = Arc::new(Stats::default());
-        let sacct = Sacct {
-            path: slurm.sacct.path,
-            timeout: slurm.sacct.timeout,
-        };
-        {
-            let (store, stats, cluster) = (Arc::clone(&store), Arc::clone(&stats), slurm.cluster_id.clone());
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(storage.update_interval);
-                loop {
-                    tick.tick().await;
-                    match ingest::ingest_once(&store, &cluster, &sacct, storage.first_window, unix_now()).await {
-                        Ok(r) => {
-                            stats.rows.fetch_add(r.rows as u64, Ordering::Relaxed);
-                            stats.malformed.fetch_add(r.malformed as u64, Ordering::Relaxed);
-                            stats.last_success.store(unix_now() as u64, Ordering::Relaxed);
-                            tracing::info!(cluster = %cluster, rows = r.rows, malformed = r.malformed, "jobs ingested");
-                        }
-                        Err(e) => {
-                            stats.failures.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(cluster = %cluster, error = %e, "ingestion failed; retrying at the next interval");
-                        }
-                    }
-                }
-            });
+        store.set_admins("config", &admins).await.context("saving the admin users")?;
+        tracing::info!(db = %db_path.display(), clusters = sources.len(), admins = admins.len(), "stats-server started");
+        tokio::spawn(update_loop(
+            Arc::clone(&store),
+            Arc::clone(&sources),
+            prom.queries,
+            limits,
+            storage.update_interval,
+            storage.first_window,
+            storage.data.retention_period,
+        ));
+        if !storage.data.backup.path.is_empty() {
+            tokio::spawn(backup_loop(
+                Arc::clone(&store),
+                PathBuf::from(&storage.data.backup.path),
+                storage.data.backup.interval,
+                usize::try_from(storage.data.backup.keep).unwrap_or(1),
+            ));
         }
         let listener = web::into_async(listener)
             .with_context(|| format!("cannot listen on {listen}"))?;
         tracing::info!(address = %listen, "listening");
-        let cluster = slurm.cluster_id;
+        let api = Arc::new(Api::new(Arc::clone(&store), &user_header));
         let handler: web::Handler = Arc::new(move |req| {
-            let stats = Arc::clone(&stats);
-            let cluster = cluster.clone();
+            let sources = Arc::clone(&sources);
+            let api = Arc::clone(&api);
             Box::pin(async move {
                 if req.method() != Method::GET {
                     return web::text_response(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
                 }
-                match req.uri().path() {
+                let path = req.uri().path();
+                if path.starts_with("/api/") {
+                    let user = req
+                        .headers()
+                        .get(api.user_header.as_str())
+                        .and_then(|v| v.to_str().ok());
+                    let answer = api.handle(path, req.uri().query(), user, unix_now()).await;
+                    let mut resp = web::body_response(
+                        answer.body.to_string(),
+                        "application/json",
+                        web::accepts_gzip(&req),
+                    );
+                    *resp.status_mut() = answer.status;
+                    return resp;
+                }
+                match path {
                     "/health" => web::text_response(StatusCode::OK, "OK\n"),
-                    "/metrics" => {
-                        let labels = Labels::new(&[("cluster_id", &cluster)]);
-                        let mut set = MetricSet::new();
-                        for (name, help, v) in [
-                            ("ceems_stats_ingested_rows_total", "Job rows written from sacct", &stats.rows),
-                            ("ceems_stats_sacct_malformed_lines_total", "sacct lines skipped as malformed", &stats.malformed),
-                            ("ceems_stats_ingest_failures_total", "Ingestion runs that failed", &stats.failures),
-                        ] {
-                            set.counter(name, help, labels.clone(), v.load(Ordering::Relaxed) as f64);
-                        }
-                        set.gauge(
-                            "ceems_stats_last_ingest_timestamp_seconds",
-                            "When the last ingestion succeeded",
-                            labels,
-                            stats.last_success.load(Ordering::Relaxed) as f64,
-                        );
-                        let mut body = String::new();
-                        set.encode_text(&mut body);
-                        web::body_response(body, TEXT_CONTENT_TYPE, web::accepts_gzip(&req))
-                    }
-                    _ => web::text_response(StatusCode::NOT_FOUND, "not found (the JSON API is not implemented yet)\n"),
+                    "/metrics" => web::body_response(
+                        metrics(&sources),
+                        TEXT_CONTENT_TYPE,
+                        web::accepts_gzip(&req),
+                    ),
+                    _ => web::text_response(StatusCode::NOT_FOUND, "not found; the API is under /api/v1\n"),
                 }
             })
         });
@@ -207,4 +459,169 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+fn metrics(sources: &[Source]) -> String {
+    let mut set = MetricSet::new();
+    for s in sources {
+        let labels = Labels::new(&[("cluster_id", &s.cluster.id)]);
+        let st = &s.stats;
+        for (name, help, v) in [
+            (
+                "ceems_stats_ingested_rows_total",
+                "Job rows written from sacct",
+                &st.rows,
+            ),
+            (
+                "ceems_stats_sacct_malformed_lines_total",
+                "sacct lines skipped as malformed",
+                &st.malformed,
+            ),
+            (
+                "ceems_stats_ingest_failures_total",
+                "Ingestion runs that failed",
+                &st.failures,
+            ),
+            (
+                "ceems_stats_aggregated_units_total",
+                "Job aggregate updates written from Prometheus",
+                &st.aggregated,
+            ),
+            (
+                "ceems_stats_aggregate_failures_total",
+                "Aggregate runs that failed (retried at the next run)",
+                &st.aggregate_failures,
+            ),
+            (
+                "ceems_stats_sacctmgr_failures_total",
+                "Runs of sacctmgr that failed",
+                &st.association_failures,
+            ),
+        ] {
+            set.counter(name, help, labels.clone(), v.load(Ordering::Relaxed) as f64);
+        }
+        set.gauge(
+            "ceems_stats_last_ingest_timestamp_seconds",
+            "When the last ingestion succeeded",
+            labels,
+            st.last_success.load(Ordering::Relaxed) as f64,
+        );
+    }
+    let mut body = String::new();
+    set.encode_text(&mut body);
+    body
+}
+
+/// Every interval: users and projects, jobs, aggregates and usage of each cluster, then
+/// retention.
+async fn update_loop(
+    store: Arc<Store>,
+    sources: Arc<Vec<Source>>,
+    queries: Queries,
+    limits: Limits,
+    interval: Duration,
+    first_window: Duration,
+    retention: Duration,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        for s in sources.iter() {
+            let id = s.cluster.id.as_str();
+            let st = &s.stats;
+            match ingest::sync_associations(&store, &s.cluster, unix_now()).await {
+                Ok(Some(n)) => {
+                    tracing::debug!(cluster = id, associations = n, "users and projects updated")
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    st.association_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(cluster = id, error = %e, "users and projects not updated");
+                }
+            }
+            match ingest::ingest_once(&store, &s.cluster, first_window, unix_now()).await {
+                Ok(r) => {
+                    st.rows.fetch_add(r.rows as u64, Ordering::Relaxed);
+                    st.malformed
+                        .fetch_add(r.malformed as u64, Ordering::Relaxed);
+                    st.last_success.store(unix_now() as u64, Ordering::Relaxed);
+                    tracing::info!(
+                        cluster = id,
+                        rows = r.rows,
+                        malformed = r.malformed,
+                        "jobs ingested"
+                    );
+                }
+                Err(e) => {
+                    st.failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(cluster = id, error = %e, "ingestion failed; retrying at the next interval");
+                }
+            }
+            if let Some(prometheus) = &s.prometheus {
+                match aggregate::update(
+                    &store,
+                    Arc::clone(prometheus),
+                    &queries,
+                    &limits,
+                    id,
+                    unix_now(),
+                )
+                .await
+                {
+                    Ok(r) => {
+                        st.aggregated.fetch_add(r.updated as u64, Ordering::Relaxed);
+                        tracing::info!(
+                            cluster = id,
+                            jobs = r.updated,
+                            too_short = r.too_short,
+                            queries = r.queries,
+                            "aggregates updated"
+                        );
+                    }
+                    Err(e) => {
+                        st.aggregate_failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(cluster = id, error = %e, "aggregates not updated; retried at the next interval");
+                    }
+                }
+            }
+            if let Err(e) = store.rebuild_usage(id, unix_now()).await {
+                tracing::warn!(cluster = id, error = %e, "usage not rebuilt");
+            }
+        }
+        let before = unix_now() - i64::try_from(retention.as_secs()).unwrap_or(i64::MAX / 2);
+        match store.delete_ended_before(before).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(jobs = n, "deleted jobs past the retention period"),
+            Err(e) => tracing::warn!(error = %e, "retention failed"),
+        }
+    }
+}
+
+async fn backup_loop(store: Arc<Store>, dir: PathBuf, interval: Duration, keep: usize) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot create the backup directory");
+            continue;
+        }
+        let path = dir.join(db::backup_name(unix_now()));
+        match store.backup_to(&path).await {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), "database backed up");
+                match db::prune_backups(&dir, keep) {
+                    Ok(old) if !old.is_empty() => {
+                        tracing::info!(deleted = old.len(), "old backups pruned")
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(dir = %dir.display(), error = %e, "cannot prune backups")
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(path = %path.display(), error = %e, "backup failed"),
+        }
+    }
 }

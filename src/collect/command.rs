@@ -59,9 +59,27 @@ pub fn run_env(
     timeout: Duration,
     max_output: u64,
 ) -> Result<String, CommandError> {
+    run_as(program, args, env, timeout, max_output, None)
+}
+
+/// As [`run_env`], and the child switches to `user` (uid, gid) before it executes `program`:
+/// the calling thread must then hold CAP_SETUID and CAP_SETGID in its effective set (see
+/// `security::with_capabilities`); the program itself starts with none.
+pub fn run_as(
+    program: &Path,
+    args: &[String],
+    env: &[(&str, &str)],
+    timeout: Duration,
+    max_output: u64,
+    user: Option<(u32, u32)>,
+) -> Result<String, CommandError> {
     use std::os::unix::process::CommandExt;
     let name = program.display().to_string();
-    let mut child = Command::new(program)
+    let mut command = Command::new(program);
+    if let Some((uid, gid)) = user {
+        command.uid(uid).gid(gid);
+    }
+    let mut child = command
         .args(args)
         .envs(env.iter().copied())
         .stdin(Stdio::null())

@@ -11,7 +11,7 @@ use sqlx::sqlite::{
 };
 use sqlx::Row;
 
-use super::sacct::Job;
+use super::sacct::{Associations, Job};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -45,7 +45,8 @@ impl Store {
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(true);
         let pool = SqlitePoolOptions::new()
-            .max_connections(4)
+            // WAL lets readers run beside the writer; API requests take the rest.
+            .max_connections(8)
             .connect_with(opts)
             .await
             .map_err(open_err)?;
@@ -202,6 +203,295 @@ impl Store {
     }
 }
 
+/// A job whose aggregates are due: the window from `from` to `to` is not yet counted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AggregateTarget {
+    pub row: i64,
+    pub uuid: String,
+    /// Counted up to here already (None: never).
+    pub counted_until: Option<i64>,
+    pub from: i64,
+    pub to: i64,
+    pub ended: bool,
+}
+
+/// What Prometheus said about one job over one window.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AggregateDelta {
+    pub row: i64,
+    pub to: i64,
+    pub ended: bool,
+    /// Seconds of the job's life inside the window.
+    pub seconds: i64,
+    pub cpu_seconds: f64,
+    pub cpu_energy_joules: f64,
+    pub host_energy_joules: f64,
+    pub gpu_energy_joules: f64,
+    pub emissions_grams: f64,
+    pub io_read_bytes: f64,
+    pub io_write_bytes: f64,
+    pub mean_memory_bytes: Option<f64>,
+    pub mean_gpu_utilization: Option<f64>,
+}
+
+impl Store {
+    /// Replaces the users, projects and associations of `cluster` in one transaction.
+    pub async fn replace_associations(
+        &self,
+        cluster: &str,
+        a: &Associations,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        for table in ["users", "projects", "associations"] {
+            sqlx::query(&format!("DELETE FROM {table} WHERE cluster_id = ?1"))
+                .bind(cluster)
+                .execute(&mut *tx)
+                .await?;
+        }
+        for p in &a.projects {
+            sqlx::query(
+                "INSERT INTO projects (cluster_id, name, last_updated_at) VALUES (?1, ?2, ?3)",
+            )
+            .bind(cluster)
+            .bind(p)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        for (user, project) in &a.members {
+            sqlx::query(
+                "INSERT INTO users (cluster_id, name, last_updated_at) VALUES (?1, ?2, ?3)
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(cluster)
+            .bind(user)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(
+                "INSERT INTO associations (cluster_id, usr, project) VALUES (?1, ?2, ?3)
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(cluster)
+            .bind(user)
+            .bind(project)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Replaces the admin users that came from `source` (the configuration).
+    pub async fn set_admins(&self, source: &str, names: &[String]) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM admin_users WHERE source = ?1")
+            .bind(source)
+            .execute(&mut *tx)
+            .await?;
+        for n in names {
+            sqlx::query(
+                "INSERT INTO admin_users (name, source) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+            )
+            .bind(n)
+            .bind(source)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// A trivial query: the database answers.
+    pub async fn integrity_ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").fetch_one(&self.pool).await?;
+        Ok(())
+    }
+
+    pub async fn is_admin(&self, name: &str) -> Result<bool, StoreError> {
+        Ok(sqlx::query("SELECT 1 FROM admin_users WHERE name = ?1")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?
+            .is_some())
+    }
+
+    /// Marks ended jobs shorter than `cutoff` seconds as too short to aggregate, and returns
+    /// how many.
+    pub async fn mark_too_short(
+        &self,
+        cluster: &str,
+        cutoff: i64,
+        now: i64,
+    ) -> Result<u64, StoreError> {
+        Ok(sqlx::query(
+            "UPDATE units SET aggregates_status = 'too_short', aggregates_updated_at = ?3
+             WHERE cluster_id = ?1 AND aggregates_status = 'pending'
+               AND ended_at IS NOT NULL AND elapsed_seconds < ?2",
+        )
+        .bind(cluster)
+        .bind(cutoff)
+        .bind(now)
+        .execute(&self.pool)
+        .await?
+        .rows_affected())
+    }
+
+    /// Started jobs whose aggregates are not complete, with the window still to count.
+    pub async fn aggregate_targets(
+        &self,
+        cluster: &str,
+        now: i64,
+    ) -> Result<Vec<AggregateTarget>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, uuid, aggregates_until, started_at, ended_at FROM units
+             WHERE cluster_id = ?1 AND aggregates_status IN ('pending', 'partial')
+               AND started_at > 0",
+        )
+        .bind(cluster)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let counted_until: Option<i64> = r.get(2);
+                let started: i64 = r.get(3);
+                let ended: Option<i64> = r.get(4);
+                AggregateTarget {
+                    row: r.get(0),
+                    uuid: r.get(1),
+                    counted_until,
+                    from: counted_until.unwrap_or(started).max(started),
+                    to: ended.unwrap_or(now).min(now),
+                    ended: ended.is_some(),
+                }
+            })
+            .collect())
+    }
+
+    /// Adds one window's aggregates to their jobs in one transaction.
+    pub async fn apply_aggregates(
+        &self,
+        deltas: &[AggregateDelta],
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        for d in deltas {
+            // A mean absent from this window keeps its value; weights are the covered seconds.
+            sqlx::query(
+                "UPDATE units SET
+                    cpu_seconds = cpu_seconds + ?2,
+                    cpu_energy_joules = cpu_energy_joules + ?3,
+                    host_energy_joules = host_energy_joules + ?4,
+                    gpu_energy_joules = gpu_energy_joules + ?5,
+                    emissions_grams = emissions_grams + ?6,
+                    io_read_bytes = io_read_bytes + ?7,
+                    io_write_bytes = io_write_bytes + ?8,
+                    mean_memory_bytes = CASE WHEN ?9 IS NULL OR aggregated_seconds + ?11 = 0
+                        THEN mean_memory_bytes
+                        ELSE (mean_memory_bytes * aggregated_seconds + ?9 * ?11) / (aggregated_seconds + ?11) END,
+                    mean_gpu_utilization = CASE WHEN ?10 IS NULL OR aggregated_seconds + ?11 = 0
+                        THEN mean_gpu_utilization
+                        ELSE (mean_gpu_utilization * aggregated_seconds + ?10 * ?11) / (aggregated_seconds + ?11) END,
+                    aggregated_seconds = aggregated_seconds + ?11,
+                    aggregates_until = ?12,
+                    aggregates_status = CASE WHEN ?13 THEN 'done' ELSE 'partial' END,
+                    aggregates_updated_at = ?14
+                 WHERE id = ?1",
+            )
+            .bind(d.row)
+            .bind(d.cpu_seconds)
+            .bind(d.cpu_energy_joules)
+            .bind(d.host_energy_joules)
+            .bind(d.gpu_energy_joules)
+            .bind(d.emissions_grams)
+            .bind(d.io_read_bytes)
+            .bind(d.io_write_bytes)
+            .bind(d.mean_memory_bytes)
+            .bind(d.mean_gpu_utilization)
+            .bind(d.seconds.max(0))
+            .bind(d.to)
+            .bind(d.ended)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Rebuilds the per-project, per-user usage of `cluster` from its jobs.
+    pub async fn rebuild_usage(&self, cluster: &str, now: i64) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM usage WHERE cluster_id = ?1")
+            .bind(cluster)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO usage (cluster_id, project, usr, num_units, elapsed_seconds, cpu_seconds,
+                alloc_cpu_seconds, cpu_energy_joules, host_energy_joules, gpu_energy_joules,
+                emissions_grams, io_read_bytes, io_write_bytes, last_updated_at)
+             SELECT cluster_id, project, usr, count(*), sum(elapsed_seconds), sum(cpu_seconds),
+                sum(alloc_cpus * aggregated_seconds), sum(cpu_energy_joules),
+                sum(host_energy_joules), sum(gpu_energy_joules), sum(emissions_grams),
+                sum(io_read_bytes), sum(io_write_bytes), ?2
+             FROM units WHERE cluster_id = ?1 AND started_at > 0
+             GROUP BY project, usr",
+        )
+        .bind(cluster)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Deletes jobs that ended before `before`. Returns how many.
+    pub async fn delete_ended_before(&self, before: i64) -> Result<u64, StoreError> {
+        Ok(
+            sqlx::query("DELETE FROM units WHERE ended_at IS NOT NULL AND ended_at < ?1")
+                .bind(before)
+                .execute(&self.pool)
+                .await?
+                .rows_affected(),
+        )
+    }
+
+    /// Writes a consistent copy of the database to `path` (`VACUUM INTO`) while it stays in use.
+    pub async fn backup_to(&self, path: &Path) -> Result<(), StoreError> {
+        sqlx::query("VACUUM INTO ?1")
+            .bind(path.display().to_string())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Name of a backup taken at `now`; they sort by time.
+pub fn backup_name(now: i64) -> String {
+    format!("ceems-{now:012}.db")
+}
+
+/// Deletes all but the newest `keep` backups in `dir`. Returns the deleted paths.
+pub fn prune_backups(dir: &Path, keep: usize) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let mut found: Vec<std::path::PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("ceems-") && n.ends_with(".db"))
+        })
+        .collect();
+    found.sort();
+    let excess = found.len().saturating_sub(keep);
+    let old: Vec<_> = found.drain(..excess).collect();
+    for p in &old {
+        std::fs::remove_file(p)?;
+    }
+    Ok(old)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,5 +538,40 @@ mod tests {
             .unwrap()
             .get(0);
         assert_eq!(mode, "wal");
+    }
+
+    #[tokio::test]
+    async fn retention_deletes_only_jobs_that_ended_before_the_cutoff_and_backups_are_pruned() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(&tmp.path().join("ceems.db")).await.unwrap();
+        let (jobs, _) = sacct::parse_output(LINES);
+        store.ingest("lab", &jobs, 100, 1).await.unwrap();
+        // Job 1 ended at 1795358926; job 2 is pending (no end): it stays whatever the cutoff.
+        assert_eq!(store.delete_ended_before(1795358926).await.unwrap(), 0);
+        assert_eq!(store.delete_ended_before(1795358927).await.unwrap(), 1);
+        assert_eq!(store.delete_ended_before(i64::MAX).await.unwrap(), 0);
+        assert_eq!(store.count_units("lab").await.unwrap(), 1);
+
+        let dir = tmp.path().join("backups");
+        std::fs::create_dir(&dir).unwrap();
+        for t in [10, 20, 30] {
+            store.backup_to(&dir.join(backup_name(t))).await.unwrap();
+        }
+        std::fs::write(dir.join("notes.txt"), "kept").unwrap();
+        let gone = prune_backups(&dir, 2).unwrap();
+        assert_eq!(gone, vec![dir.join(backup_name(10))]);
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [backup_name(20), backup_name(30), "notes.txt".to_owned()]
+        );
+        // A backup is a database in its own right, with the job in it.
+        let copy = Store::open(&dir.join(backup_name(30))).await.unwrap();
+        assert_eq!(copy.count_units("lab").await.unwrap(), 1);
+        assert_eq!(copy.integrity_check().await.unwrap(), "ok");
     }
 }

@@ -1,16 +1,19 @@
 //! Jobs from `sacct` into the store: the window since the last committed run (with an overlap,
 //! since running jobs change), in batches that each commit in one transaction; the window only
-//! moves with the last batch, so a crash re-ingests at most the uncommitted rest.
+//! moves with the last batch, so a crash re-ingests at most the uncommitted rest. Users and
+//! projects come from `sacctmgr`.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use super::db::{Store, StoreError};
+use super::runner::SlurmCommand;
 use super::sacct::{self, FIELDS};
 use crate::collect::command;
 
 /// Largest sacct answer read (about six million jobs).
 pub const MAX_SACCT_OUTPUT: u64 = 1 << 30;
+/// Largest sacctmgr answer read.
+pub const MAX_SACCTMGR_OUTPUT: u64 = 64 << 20;
 /// Rows per transaction.
 pub const BATCH_ROWS: usize = 10_000;
 /// Each window starts this much before the end of the last one.
@@ -24,17 +27,21 @@ pub enum IngestError {
     Store(#[from] StoreError),
 }
 
-/// How to run sacct.
+/// One Slurm cluster the server pulls from.
 #[derive(Debug, Clone)]
-pub struct Sacct {
-    pub path: PathBuf,
-    pub timeout: Duration,
+pub struct Cluster {
+    /// Its name in the database and the API.
+    pub id: String,
+    pub sacct: SlurmCommand,
+    pub sacctmgr: Option<SlurmCommand>,
+    /// `--clusters=<name>` for both commands, for a slurmdbd that serves several clusters.
+    pub slurm_name: Option<String>,
 }
 
-impl Sacct {
-    /// The arguments for jobs since `seconds_ago` until now, every user, allocations only.
-    pub fn args(seconds_ago: i64) -> Vec<String> {
-        vec![
+impl Cluster {
+    /// The sacct arguments for jobs since `seconds_ago` until now, every user, allocations only.
+    pub fn sacct_args(&self, seconds_ago: i64) -> Vec<String> {
+        let mut args = vec![
             "-D".into(),
             "-X".into(),
             "--noheader".into(),
@@ -47,17 +54,35 @@ impl Sacct {
             format!("now-{}", seconds_ago.max(0)),
             "--endtime".into(),
             "now".into(),
-        ]
+        ];
+        if let Some(name) = &self.slurm_name {
+            args.push(format!("--clusters={name}"));
+        }
+        args
     }
 
-    pub fn run(&self, seconds_ago: i64) -> Result<String, command::CommandError> {
-        command::run_env(
-            &self.path,
-            &Self::args(seconds_ago),
+    pub fn run_sacct(&self, seconds_ago: i64) -> Result<String, command::CommandError> {
+        self.sacct.run(
+            &self.sacct_args(seconds_ago),
             &[("SLURM_TIME_FORMAT", "%s")],
-            self.timeout,
             MAX_SACCT_OUTPUT,
         )
+    }
+
+    pub fn sacctmgr_args(&self) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "list",
+            "associations",
+            "--noheader",
+            "--parsable2",
+            "format=account,user",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        if let Some(name) = &self.slurm_name {
+            args.push(format!("cluster={name}"));
+        }
+        args
     }
 }
 
@@ -68,44 +93,74 @@ pub struct IngestReport {
     pub malformed: usize,
 }
 
+async fn blocking<T: Send + 'static>(
+    program: &std::path::Path,
+    f: impl FnOnce() -> Result<T, command::CommandError> + Send + 'static,
+) -> Result<T, command::CommandError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| command::CommandError::Wait {
+            program: program.display().to_string(),
+            source: std::io::Error::other(e),
+        })?
+}
+
 /// Ingests the window of `cluster` ending now. The first run looks back `first_window`.
 pub async fn ingest_once(
     store: &Store,
-    cluster: &str,
-    sacct: &Sacct,
+    cluster: &Cluster,
     first_window: Duration,
     now: i64,
 ) -> Result<IngestReport, IngestError> {
-    let start = match store.window_start(cluster).await? {
+    let id = cluster.id.as_str();
+    let start = match store.window_start(id).await? {
         Some(s) => s,
         None => now - i64::try_from(first_window.as_secs()).unwrap_or(i64::MAX / 2),
     };
-    let s = sacct.clone();
-    let output = tokio::task::spawn_blocking(move || s.run(now - start))
-        .await
-        .map_err(|e| command::CommandError::Wait {
-            program: sacct.path.display().to_string(),
-            source: std::io::Error::other(e),
-        })??;
-    let (jobs, errors) = sacct::parse_output(&output);
-    for e in &errors {
-        tracing::warn!(cluster, line = e.line, error = %e.message, "skipping malformed sacct line");
-    }
-    let next = now - i64::try_from(OVERLAP.as_secs()).unwrap_or(0);
-    let chunks: Vec<&[sacct::Job]> = jobs.chunks(BATCH_ROWS).collect();
-    let last = chunks.len().saturating_sub(1);
-    for (i, chunk) in chunks.iter().enumerate() {
-        if i == last {
-            store.ingest(cluster, chunk, next.max(start), now).await?;
-        } else {
-            store.upsert_jobs(cluster, chunk, now).await?;
+    let c = cluster.clone();
+    let output = blocking(&cluster.sacct.path, move || c.run_sacct(now - start)).await?;
+    let next = (now - i64::try_from(OVERLAP.as_secs()).unwrap_or(0)).max(start);
+    // Parsed and committed a batch at a time, so only one batch of jobs is ever in memory.
+    let mut report = IngestReport::default();
+    let mut batch = Vec::with_capacity(BATCH_ROWS);
+    let mut lines = output.lines().enumerate().peekable();
+    while let Some((i, line)) = lines.next() {
+        if !line.trim().is_empty() {
+            match sacct::parse_line(i + 1, line) {
+                Ok(job) => batch.push(job),
+                Err(e) => {
+                    report.malformed += 1;
+                    tracing::warn!(cluster = id, line = e.line, error = %e.message, "skipping malformed sacct line");
+                }
+            }
+        }
+        if batch.len() == BATCH_ROWS && lines.peek().is_some() {
+            store.upsert_jobs(id, &batch, now).await?;
+            report.rows += batch.len();
+            batch.clear();
         }
     }
-    if jobs.is_empty() {
-        store.ingest(cluster, &[], next.max(start), now).await?;
+    store.ingest(id, &batch, next, now).await?;
+    report.rows += batch.len();
+    Ok(report)
+}
+
+/// Replaces the users, projects and their associations of `cluster` with sacctmgr's.
+pub async fn sync_associations(
+    store: &Store,
+    cluster: &Cluster,
+    now: i64,
+) -> Result<Option<usize>, IngestError> {
+    let Some(cmd) = cluster.sacctmgr.clone() else {
+        return Ok(None);
+    };
+    let args = cluster.sacctmgr_args();
+    let path = cmd.path.clone();
+    let output = blocking(&path, move || cmd.run(&args, &[], MAX_SACCTMGR_OUTPUT)).await?;
+    let (assoc, errors) = sacct::parse_associations(&output);
+    for e in &errors {
+        tracing::warn!(cluster = %cluster.id, line = e.line, error = %e.message, "skipping malformed sacctmgr line");
     }
-    Ok(IngestReport {
-        rows: jobs.len(),
-        malformed: errors.len(),
-    })
+    store.replace_associations(&cluster.id, &assoc, now).await?;
+    Ok(Some(assoc.members.len()))
 }

@@ -1,5 +1,8 @@
 //! The stats-server's data: jobs from Slurm's accounting (`sacct`) into SQLite.
 
+pub mod aggregate;
+pub mod api;
 pub mod db;
 pub mod ingest;
+pub mod runner;
 pub mod sacct;

@@ -249,9 +249,68 @@ pub fn parse_output(text: &str) -> (Vec<Job>, Vec<ParseError>) {
     (jobs, errors)
 }
 
+/// Users and projects (accounts) of `sacctmgr list associations --noheader --parsable2
+/// format=account,user`: `physics|alice`, and `physics|` for the account's own association.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Associations {
+    pub projects: Vec<String>,
+    /// (user, project)
+    pub members: Vec<(String, String)>,
+}
+
+pub fn parse_associations(text: &str) -> (Associations, Vec<ParseError>) {
+    let mut a = Associations::default();
+    let mut errors = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let Some((account, user)) = line.split_once('|') else {
+            errors.push(ParseError::new(
+                i + 1,
+                format!("`{line}` is not account|user"),
+            ));
+            continue;
+        };
+        let (account, user) = (account.trim(), user.trim());
+        if account.is_empty() || user.contains('|') {
+            errors.push(ParseError::new(
+                i + 1,
+                format!("`{line}` is not account|user"),
+            ));
+            continue;
+        }
+        if !a.projects.iter().any(|p| p == account) {
+            a.projects.push(account.to_owned());
+        }
+        if !user.is_empty() {
+            a.members.push((user.to_owned(), account.to_owned()));
+        }
+    }
+    (a, errors)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn associations_from_the_lab() {
+        // `sacctmgr list associations --noheader --parsable2 format=account,user` on the lab.
+        let (a, errors) = parse_associations(
+            "root|\nroot|root\nchemistry|\nchemistry|bob\nphysics|\nphysics|alice\nbad line\n|x\n",
+        );
+        assert_eq!(a.projects, ["root", "chemistry", "physics"]);
+        assert_eq!(
+            a.members,
+            [
+                ("root".to_owned(), "root".to_owned()),
+                ("bob".to_owned(), "chemistry".to_owned()),
+                ("alice".to_owned(), "physics".to_owned())
+            ]
+        );
+        assert_eq!(errors.iter().map(|e| e.line).collect::<Vec<_>>(), [7, 8]);
+    }
 
     /// Lines from the lab's Slurm 22.05 (`scripts/slurm-lab.sh`), with SLURM_TIME_FORMAT=%s.
     const LAB: &str = "\

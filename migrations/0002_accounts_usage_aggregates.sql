@@ -1,0 +1,71 @@
+-- Per-job aggregates from Prometheus. Totals add up over the update windows; means are
+-- time-weighted over aggregated_seconds. aggregates_until is where the next window starts, so
+-- a run that failed is retried from there and nothing is counted twice.
+ALTER TABLE units ADD COLUMN cpu_seconds REAL NOT NULL DEFAULT 0;
+ALTER TABLE units ADD COLUMN cpu_energy_joules REAL NOT NULL DEFAULT 0;
+ALTER TABLE units ADD COLUMN host_energy_joules REAL NOT NULL DEFAULT 0;
+ALTER TABLE units ADD COLUMN gpu_energy_joules REAL NOT NULL DEFAULT 0;
+ALTER TABLE units ADD COLUMN emissions_grams REAL NOT NULL DEFAULT 0;
+ALTER TABLE units ADD COLUMN mean_memory_bytes REAL NOT NULL DEFAULT 0;
+ALTER TABLE units ADD COLUMN mean_gpu_utilization REAL NOT NULL DEFAULT 0;
+ALTER TABLE units ADD COLUMN io_read_bytes REAL NOT NULL DEFAULT 0;
+ALTER TABLE units ADD COLUMN io_write_bytes REAL NOT NULL DEFAULT 0;
+ALTER TABLE units ADD COLUMN aggregated_seconds INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE units ADD COLUMN aggregates_until INTEGER;
+ALTER TABLE units ADD COLUMN aggregates_updated_at INTEGER;
+-- pending, partial (running), done, too_short
+ALTER TABLE units ADD COLUMN aggregates_status TEXT NOT NULL DEFAULT 'pending';
+
+CREATE INDEX units_to_aggregate ON units (cluster_id, aggregates_status)
+    WHERE aggregates_status IN ('pending', 'partial');
+CREATE INDEX units_by_end ON units (ended_at);
+
+-- Users and projects (Slurm accounts) from `sacctmgr list associations`.
+CREATE TABLE users (
+    cluster_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    last_updated_at INTEGER NOT NULL,
+    PRIMARY KEY (cluster_id, name)
+);
+
+CREATE TABLE projects (
+    cluster_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    last_updated_at INTEGER NOT NULL,
+    PRIMARY KEY (cluster_id, name)
+);
+
+CREATE TABLE associations (
+    cluster_id TEXT NOT NULL,
+    usr TEXT NOT NULL,
+    project TEXT NOT NULL,
+    PRIMARY KEY (cluster_id, usr, project)
+);
+
+-- Users who see every job: from the configuration, replaced at each start.
+CREATE TABLE admin_users (
+    name TEXT PRIMARY KEY,
+    source TEXT NOT NULL
+);
+
+-- Usage per cluster, project and user over all stored jobs, rebuilt after each update.
+CREATE TABLE usage (
+    cluster_id TEXT NOT NULL,
+    project TEXT NOT NULL,
+    usr TEXT NOT NULL,
+    num_units INTEGER NOT NULL,
+    elapsed_seconds INTEGER NOT NULL,
+    cpu_seconds REAL NOT NULL,
+    alloc_cpu_seconds REAL NOT NULL,
+    cpu_energy_joules REAL NOT NULL,
+    host_energy_joules REAL NOT NULL,
+    gpu_energy_joules REAL NOT NULL,
+    emissions_grams REAL NOT NULL,
+    io_read_bytes REAL NOT NULL,
+    io_write_bytes REAL NOT NULL,
+    last_updated_at INTEGER NOT NULL,
+    PRIMARY KEY (cluster_id, project, usr)
+);
+
+-- The API's per-user listing: jobs that ended after `from`, and those still running.
+CREATE INDEX units_by_user_end ON units (usr, ended_at);

@@ -1,0 +1,596 @@
+//! Per-job aggregates from Prometheus. Each run counts, for every started job, the window from
+//! where its last counted window ended to now (or to its end), so a run that fails is retried
+//! by the next one over a longer window, and nothing is counted twice.
+//!
+//! Jobs are asked for in batches, one instant query per aggregate and batch, with `$uuids`
+//! (a regex alternation of job ids) and `$range` (the window, `123s`) filled in. Batches are
+//! sized to stay under Prometheus's `--query.max-samples`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::db::{AggregateDelta, AggregateTarget, Store, StoreError};
+
+/// How an aggregate's query result adds to a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AggregateKind {
+    /// The value is what the window added (a counter's increase).
+    Total,
+    /// The value is a mean rate over the window; it adds `value × seconds`.
+    MeanRate,
+    /// The value is a mean level; the job keeps a time-weighted mean.
+    Mean,
+}
+
+/// The query of each aggregate. An empty query turns that aggregate off.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct Queries {
+    pub cpu_seconds: String,
+    pub cpu_power_watts: String,
+    pub host_power_watts: String,
+    pub gpu_energy_joules: String,
+    pub emissions_grams_per_second: String,
+    pub memory_bytes: String,
+    pub gpu_utilization: String,
+    pub io_read_bytes: String,
+    pub io_write_bytes: String,
+}
+
+impl Default for Queries {
+    /// Queries over the exporter's series and the recording rules of
+    /// `examples/prometheus/rules/ceems-host-power.rules.yml`.
+    fn default() -> Queries {
+        let q = |s: &str| s.to_owned();
+        Queries {
+            cpu_seconds: q(
+                r#"sum by (uuid) (increase(ceems_compute_unit_cpu_user_seconds_total{uuid=~"$uuids"}[$range]) + increase(ceems_compute_unit_cpu_system_seconds_total{uuid=~"$uuids"}[$range]))"#,
+            ),
+            cpu_power_watts: q(
+                r#"sum by (uuid) (avg_over_time(uuid:ceems_cpu_power_watts:pue{uuid=~"$uuids"}[$range]))"#,
+            ),
+            host_power_watts: q(
+                r#"sum by (uuid) (avg_over_time(uuid:ceems_host_power_watts:pue{uuid=~"$uuids"}[$range]))"#,
+            ),
+            gpu_energy_joules: q(
+                r#"sum by (uuid) (increase(ceems_compute_unit_gpu_energy_joules_total{uuid=~"$uuids"}[$range]))"#,
+            ),
+            emissions_grams_per_second: q(
+                r#"sum by (uuid) (avg_over_time(uuid:ceems_host_emissions_g_s:pue{uuid=~"$uuids"}[$range]))"#,
+            ),
+            memory_bytes: q(
+                r#"sum by (uuid) (avg_over_time(ceems_compute_unit_memory_used_bytes{uuid=~"$uuids"}[$range]))"#,
+            ),
+            gpu_utilization: q(
+                r#"avg by (uuid) (avg_over_time(ceems_compute_unit_gpu_utilization_ratio{uuid=~"$uuids"}[$range]))"#,
+            ),
+            io_read_bytes: q(
+                r#"sum by (uuid) (increase(ceems_compute_unit_blkio_read_bytes_total{uuid=~"$uuids"}[$range]))"#,
+            ),
+            io_write_bytes: q(
+                r#"sum by (uuid) (increase(ceems_compute_unit_blkio_write_bytes_total{uuid=~"$uuids"}[$range]))"#,
+            ),
+        }
+    }
+}
+
+/// Index of each aggregate in [`Queries::list`].
+#[derive(Debug, Clone, Copy)]
+enum Field {
+    CpuSeconds,
+    CpuPower,
+    HostPower,
+    GpuEnergy,
+    Emissions,
+    Memory,
+    GpuUtilization,
+    IoRead,
+    IoWrite,
+}
+
+impl Queries {
+    fn list(&self) -> [(Field, AggregateKind, &str); 9] {
+        use AggregateKind::*;
+        [
+            (Field::CpuSeconds, Total, &self.cpu_seconds),
+            (Field::CpuPower, MeanRate, &self.cpu_power_watts),
+            (Field::HostPower, MeanRate, &self.host_power_watts),
+            (Field::GpuEnergy, Total, &self.gpu_energy_joules),
+            (Field::Emissions, MeanRate, &self.emissions_grams_per_second),
+            (Field::Memory, Mean, &self.memory_bytes),
+            (Field::GpuUtilization, Mean, &self.gpu_utilization),
+            (Field::IoRead, Total, &self.io_read_bytes),
+            (Field::IoWrite, Total, &self.io_write_bytes),
+        ]
+    }
+
+    /// Checks that every query names both placeholders, at start-up.
+    pub fn validate(&self) -> Result<(), String> {
+        for (field, _, q) in self.list() {
+            let complete = q.contains("$uuids") && q.contains("$range");
+            if !q.is_empty() && !complete {
+                return Err(format!(
+                    "prometheus query {field:?} must contain $uuids and $range: {q}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PromError {
+    #[error("Prometheus at {url}: {message}")]
+    Request { url: String, message: String },
+    #[error("Prometheus answered something that is not a vector: {0}")]
+    Shape(String),
+}
+
+/// An instant query: `(uuid, value)` of each series of the result.
+pub trait Prometheus: Send + Sync {
+    fn query(&self, promql: &str, at: i64) -> Result<Vec<(String, f64)>, PromError>;
+}
+
+/// Prometheus's HTTP API (`POST /api/v1/query`).
+pub struct HttpPrometheus {
+    pub url: String,
+    pub agent: ureq::Agent,
+}
+
+impl HttpPrometheus {
+    pub fn new(url: &str, timeout: Duration) -> HttpPrometheus {
+        HttpPrometheus {
+            url: url.trim_end_matches('/').to_owned(),
+            agent: ureq::AgentBuilder::new().timeout(timeout).build(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct PromResponse {
+    status: String,
+    #[serde(default)]
+    data: Option<PromData>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct PromData {
+    #[serde(rename = "resultType")]
+    result_type: String,
+    result: Vec<PromSample>,
+}
+
+#[derive(Deserialize)]
+struct PromSample {
+    metric: HashMap<String, String>,
+    value: (f64, String),
+}
+
+/// Parses an instant query's JSON answer into `(uuid, value)`.
+pub fn parse_vector(body: &str) -> Result<Vec<(String, f64)>, PromError> {
+    let r: PromResponse =
+        serde_json::from_str(body).map_err(|e| PromError::Shape(e.to_string()))?;
+    if r.status != "success" {
+        return Err(PromError::Shape(r.error.unwrap_or(r.status)));
+    }
+    let data = r.data.ok_or_else(|| PromError::Shape("no data".into()))?;
+    if data.result_type != "vector" {
+        return Err(PromError::Shape(format!(
+            "result type {}",
+            data.result_type
+        )));
+    }
+    Ok(data
+        .result
+        .into_iter()
+        .filter_map(|s| {
+            let v: f64 = s.value.1.parse().ok()?;
+            Some((s.metric.get("uuid")?.clone(), v))
+        })
+        .filter(|(_, v)| v.is_finite())
+        .collect())
+}
+
+impl Prometheus for HttpPrometheus {
+    fn query(&self, promql: &str, at: i64) -> Result<Vec<(String, f64)>, PromError> {
+        let url = format!("{}/api/v1/query", self.url);
+        let err = |message: String| PromError::Request {
+            url: url.clone(),
+            message,
+        };
+        let at = at.to_string();
+        let body = match self
+            .agent
+            .post(&url)
+            .send_form(&[("query", promql), ("time", &at)])
+        {
+            Ok(r) => r.into_string().map_err(|e| err(e.to_string()))?,
+            // Prometheus explains a bad query in the JSON body of a 400/422.
+            Err(ureq::Error::Status(code, r)) => {
+                let text = r.into_string().unwrap_or_default();
+                return Err(err(format!("status {code}: {}", text.trim())));
+            }
+            Err(e) => return Err(err(e.to_string())),
+        };
+        parse_vector(&body)
+    }
+}
+
+/// Limits of one run.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Jobs shorter than this are marked `too_short` and never queried.
+    pub cutoff: Duration,
+    /// Most jobs in one query.
+    pub max_batch: usize,
+    /// Prometheus's `--query.max-samples`.
+    pub max_samples: u64,
+    /// The exporters' scrape interval, to estimate samples.
+    pub scrape_interval: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            cutoff: Duration::from_secs(60),
+            max_batch: 200,
+            max_samples: 50_000_000,
+            scrape_interval: Duration::from_secs(15),
+        }
+    }
+}
+
+/// Jobs per query for a window of `range` seconds: each job brings a few series (user and
+/// system CPU, a series per node), each `range / scrape_interval` samples.
+pub fn batch_size(limits: &Limits, range: i64) -> usize {
+    const SERIES_PER_JOB: u64 = 8;
+    let samples_per_job =
+        (range.max(1) as u64 / limits.scrape_interval.as_secs().max(1) + 1) * SERIES_PER_JOB;
+    // Half the limit: the budget is per query and Prometheus counts peaks, not totals.
+    let fits = (limits.max_samples / 2 / samples_per_job).max(1);
+    usize::try_from(fits)
+        .unwrap_or(usize::MAX)
+        .clamp(1, limits.max_batch.max(1))
+}
+
+/// `1|2|3`, with regex metacharacters escaped (job ids are digits, but uuids elsewhere may not be).
+fn alternation(uuids: &[&str]) -> String {
+    uuids
+        .iter()
+        .map(|u| {
+            u.chars()
+                .flat_map(|c| {
+                    let special = "\\.+*?()|[]{}^$\"".contains(c);
+                    // Two backslashes: one for the regex, one for the PromQL string.
+                    special
+                        .then_some(['\\', '\\'])
+                        .into_iter()
+                        .flatten()
+                        .chain(std::iter::once(c))
+                })
+                .collect::<String>()
+        })
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+/// Fills the placeholders of `template`.
+pub fn render(template: &str, uuids: &[&str], range: i64) -> String {
+    template
+        .replace("$uuids", &alternation(uuids))
+        .replace("$range", &format!("{}s", range.max(1)))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AggregateError {
+    #[error(transparent)]
+    Prometheus(#[from] PromError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("aggregation task: {0}")]
+    Task(String),
+}
+
+/// What one run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AggregateReport {
+    pub updated: usize,
+    pub too_short: u64,
+    pub queries: usize,
+}
+
+/// Groups due jobs so that one query's window fits all of its jobs: jobs counted up to the
+/// same time share it; jobs never counted share the earliest start (the window may reach
+/// back before a job began, where it has no series).
+fn groups(targets: Vec<AggregateTarget>) -> Vec<(i64, Vec<AggregateTarget>)> {
+    let mut by_key: std::collections::BTreeMap<Option<i64>, Vec<AggregateTarget>> =
+        Default::default();
+    for t in targets {
+        by_key.entry(t.counted_until).or_default().push(t);
+    }
+    by_key
+        .into_values()
+        .map(|ts| {
+            let from = ts.iter().map(|t| t.from).min().unwrap_or(0);
+            (from, ts)
+        })
+        .collect()
+}
+
+/// Updates the aggregates of the jobs of `cluster` up to `now`. A failing query fails the
+/// batch (nothing of it is written), so it is retried whole at the next run.
+pub async fn update(
+    store: &Store,
+    prometheus: std::sync::Arc<dyn Prometheus>,
+    queries: &Queries,
+    limits: &Limits,
+    cluster: &str,
+    now: i64,
+) -> Result<AggregateReport, AggregateError> {
+    let cutoff = i64::try_from(limits.cutoff.as_secs()).unwrap_or(i64::MAX);
+    let mut report = AggregateReport {
+        too_short: store.mark_too_short(cluster, cutoff, now).await?,
+        ..Default::default()
+    };
+    let targets = store.aggregate_targets(cluster, now).await?;
+    let mut first_error = None;
+    for (from, group) in groups(targets) {
+        let range = now - from;
+        for batch in group.chunks(batch_size(limits, range)) {
+            // Windows that have not begun yet (a clock step) wait for the next run.
+            let batch: Vec<&AggregateTarget> = batch.iter().filter(|t| t.to >= t.from).collect();
+            if batch.is_empty() {
+                continue;
+            }
+            match query_batch(&prometheus, queries, &batch, range, now).await {
+                Ok((deltas, n)) => {
+                    report.queries += n;
+                    store.apply_aggregates(&deltas, now).await?;
+                    report.updated += deltas.len();
+                }
+                Err(e) => {
+                    tracing::warn!(cluster, jobs = batch.len(), error = %e, "aggregates not updated; retried at the next run");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+    }
+    match first_error {
+        Some(e) if report.updated == 0 => Err(e),
+        _ => Ok(report),
+    }
+}
+
+async fn query_batch(
+    prometheus: &std::sync::Arc<dyn Prometheus>,
+    queries: &Queries,
+    batch: &[&AggregateTarget],
+    range: i64,
+    now: i64,
+) -> Result<(Vec<AggregateDelta>, usize), AggregateError> {
+    let uuids: Vec<&str> = batch.iter().map(|t| t.uuid.as_str()).collect();
+    let mut deltas: Vec<AggregateDelta> = batch
+        .iter()
+        .map(|t| AggregateDelta {
+            row: t.row,
+            to: t.to,
+            ended: t.ended,
+            seconds: t.to - t.from,
+            ..Default::default()
+        })
+        .collect();
+    let index: HashMap<&str, Vec<usize>> = batch.iter().enumerate().fold(
+        HashMap::new(),
+        |mut m: HashMap<&str, Vec<usize>>, (i, t)| {
+            m.entry(t.uuid.as_str()).or_default().push(i);
+            m
+        },
+    );
+    let mut asked = 0;
+    for (field, kind, template) in queries.list() {
+        if template.is_empty() {
+            continue;
+        }
+        let promql = render(template, &uuids, range);
+        let p = std::sync::Arc::clone(prometheus);
+        let values = tokio::task::spawn_blocking(move || p.query(&promql, now))
+            .await
+            .map_err(|e| AggregateError::Task(e.to_string()))??;
+        asked += 1;
+        for (uuid, v) in values {
+            for &i in index.get(uuid.as_str()).into_iter().flatten() {
+                let d = &mut deltas[i];
+                let add = match kind {
+                    AggregateKind::Total => v,
+                    AggregateKind::MeanRate => v * d.seconds as f64,
+                    AggregateKind::Mean => v,
+                };
+                match field {
+                    Field::CpuSeconds => d.cpu_seconds += add,
+                    Field::CpuPower => d.cpu_energy_joules += add,
+                    Field::HostPower => d.host_energy_joules += add,
+                    Field::GpuEnergy => d.gpu_energy_joules += add,
+                    Field::Emissions => d.emissions_grams += add,
+                    Field::Memory => d.mean_memory_bytes = Some(add),
+                    Field::GpuUtilization => d.mean_gpu_utilization = Some(add),
+                    Field::IoRead => d.io_read_bytes += add,
+                    Field::IoWrite => d.io_write_bytes += add,
+                }
+            }
+        }
+    }
+    Ok((deltas, asked))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sacct;
+    use std::sync::{Arc, Mutex};
+
+    /// Answers each query with a value per job taken from `values`, recording the queries; or
+    /// fails while `down` is set.
+    #[derive(Default)]
+    struct FakePrometheus {
+        asked: Mutex<Vec<String>>,
+        down: Mutex<bool>,
+    }
+
+    impl Prometheus for FakePrometheus {
+        fn query(&self, promql: &str, _at: i64) -> Result<Vec<(String, f64)>, PromError> {
+            self.asked.lock().unwrap().push(promql.to_owned());
+            if *self.down.lock().unwrap() {
+                return Err(PromError::Request {
+                    url: "fake".into(),
+                    message: "connection refused".into(),
+                });
+            }
+            // Every job used 2 CPU seconds per second of window, drew 100 W, holds 1 GiB.
+            let range: f64 = promql
+                .split('[')
+                .nth(1)
+                .and_then(|r| r.split('s').next())
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(0.0);
+            let ids = promql
+                .split("uuid=~\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or("");
+            let v = if promql.contains("cpu_user") {
+                2.0 * range
+            } else if promql.contains("host_power") {
+                100.0
+            } else if promql.contains("memory") {
+                1073741824.0
+            } else {
+                return Ok(Vec::new());
+            };
+            Ok(ids.split('|').map(|id| (id.to_owned(), v)).collect())
+        }
+    }
+
+    #[test]
+    fn placeholders_are_filled_and_escaped() {
+        assert_eq!(
+            render(r#"x{uuid=~"$uuids"}[$range]"#, &["1", "2.3"], 90),
+            r#"x{uuid=~"1|2\\.3"}[90s]"#
+        );
+        assert!(Queries::default().validate().is_ok());
+        let bad = Queries {
+            cpu_seconds: "sum(x)".into(),
+            ..Default::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("$uuids"));
+    }
+
+    #[test]
+    fn batches_shrink_with_the_window() {
+        let l = Limits::default();
+        assert_eq!(batch_size(&l, 900), 200);
+        let week = batch_size(&l, 7 * 86400);
+        assert!((1..200).contains(&week), "{week}");
+        assert_eq!(
+            batch_size(
+                &Limits {
+                    max_samples: 1,
+                    ..l
+                },
+                900
+            ),
+            1
+        );
+    }
+
+    #[test]
+    fn a_prometheus_answer_is_read_and_a_bad_one_is_an_error() {
+        let ok = r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"uuid":"7"},"value":[1,"12.5"]},{"metric":{},"value":[1,"3"]},{"metric":{"uuid":"8"},"value":[1,"NaN"]}]}}"#;
+        assert_eq!(parse_vector(ok).unwrap(), vec![("7".to_owned(), 12.5)]);
+        assert!(parse_vector(r#"{"status":"error","error":"parse error"}"#)
+            .unwrap_err()
+            .to_string()
+            .contains("parse error"));
+        assert!(parse_vector("<html>").is_err());
+        assert!(
+            parse_vector(r#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#)
+                .is_err()
+        );
+    }
+
+    #[tokio::test]
+    async fn windows_add_up_a_failed_run_is_retried_and_short_jobs_are_skipped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(&tmp.path().join("ceems.db")).await.unwrap();
+        // Job 1 runs from 1000; job 2 ran 1000..1030 (too short); job 3 pending.
+        let lines = "\
+1|debug|normal|physics|alice|2001|alice|2001|990|1000|Unknown|00:00:00|0|0:0|RUNNING|billing=2,cpu=2,mem=1G,node=1|localhost|/tmp|long
+2|debug|normal|physics|alice|2001|alice|2001|990|1000|1030|00:00:30|30|0:0|COMPLETED|billing=1,cpu=1,mem=1G,node=1|localhost|/tmp|short
+3|debug|normal|physics|alice|2001|alice|2001|990|None|Unknown|00:00:00|0|0:0|PENDING||None assigned|/tmp|wait
+";
+        let (jobs, _) = sacct::parse_output(lines);
+        store.ingest("lab", &jobs, 0, 1000).await.unwrap();
+        let fake = Arc::new(FakePrometheus::default());
+        let limits = Limits::default();
+        let q = Queries::default();
+
+        let r = update(&store, fake.clone(), &q, &limits, "lab", 1600)
+            .await
+            .unwrap();
+        assert_eq!((r.updated, r.too_short), (1, 1));
+        assert!(fake
+            .asked
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|q| q.contains("[600s]")));
+
+        // Prometheus down: nothing written, the window stays where it was.
+        *fake.down.lock().unwrap() = true;
+        assert!(update(&store, fake.clone(), &q, &limits, "lab", 2200)
+            .await
+            .is_err());
+        *fake.down.lock().unwrap() = false;
+        fake.asked.lock().unwrap().clear();
+        // The job ended at 2500; the next run covers 1600..2500 in one window.
+        let ended = lines.lines().next().unwrap().replace(
+            "Unknown|00:00:00|0|0:0|RUNNING",
+            "2500|00:25:00|1500|0:0|COMPLETED",
+        );
+        let (jobs, _) = sacct::parse_output(&ended);
+        store.ingest("lab", &jobs, 0, 2800).await.unwrap();
+        update(&store, fake.clone(), &q, &limits, "lab", 2800)
+            .await
+            .unwrap();
+        assert!(fake
+            .asked
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|q| q.contains("[1200s]")));
+
+        let row = sqlx::query_as::<_, (f64, f64, f64, i64, String, i64)>(
+            "SELECT cpu_seconds, host_energy_joules, mean_memory_bytes, aggregated_seconds,
+                    aggregates_status, aggregates_until FROM units WHERE uuid = '1'",
+        )
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        // 600 s then 1200 s of window at 2 CPU-s/s; 100 W over the 1500 s the job ran.
+        assert_eq!(row.0, 2.0 * 600.0 + 2.0 * 1200.0);
+        assert_eq!(row.1, 100.0 * 1500.0);
+        assert_eq!(row.2, 1073741824.0);
+        assert_eq!((row.3, row.4.as_str(), row.5), (1500, "done", 2500));
+
+        // Done jobs are not asked again.
+        fake.asked.lock().unwrap().clear();
+        let r = update(&store, fake.clone(), &q, &limits, "lab", 3400)
+            .await
+            .unwrap();
+        assert_eq!((r.updated, r.queries), (0, 0));
+        assert!(fake.asked.lock().unwrap().is_empty());
+    }
+}

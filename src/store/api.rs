@@ -1,0 +1,942 @@
+//! The stats-server's JSON API under `/api/v1`, in CEEMS's envelope:
+//! `{"status":"success","data":[…]}` or `{"status":"error","errorType":…,"error":…}`.
+//!
+//! The user is the value of a header that Grafana sets (`X-Grafana-User`). A user sees only
+//! their own jobs and usage; the `/admin` routes are for the configured admins. Every value
+//! from a request reaches SQL as a bound parameter; column names come from a fixed list.
+
+use std::collections::BTreeMap;
+
+use hyper::StatusCode;
+use serde_json::{json, Map, Value};
+use sqlx::Row;
+
+use super::db::Store;
+
+/// A field of `/units`: its name in the API, its SQL expression, and its type.
+struct UnitField {
+    name: &'static str,
+    sql: &'static str,
+    kind: Col,
+}
+
+#[derive(Clone, Copy)]
+enum Col {
+    Int,
+    Real,
+    Text,
+}
+
+const UNIT_FIELDS: &[UnitField] = &[
+    UnitField { name: "cluster_id", sql: "cluster_id", kind: Col::Text },
+    UnitField { name: "resource_manager", sql: "'slurm'", kind: Col::Text },
+    UnitField { name: "uuid", sql: "uuid", kind: Col::Text },
+    UnitField { name: "name", sql: "name", kind: Col::Text },
+    UnitField { name: "project", sql: "project", kind: Col::Text },
+    UnitField { name: "group", sql: "grp", kind: Col::Text },
+    UnitField { name: "user", sql: "usr", kind: Col::Text },
+    UnitField { name: "partition", sql: "partition", kind: Col::Text },
+    UnitField { name: "qos", sql: "qos", kind: Col::Text },
+    UnitField { name: "created_at_ts", sql: "submitted_at", kind: Col::Int },
+    UnitField { name: "started_at_ts", sql: "NULLIF(started_at, 0)", kind: Col::Int },
+    UnitField { name: "ended_at_ts", sql: "ended_at", kind: Col::Int },
+    UnitField { name: "elapsed_seconds", sql: "elapsed_seconds", kind: Col::Int },
+    UnitField { name: "state", sql: "state", kind: Col::Text },
+    UnitField { name: "exit_code", sql: "exit_code", kind: Col::Text },
+    UnitField { name: "alloc_cpus", sql: "alloc_cpus", kind: Col::Int },
+    UnitField { name: "alloc_mem_bytes", sql: "alloc_mem_bytes", kind: Col::Int },
+    UnitField { name: "alloc_gpus", sql: "alloc_gpus", kind: Col::Int },
+    UnitField { name: "billing", sql: "billing", kind: Col::Int },
+    UnitField { name: "nodes", sql: "nodes", kind: Col::Text },
+    UnitField { name: "workdir", sql: "workdir", kind: Col::Text },
+    UnitField { name: "total_cpu_seconds", sql: "cpu_seconds", kind: Col::Real },
+    UnitField {
+        name: "avg_cpu_usage",
+        sql: "CASE WHEN alloc_cpus * aggregated_seconds > 0 THEN 100.0 * cpu_seconds / (alloc_cpus * aggregated_seconds) END",
+        kind: Col::Real,
+    },
+    UnitField { name: "avg_cpu_mem_usage_bytes", sql: "mean_memory_bytes", kind: Col::Real },
+    UnitField { name: "avg_gpu_usage", sql: "100.0 * mean_gpu_utilization", kind: Col::Real },
+    UnitField { name: "total_cpu_energy_usage_kwh", sql: "cpu_energy_joules / 3.6e6", kind: Col::Real },
+    UnitField { name: "total_host_energy_usage_kwh", sql: "host_energy_joules / 3.6e6", kind: Col::Real },
+    UnitField { name: "total_gpu_energy_usage_kwh", sql: "gpu_energy_joules / 3.6e6", kind: Col::Real },
+    UnitField { name: "total_emissions_gms", sql: "emissions_grams", kind: Col::Real },
+    UnitField { name: "total_io_read_bytes", sql: "io_read_bytes", kind: Col::Real },
+    UnitField { name: "total_io_write_bytes", sql: "io_write_bytes", kind: Col::Real },
+    UnitField { name: "aggregates_status", sql: "aggregates_status", kind: Col::Text },
+    UnitField { name: "aggregates_updated_at_ts", sql: "aggregates_updated_at", kind: Col::Int },
+    UnitField { name: "last_updated_at_ts", sql: "last_updated_at", kind: Col::Int },
+];
+
+/// Usage columns: per group, sums over the jobs.
+const USAGE_FIELDS: &[(&str, &str)] = &[
+    ("num_units", "count(*)"),
+    ("total_elapsed_seconds", "sum(elapsed_seconds)"),
+    ("total_cpu_seconds", "sum(cpu_seconds)"),
+    (
+        "avg_cpu_usage",
+        "100.0 * sum(cpu_seconds) / NULLIF(sum(alloc_cpus * aggregated_seconds), 0)",
+    ),
+    (
+        "total_cpu_energy_usage_kwh",
+        "sum(cpu_energy_joules) / 3.6e6",
+    ),
+    (
+        "total_host_energy_usage_kwh",
+        "sum(host_energy_joules) / 3.6e6",
+    ),
+    (
+        "total_gpu_energy_usage_kwh",
+        "sum(gpu_energy_joules) / 3.6e6",
+    ),
+    ("total_emissions_gms", "sum(emissions_grams)"),
+    ("total_io_read_bytes", "sum(io_read_bytes)"),
+    ("total_io_write_bytes", "sum(io_write_bytes)"),
+];
+
+/// The same sums over the `usage` table's pre-aggregated rows.
+const GLOBAL_USAGE_FIELDS: &[(&str, &str)] = &[
+    ("num_units", "sum(num_units)"),
+    ("total_elapsed_seconds", "sum(elapsed_seconds)"),
+    ("total_cpu_seconds", "sum(cpu_seconds)"),
+    (
+        "avg_cpu_usage",
+        "100.0 * sum(cpu_seconds) / NULLIF(sum(alloc_cpu_seconds), 0)",
+    ),
+    (
+        "total_cpu_energy_usage_kwh",
+        "sum(cpu_energy_joules) / 3.6e6",
+    ),
+    (
+        "total_host_energy_usage_kwh",
+        "sum(host_energy_joules) / 3.6e6",
+    ),
+    (
+        "total_gpu_energy_usage_kwh",
+        "sum(gpu_energy_joules) / 3.6e6",
+    ),
+    ("total_emissions_gms", "sum(emissions_grams)"),
+    ("total_io_read_bytes", "sum(io_read_bytes)"),
+    ("total_io_write_bytes", "sum(io_write_bytes)"),
+];
+
+/// Default window of `/units` and `/usage/current` when `from` is not given.
+pub const DEFAULT_WINDOW_SECONDS: i64 = 24 * 3600;
+/// Most rows one `/units` answer holds.
+pub const MAX_UNITS: i64 = 100_000;
+
+/// An API answer: status and JSON body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub body: Value,
+}
+
+impl Answer {
+    fn data(data: Value) -> Answer {
+        Answer {
+            status: StatusCode::OK,
+            body: json!({"status": "success", "data": data}),
+        }
+    }
+
+    fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Answer {
+        Answer {
+            status,
+            body: json!({"status": "error", "errorType": kind, "error": message.into()}),
+        }
+    }
+
+    fn bad(message: impl Into<String>) -> Answer {
+        Answer::error(StatusCode::BAD_REQUEST, "bad_data", message)
+    }
+}
+
+/// The API over a store.
+pub struct Api {
+    store: std::sync::Arc<Store>,
+    pub user_header: String,
+}
+
+/// Query parameters, each possibly repeated.
+#[derive(Debug, Default)]
+pub struct Params(BTreeMap<String, Vec<String>>);
+
+impl Params {
+    pub fn parse(query: Option<&str>) -> Params {
+        let mut m: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            m.entry(k.into_owned()).or_default().push(v.into_owned());
+        }
+        Params(m)
+    }
+
+    fn all(&self, key: &str) -> &[String] {
+        self.0.get(key).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    fn one(&self, key: &str) -> Option<&str> {
+        self.all(key).last().map(String::as_str)
+    }
+
+    fn time(&self, key: &str) -> Result<Option<i64>, Answer> {
+        match self.one(key) {
+            None | Some("") => Ok(None),
+            Some(v) => v
+                .parse::<i64>()
+                .ok()
+                .filter(|t| *t >= 0)
+                .map(Some)
+                .ok_or_else(|| {
+                    Answer::bad(format!("`{key}`: `{v}` is not a unix time in seconds"))
+                }),
+        }
+    }
+
+    fn flag(&self, key: &str) -> Result<bool, Answer> {
+        match self.one(key) {
+            None => Ok(false),
+            Some("" | "true" | "1") => Ok(true),
+            Some("false" | "0") => Ok(false),
+            Some(v) => Err(Answer::bad(format!("`{key}`: `{v}` is not true or false"))),
+        }
+    }
+
+    /// Rejects parameters the route does not know, so a typo is not silently ignored.
+    fn only(&self, known: &[&str]) -> Result<(), Answer> {
+        match self.0.keys().find(|k| !known.contains(&k.as_str())) {
+            Some(k) => Err(Answer::bad(format!(
+                "unknown query parameter `{k}` (known: {})",
+                known.join(", ")
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `col IN (?, ?, …)` with the values bound, or nothing for no values.
+fn push_in<'a>(q: &mut sqlx::QueryBuilder<'a, sqlx::Sqlite>, col: &str, values: &'a [String]) {
+    if values.is_empty() {
+        return;
+    }
+    q.push(format!(" AND {col} IN ("));
+    let mut list = q.separated(", ");
+    for v in values {
+        list.push_bind(v.as_str());
+    }
+    list.push_unseparated(")");
+}
+
+/// Time window of a request: `[from, to]`, by default the last day.
+fn window(p: &Params, now: i64) -> Result<(i64, i64), Answer> {
+    let to = p.time("to")?.unwrap_or(now);
+    let from = p.time("from")?.unwrap_or(to - DEFAULT_WINDOW_SECONDS);
+    if from > to {
+        return Err(Answer::bad(format!("`from` ({from}) is after `to` ({to})")));
+    }
+    Ok((from, to))
+}
+
+fn cell(row: &sqlx::sqlite::SqliteRow, i: usize, kind: Col) -> Value {
+    match kind {
+        Col::Int => row
+            .try_get::<Option<i64>, _>(i)
+            .ok()
+            .flatten()
+            .map_or(Value::Null, Value::from),
+        Col::Real => row
+            .try_get::<Option<f64>, _>(i)
+            .ok()
+            .flatten()
+            .and_then(serde_json::Number::from_f64)
+            .map_or(Value::Null, Value::Number),
+        Col::Text => row
+            .try_get::<Option<String>, _>(i)
+            .ok()
+            .flatten()
+            .map_or(Value::Null, Value::from),
+    }
+}
+
+impl Api {
+    pub fn new(store: std::sync::Arc<Store>, user_header: &str) -> Api {
+        Api {
+            store,
+            user_header: user_header.to_owned(),
+        }
+    }
+
+    /// Answers `GET path?query` for `user` (the header's value, if any) at time `now`.
+    pub async fn handle(
+        &self,
+        path: &str,
+        query: Option<&str>,
+        user: Option<&str>,
+        now: i64,
+    ) -> Answer {
+        let Some(route) = path.strip_prefix("/api/v1") else {
+            return Answer::error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no route {path}"),
+            );
+        };
+        let route = route.trim_end_matches('/');
+        if route == "/health" {
+            return match self.store.integrity_ping().await {
+                Ok(()) => Answer::data(json!("ok")),
+                Err(e) => Answer::error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    e.to_string(),
+                ),
+            };
+        }
+        let user = match user.map(str::trim) {
+            Some(u) if !u.is_empty() => u,
+            _ => {
+                return Answer::error(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    format!("no user: the request has no {} header", self.user_header),
+                )
+            }
+        };
+        let (route, admin_route) = match route.strip_suffix("/admin") {
+            Some(r) => (r, true),
+            None => (route, false),
+        };
+        if admin_route {
+            match self.store.is_admin(user).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Answer::error(
+                        StatusCode::FORBIDDEN,
+                        "forbidden",
+                        format!("{user} is not an admin"),
+                    )
+                }
+                Err(e) => {
+                    return Answer::error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "internal",
+                        e.to_string(),
+                    )
+                }
+            }
+        }
+        let p = Params::parse(query);
+        let scope = if admin_route { None } else { Some(user) };
+        let result = match route {
+            "/units" => self.units(&p, scope, now).await,
+            "/usage/current" => self.usage_current(&p, scope, now).await,
+            "/usage/global" => self.usage_global(&p, scope).await,
+            "/projects" => self.projects(&p, scope).await,
+            "/users" => self.users(&p, scope).await,
+            "/clusters" if admin_route => self.clusters(&p).await,
+            _ => Err(Answer::error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no route {path}"),
+            )),
+        };
+        result.unwrap_or_else(|a| a)
+    }
+
+    async fn fetch(
+        &self,
+        mut q: sqlx::QueryBuilder<'_, sqlx::Sqlite>,
+    ) -> Result<Vec<sqlx::sqlite::SqliteRow>, Answer> {
+        q.build().fetch_all(self.store.pool()).await.map_err(|e| {
+            tracing::warn!(error = %e, "API query failed");
+            Answer::error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "database query failed",
+            )
+        })
+    }
+
+    async fn units(&self, p: &Params, scope: Option<&str>, now: i64) -> Result<Answer, Answer> {
+        p.only(&[
+            "uuid",
+            "project",
+            "cluster_id",
+            "running",
+            "from",
+            "to",
+            "field",
+            "user",
+        ])?;
+        if scope.is_some() && !p.all("user").is_empty() {
+            return Err(Answer::bad("`user` is for /units/admin"));
+        }
+        let fields: Vec<&UnitField> = if p.all("field").is_empty() {
+            UNIT_FIELDS.iter().collect()
+        } else {
+            p.all("field")
+                .iter()
+                .map(|f| {
+                    UNIT_FIELDS.iter().find(|u| u.name == f).ok_or_else(|| {
+                        Answer::bad(format!(
+                            "unknown field `{f}` (known: {})",
+                            UNIT_FIELDS
+                                .iter()
+                                .map(|u| u.name)
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ))
+                    })
+                })
+                .collect::<Result<_, _>>()?
+        };
+        let (from, to) = window(p, now)?;
+        let running = p.flag("running")?;
+        let mut q = sqlx::QueryBuilder::new("SELECT ");
+        q.push(fields.iter().map(|f| f.sql).collect::<Vec<_>>().join(", "));
+        q.push(" FROM units WHERE 1 = 1");
+        let users: Vec<String> = match scope {
+            Some(u) => vec![u.to_owned()],
+            None => p.all("user").to_vec(),
+        };
+        push_in(&mut q, "usr", &users);
+        push_in(&mut q, "uuid", p.all("uuid"));
+        push_in(&mut q, "project", p.all("project"));
+        push_in(&mut q, "cluster_id", p.all("cluster_id"));
+        // Jobs whose life overlaps the window; with `running`, also every job still running.
+        q.push(" AND ((ended_at >= ").push_bind(from);
+        q.push(" AND started_at <= ").push_bind(to);
+        q.push(") OR (ended_at IS NULL AND started_at <= ")
+            .push_bind(to)
+            .push(")");
+        if running {
+            q.push(" OR (ended_at IS NULL AND state = 'RUNNING')");
+        }
+        q.push(") ORDER BY started_at DESC, id DESC LIMIT ")
+            .push_bind(MAX_UNITS);
+        let rows = self.fetch(q).await?;
+        let data: Vec<Value> = rows
+            .iter()
+            .map(|r| {
+                let mut m = Map::with_capacity(fields.len());
+                for (i, f) in fields.iter().enumerate() {
+                    m.insert(f.name.to_owned(), cell(r, i, f.kind));
+                }
+                Value::Object(m)
+            })
+            .collect();
+        Ok(Answer::data(Value::Array(data)))
+    }
+
+    /// `groupby`: `user` and/or `project` (default both), always within a cluster.
+    fn group_columns(p: &Params) -> Result<Vec<(&'static str, &'static str)>, Answer> {
+        let wanted = p.all("groupby");
+        let mut cols = vec![("cluster_id", "cluster_id")];
+        if wanted.is_empty() {
+            cols.extend([("project", "project"), ("user", "usr")]);
+            return Ok(cols);
+        }
+        for g in wanted {
+            match g.as_str() {
+                "project" => cols.push(("project", "project")),
+                "user" => cols.push(("user", "usr")),
+                other => {
+                    return Err(Answer::bad(format!(
+                        "`groupby`: `{other}` is not user or project"
+                    )))
+                }
+            }
+        }
+        Ok(cols)
+    }
+
+    fn usage_rows(
+        rows: &[sqlx::sqlite::SqliteRow],
+        groups: &[(&str, &str)],
+        sums: &[(&str, &str)],
+    ) -> Value {
+        Value::Array(
+            rows.iter()
+                .map(|r| {
+                    let mut m = Map::new();
+                    for (i, (name, _)) in groups.iter().enumerate() {
+                        m.insert((*name).to_owned(), cell(r, i, Col::Text));
+                    }
+                    for (j, (name, _)) in sums.iter().enumerate() {
+                        let kind = if *name == "num_units" || *name == "total_elapsed_seconds" {
+                            Col::Int
+                        } else {
+                            Col::Real
+                        };
+                        m.insert((*name).to_owned(), cell(r, groups.len() + j, kind));
+                    }
+                    Value::Object(m)
+                })
+                .collect(),
+        )
+    }
+
+    async fn usage_current(
+        &self,
+        p: &Params,
+        scope: Option<&str>,
+        now: i64,
+    ) -> Result<Answer, Answer> {
+        p.only(&["from", "to", "cluster_id", "project", "user", "groupby"])?;
+        if scope.is_some() && !p.all("user").is_empty() {
+            return Err(Answer::bad("`user` is for /usage/current/admin"));
+        }
+        let groups = Self::group_columns(p)?;
+        let (from, to) = window(p, now)?;
+        let mut q = sqlx::QueryBuilder::new("SELECT ");
+        let cols: Vec<&str> = groups.iter().map(|g| g.1).collect();
+        q.push(cols.join(", "));
+        for (_, sql) in USAGE_FIELDS {
+            q.push(", ").push(*sql);
+        }
+        q.push(" FROM units WHERE started_at > 0");
+        let users: Vec<String> = scope
+            .map(|u| vec![u.to_owned()])
+            .unwrap_or_else(|| p.all("user").to_vec());
+        push_in(&mut q, "usr", &users);
+        push_in(&mut q, "project", p.all("project"));
+        push_in(&mut q, "cluster_id", p.all("cluster_id"));
+        q.push(" AND ((ended_at >= ").push_bind(from);
+        q.push(" AND started_at <= ").push_bind(to);
+        q.push(") OR (ended_at IS NULL AND started_at <= ")
+            .push_bind(to)
+            .push("))");
+        q.push(format!(
+            " GROUP BY {} ORDER BY {}",
+            cols.join(", "),
+            cols.join(", ")
+        ));
+        let rows = self.fetch(q).await?;
+        Ok(Answer::data(Self::usage_rows(&rows, &groups, USAGE_FIELDS)))
+    }
+
+    async fn usage_global(&self, p: &Params, scope: Option<&str>) -> Result<Answer, Answer> {
+        p.only(&["cluster_id", "project", "user", "groupby"])?;
+        if scope.is_some() && !p.all("user").is_empty() {
+            return Err(Answer::bad("`user` is for /usage/global/admin"));
+        }
+        let groups = Self::group_columns(p)?;
+        let cols: Vec<&str> = groups.iter().map(|g| g.1).collect();
+        let mut q = sqlx::QueryBuilder::new("SELECT ");
+        q.push(cols.join(", "));
+        for (_, sql) in GLOBAL_USAGE_FIELDS {
+            q.push(", ").push(*sql);
+        }
+        q.push(" FROM usage WHERE 1 = 1");
+        let users: Vec<String> = scope
+            .map(|u| vec![u.to_owned()])
+            .unwrap_or_else(|| p.all("user").to_vec());
+        push_in(&mut q, "usr", &users);
+        push_in(&mut q, "project", p.all("project"));
+        push_in(&mut q, "cluster_id", p.all("cluster_id"));
+        q.push(format!(
+            " GROUP BY {} ORDER BY {}",
+            cols.join(", "),
+            cols.join(", ")
+        ));
+        let rows = self.fetch(q).await?;
+        Ok(Answer::data(Self::usage_rows(
+            &rows,
+            &groups,
+            GLOBAL_USAGE_FIELDS,
+        )))
+    }
+
+    /// Projects with their members; a user gets only their own projects, and only themselves
+    /// as a member.
+    async fn projects(&self, p: &Params, scope: Option<&str>) -> Result<Answer, Answer> {
+        p.only(&["cluster_id", "project"])?;
+        let mut q = sqlx::QueryBuilder::new(
+            "SELECT p.cluster_id, p.name, a.usr FROM projects p
+             LEFT JOIN associations a ON a.cluster_id = p.cluster_id AND a.project = p.name
+             WHERE 1 = 1",
+        );
+        if let Some(u) = scope {
+            q.push(" AND a.usr = ").push_bind(u);
+        }
+        push_in(&mut q, "p.cluster_id", p.all("cluster_id"));
+        push_in(&mut q, "p.name", p.all("project"));
+        q.push(" ORDER BY p.cluster_id, p.name, a.usr");
+        let rows = self.fetch(q).await?;
+        Ok(Answer::data(grouped(&rows, "name", "users")))
+    }
+
+    /// Users with their projects; a user gets only their own record.
+    async fn users(&self, p: &Params, scope: Option<&str>) -> Result<Answer, Answer> {
+        p.only(&["cluster_id", "user"])?;
+        if scope.is_some() && !p.all("user").is_empty() {
+            return Err(Answer::bad("`user` is for /users/admin"));
+        }
+        let mut q = sqlx::QueryBuilder::new(
+            "SELECT u.cluster_id, u.name, a.project FROM users u
+             LEFT JOIN associations a ON a.cluster_id = u.cluster_id AND a.usr = u.name
+             WHERE 1 = 1",
+        );
+        let users: Vec<String> = scope
+            .map(|u| vec![u.to_owned()])
+            .unwrap_or_else(|| p.all("user").to_vec());
+        push_in(&mut q, "u.name", &users);
+        push_in(&mut q, "u.cluster_id", p.all("cluster_id"));
+        q.push(" ORDER BY u.cluster_id, u.name, a.project");
+        let rows = self.fetch(q).await?;
+        Ok(Answer::data(grouped(&rows, "name", "projects")))
+    }
+
+    async fn clusters(&self, p: &Params) -> Result<Answer, Answer> {
+        p.only(&[])?;
+        let q = sqlx::QueryBuilder::new(
+            "SELECT u.cluster_id, count(*), min(NULLIF(u.started_at, 0)), max(u.last_updated_at),
+                    (SELECT window_start FROM ingest_state s WHERE s.cluster_id = u.cluster_id)
+             FROM units u GROUP BY u.cluster_id ORDER BY u.cluster_id",
+        );
+        let rows = self.fetch(q).await?;
+        let data: Vec<Value> = rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "id": cell(r, 0, Col::Text),
+                    "manager": "slurm",
+                    "num_units": cell(r, 1, Col::Int),
+                    "first_started_at_ts": cell(r, 2, Col::Int),
+                    "last_updated_at_ts": cell(r, 3, Col::Int),
+                    "next_window_start_ts": cell(r, 4, Col::Int),
+                })
+            })
+            .collect();
+        Ok(Answer::data(Value::Array(data)))
+    }
+}
+
+/// Rows of (cluster, name, member) → `[{cluster_id, name, <members>: [...]}]`.
+fn grouped(rows: &[sqlx::sqlite::SqliteRow], name: &str, members: &str) -> Value {
+    let mut out: Vec<Value> = Vec::new();
+    let mut last: Option<(String, String)> = None;
+    for r in rows {
+        let cluster: String = r.try_get(0).unwrap_or_default();
+        let n: String = r.try_get(1).unwrap_or_default();
+        let member: Option<String> = r.try_get(2).ok().flatten();
+        if last.as_ref() != Some(&(cluster.clone(), n.clone())) {
+            out.push(json!({"cluster_id": cluster, name: n, members: []}));
+            last = Some((cluster, n));
+        }
+        if let (Some(m), Some(Value::Array(list))) =
+            (member, out.last_mut().and_then(|o| o.get_mut(members)))
+        {
+            list.push(Value::from(m));
+        }
+    }
+    Value::Array(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sacct::{self, Associations};
+    use std::sync::Arc;
+
+    const NOW: i64 = 1_800_000_000;
+
+    fn line(id: u32, user: &str, project: &str, start: i64, end: Option<i64>) -> String {
+        let (end, state) = match end {
+            Some(e) => (e.to_string(), "COMPLETED"),
+            None => ("Unknown".to_owned(), "RUNNING"),
+        };
+        format!("{id}|debug|normal|{project}|{user}|100|{user}|100|{start}|{start}|{end}|00:10:00|600|0:0|{state}|billing=1,cpu=2,mem=1G,node=1|localhost|/tmp|job {id}")
+    }
+
+    async fn api_with(lines: &[String], admins: &[&str]) -> (Api, tempfile::TempDir) {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(&tmp.path().join("ceems.db")).await.unwrap();
+        let (jobs, errors) = sacct::parse_output(&lines.join("\n"));
+        assert!(errors.is_empty(), "{errors:?}");
+        store.ingest("lab", &jobs, 0, NOW).await.unwrap();
+        let mut assoc = Associations::default();
+        for j in &jobs {
+            if !assoc.projects.contains(&j.account) {
+                assoc.projects.push(j.account.clone());
+            }
+            let m = (j.user.clone(), j.account.clone());
+            if !assoc.members.contains(&m) {
+                assoc.members.push(m);
+            }
+        }
+        store
+            .replace_associations("lab", &assoc, NOW)
+            .await
+            .unwrap();
+        store.rebuild_usage("lab", NOW).await.unwrap();
+        store
+            .set_admins(
+                "config",
+                &admins.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+            )
+            .await
+            .unwrap();
+        (Api::new(Arc::new(store), "X-Grafana-User"), tmp)
+    }
+
+    fn data(a: &Answer) -> &Vec<Value> {
+        assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+        a.body["data"].as_array().expect("data array")
+    }
+
+    fn sample() -> Vec<String> {
+        vec![
+            line(1, "alice", "physics", NOW - 3600, Some(NOW - 600)),
+            line(2, "bob", "chemistry", NOW - 3600, None),
+            line(
+                3,
+                "alice",
+                "physics",
+                NOW - 10 * 86400,
+                Some(NOW - 9 * 86400),
+            ),
+        ]
+    }
+
+    #[tokio::test]
+    async fn who_gets_what_on_every_route() {
+        let (api, _tmp) = api_with(&sample(), &["root"]).await;
+        let user_routes = [
+            "/units",
+            "/usage/current",
+            "/usage/global",
+            "/projects",
+            "/users",
+        ];
+        let admin_routes = [
+            "/units/admin",
+            "/usage/current/admin",
+            "/usage/global/admin",
+            "/projects/admin",
+            "/users/admin",
+            "/clusters/admin",
+        ];
+        for route in user_routes.iter().chain(&admin_routes) {
+            let path = format!("/api/v1{route}");
+            let none = api.handle(&path, None, None, NOW).await;
+            assert_eq!(
+                none.status,
+                StatusCode::UNAUTHORIZED,
+                "{route} without a user"
+            );
+            assert_eq!(none.body["errorType"], "unauthorized");
+            let empty = api.handle(&path, None, Some(" "), NOW).await;
+            assert_eq!(
+                empty.status,
+                StatusCode::UNAUTHORIZED,
+                "{route} with an empty user"
+            );
+            let alice = api.handle(&path, None, Some("alice"), NOW).await;
+            let expected = if admin_routes.contains(route) {
+                StatusCode::FORBIDDEN
+            } else {
+                StatusCode::OK
+            };
+            assert_eq!(alice.status, expected, "{route} as alice: {}", alice.body);
+            let root = api.handle(&path, None, Some("root"), NOW).await;
+            assert_eq!(
+                root.status,
+                StatusCode::OK,
+                "{route} as root: {}",
+                root.body
+            );
+            assert_eq!(root.body["status"], "success");
+        }
+        let health = api.handle("/api/v1/health", None, None, NOW).await;
+        assert_eq!(
+            (health.status, &health.body["data"]),
+            (StatusCode::OK, &json!("ok"))
+        );
+        assert_eq!(
+            api.handle("/api/v1/nope", None, Some("alice"), NOW)
+                .await
+                .status,
+            StatusCode::NOT_FOUND
+        );
+    }
+
+    #[tokio::test]
+    async fn units_filter_by_window_and_fields_and_reject_bad_parameters() {
+        let (api, _tmp) = api_with(&sample(), &["root"]).await;
+        // Default window (the last day): job 1 only for alice; job 3 ended 9 days ago.
+        let a = api.handle("/api/v1/units", None, Some("alice"), NOW).await;
+        let uuids: Vec<&Value> = data(&a).iter().map(|u| &u["uuid"]).collect();
+        assert_eq!(uuids, [&json!("1")]);
+        assert_eq!(data(&a)[0]["alloc_cpus"], 2);
+        assert_eq!(data(&a)[0]["user"], "alice");
+        let from = (NOW - 11 * 86400).to_string();
+        let a = api
+            .handle(
+                "/api/v1/units",
+                Some(&format!("from={from}&field=uuid&field=state")),
+                Some("alice"),
+                NOW,
+            )
+            .await;
+        assert_eq!(data(&a).len(), 2);
+        assert_eq!(data(&a)[1], json!({"uuid": "3", "state": "COMPLETED"}));
+        // Admin: any user's, filtered by user.
+        let a = api
+            .handle(
+                "/api/v1/units/admin",
+                Some("user=bob&running"),
+                Some("root"),
+                NOW,
+            )
+            .await;
+        assert_eq!(data(&a).len(), 1);
+        assert_eq!(data(&a)[0]["uuid"], "2");
+
+        for (query, says) in [
+            ("from=yesterday", "not a unix time"),
+            ("from=-5", "not a unix time"),
+            ("field=password", "unknown field `password`"),
+            ("from=20&to=10", "is after"),
+            ("running=maybe", "not true or false"),
+            ("sort=uuid", "unknown query parameter `sort`"),
+            ("user=bob", "/units/admin"),
+        ] {
+            let a = api
+                .handle("/api/v1/units", Some(query), Some("alice"), NOW)
+                .await;
+            assert_eq!(a.status, StatusCode::BAD_REQUEST, "{query}");
+            assert_eq!(a.body["errorType"], "bad_data");
+            assert!(
+                a.body["error"].as_str().unwrap().contains(says),
+                "{query}: {}",
+                a.body
+            );
+        }
+        // A quote in a value is data, not SQL.
+        let a = api
+            .handle(
+                "/api/v1/units",
+                Some("project=%27%20OR%20%271%27%3D%271"),
+                Some("alice"),
+                NOW,
+            )
+            .await;
+        assert!(data(&a).is_empty());
+    }
+
+    #[tokio::test]
+    async fn usage_sums_jobs_per_project_and_user() {
+        let (api, _tmp) = api_with(&sample(), &["root"]).await;
+        let a = api
+            .handle("/api/v1/usage/global", None, Some("alice"), NOW)
+            .await;
+        assert_eq!(data(&a).len(), 1);
+        assert_eq!(data(&a)[0]["num_units"], 2);
+        assert_eq!(data(&a)[0]["project"], "physics");
+        let a = api
+            .handle(
+                "/api/v1/usage/global/admin",
+                Some("groupby=project"),
+                Some("root"),
+                NOW,
+            )
+            .await;
+        let projects: Vec<&Value> = data(&a).iter().map(|u| &u["project"]).collect();
+        assert_eq!(projects, [&json!("chemistry"), &json!("physics")]);
+        assert!(data(&a)[0].get("user").is_none());
+        let a = api
+            .handle("/api/v1/usage/current", None, Some("alice"), NOW)
+            .await;
+        assert_eq!(data(&a)[0]["num_units"], 1);
+        let a = api
+            .handle(
+                "/api/v1/usage/current",
+                Some("groupby=node"),
+                Some("alice"),
+                NOW,
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST);
+        let a = api
+            .handle("/api/v1/projects", None, Some("alice"), NOW)
+            .await;
+        assert_eq!(
+            data(&a),
+            &vec![json!({"cluster_id": "lab", "name": "physics", "users": ["alice"]})]
+        );
+    }
+
+    mod no_leaks {
+        use super::*;
+        use proptest::prelude::*;
+
+        const USERS: &[&str] = &["alice", "bob", "carol", "dave"];
+        const PROJECTS: &[&str] = &["physics", "chemistry", "biology"];
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(24))]
+            /// Whatever the jobs and whatever a user asks for, a non-admin's answers name no
+            /// other user and hold no other user's job.
+            #[test]
+            fn a_user_never_sees_another_users_jobs(
+                jobs in proptest::collection::vec((0usize..4, 0usize..3, 0i64..20, proptest::option::of(1i64..10)), 1..40),
+                asker in 0usize..4,
+            ) {
+                let lines: Vec<String> = jobs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (u, p, start_h, len_h))| {
+                        let start = NOW - start_h * 3600;
+                        line(i as u32 + 1, USERS[*u], PROJECTS[*p], start, len_h.map(|l| (start + l * 3600).min(NOW)))
+                    })
+                    .collect();
+                let owner: Vec<&str> = jobs.iter().map(|(u, ..)| USERS[*u]).collect();
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                rt.block_on(async {
+                    let (api, _tmp) = api_with(&lines, &["root"]).await;
+                    let me = USERS[asker];
+                    let others: Vec<String> = (1..=jobs.len())
+                        .filter(|i| owner[i - 1] != me)
+                        .map(|i| i.to_string())
+                        .collect();
+                    let all_projects = PROJECTS.iter().map(|p| format!("project={p}")).collect::<Vec<_>>().join("&");
+                    let all_uuids = others.iter().map(|u| format!("uuid={u}")).collect::<Vec<_>>().join("&");
+                    let wide = format!("from=0&to={}", NOW + 1);
+                    let asks = [
+                        ("/api/v1/units", format!("{wide}&running")),
+                        ("/api/v1/units", format!("{wide}&{all_projects}")),
+                        ("/api/v1/units", format!("{wide}&{all_uuids}")),
+                        ("/api/v1/usage/current", format!("{wide}&{all_projects}")),
+                        ("/api/v1/usage/current", format!("{wide}&groupby=project")),
+                        ("/api/v1/usage/global", all_projects.clone()),
+                        ("/api/v1/usage/global", "groupby=project".to_owned()),
+                        ("/api/v1/users", String::new()),
+                        ("/api/v1/projects", all_projects.clone()),
+                    ];
+                    let mine = owner.iter().filter(|o| **o == me).count();
+                    for (path, query) in asks {
+                        let a = api.handle(path, Some(&query), Some(me), NOW).await;
+                        prop_assert_eq!(a.status, StatusCode::OK, "{} {}", path, a.body);
+                        let text = a.body.to_string();
+                        for other in USERS.iter().filter(|u| **u != me) {
+                            prop_assert!(!text.contains(&format!("\"{other}\"")), "{} {} shows {}: {}", path, query, other, text);
+                        }
+                        for row in a.body["data"].as_array().unwrap() {
+                            if let Some(uuid) = row.get("uuid").and_then(Value::as_str) {
+                                prop_assert!(!others.iter().any(|o| o == uuid), "{} shows job {}", path, uuid);
+                            }
+                            if let Some(n) = row.get("num_units").and_then(Value::as_u64) {
+                                prop_assert!(n as usize <= mine, "{} counts {} jobs; {} has {}", path, n, me, mine);
+                            }
+                        }
+                    }
+                    // The admin sees them all.
+                    let a = api.handle("/api/v1/units/admin", Some(&format!("{wide}&running")), Some("root"), NOW).await;
+                    prop_assert_eq!(a.body["data"].as_array().unwrap().len(), jobs.len());
+                    Ok(())
+                })?;
+            }
+        }
+    }
+}
