@@ -189,8 +189,12 @@ fn exporter_drops_to_nobody_and_raises_ptrace_only_to_read_a_foreign_environ() {
 }
 
 fn check_privileges(prefix: &[&str], args: &[&str]) -> (i32, serde_json::Value) {
+    check_privileges_of("exporter", prefix, args)
+}
+
+fn check_privileges_of(sub: &str, prefix: &[&str], args: &[&str]) -> (i32, serde_json::Value) {
     let out = ceems(prefix)
-        .args(["check-privileges", "--output=json", "exporter"])
+        .args(["check-privileges", "--output=json", sub])
         .args(args)
         .output()
         .expect("run check-privileges");
@@ -279,6 +283,63 @@ fn check_privileges_as_root_as_bare_nobody_and_as_nobody_with_ambient_capabiliti
         names(&report["process"]["ambient"]),
         ["CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE"]
     );
+}
+
+/// The stats-server runs sacct as the slurm user: `check-privileges stats-server` runs a
+/// stand-in sacct as another user (daemon, which every Debian system has) the same way.
+#[test]
+fn check_privileges_of_the_stats_server_runs_sacct_as_another_user() {
+    if !is_root() {
+        println!("SKIPPED: needs root");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .unwrap();
+    let sacct = tmp.path().join("sacct");
+    std::fs::write(&sacct, "#!/bin/sh\n[ \"$(id -un)\" = daemon ] || { echo \"ran as $(id -un)\" >&2; exit 3; }\necho 'slurm 22.05.8'\n").unwrap();
+    std::fs::set_permissions(&sacct, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let sacct_flag = format!("--slurm.sacct.path={}", sacct.display());
+    let args = [
+        "--slurm.run-as-user=daemon",
+        sacct_flag.as_str(),
+        "--web.listen-address=127.0.0.1:0",
+    ];
+    let part = |report: &serde_json::Value| {
+        report["parts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["part"] == "slurm commands as daemon")
+            .unwrap_or_else(|| panic!("no slurm part: {report:#}"))
+            .clone()
+    };
+
+    // Root: dropped to nobody keeping CAP_SETUID/CAP_SETGID, the stand-in runs as daemon.
+    let (code, report) = check_privileges_of("stats-server", &[], &args);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(part(&report)["test"]["outcome"], "ok", "{report:#}");
+
+    let nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"];
+    let (code, report) = check_privileges_of("stats-server", &nobody, &args);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(names(&report["missing"]), ["CAP_SETGID", "CAP_SETUID"]);
+    assert_eq!(part(&report)["test"]["outcome"], "denied", "{report:#}");
+    let sudoers = report["fix"]["sudoers"][0].as_str().unwrap();
+    assert!(sudoers.ends_with(&sacct.display().to_string()), "{sudoers}");
+
+    let with_caps = [
+        "setpriv",
+        "--reuid=nobody",
+        "--regid=nogroup",
+        "--clear-groups",
+        "--inh-caps=+setuid,+setgid",
+        "--ambient-caps=+setuid,+setgid",
+        "--",
+    ];
+    let (code, report) = check_privileges_of("stats-server", &with_caps, &args);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(part(&report)["test"]["outcome"], "ok", "{report:#}");
 }
 
 #[test]

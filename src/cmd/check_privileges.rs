@@ -3,6 +3,7 @@
 //! operation gives when done as the daemon does it, and the lines that fix what is missing.
 //! Exit 0: all present; 1: something is missing; 2: bad usage.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
@@ -126,11 +127,28 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    // The stats-server's Slurm commands, run as the slurm user.
+    let mut run_as: Option<(PathBuf, String, Vec<Capability>)> = None;
+    if sub == "stats-server" {
+        let caps = stats_server::needed_capabilities(&settings)?;
+        let user: String = settings.get("slurm.run-as-user")?;
+        let sacct: PathBuf = settings.get("slurm.sacct.path")?;
+        let sacct = crate::collect::command::find_program(
+            &sacct.display().to_string(),
+            std::env::var_os("PATH").as_deref(),
+        )
+        .unwrap_or(sacct);
+        sudo_commands.push(sacct.display().to_string());
+        if !user.is_empty() {
+            run_as = Some((sacct, user, caps));
+        }
+    }
     let needed = security::sorted(
         parts
             .iter()
             .flat_map(|p| p.needs.clone())
-            .chain(collectors.iter().flat_map(|(_, c)| c.iter().copied())),
+            .chain(collectors.iter().flat_map(|(_, c)| c.iter().copied()))
+            .chain(run_as.iter().flat_map(|(_, _, c)| c.iter().copied())),
     );
 
     // Then test as the daemon runs: privileges dropped the same way.
@@ -165,6 +183,14 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             needs: caps.to_vec(),
             missing: missing_of(caps),
             test,
+        });
+    }
+    if let Some((sacct, user, caps)) = &run_as {
+        parts.push(PartCheck {
+            part: format!("slurm commands as {user}"),
+            needs: caps.clone(),
+            missing: missing_of(caps),
+            test: Some(check::test_run_as(sacct, user, caps)),
         });
     }
     tracing::debug!(?outcome, "privileges for the checks");

@@ -236,6 +236,49 @@ pub fn test_ipmi_device(devices: &[&str], caps: &[Capability]) -> OperationTest 
     }
 }
 
+/// Runs `program --version` as `user`, as the stats-server runs sacct: the child switches
+/// uid and gid with CAP_SETUID/CAP_SETGID raised on a short-lived thread.
+pub fn test_run_as(program: &Path, user: &str, caps: &[Capability]) -> OperationTest {
+    let operation = format!("run {} --version as {user}", program.display());
+    let found = match user.parse::<u32>() {
+        Ok(uid) => nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)),
+        Err(_) => nix::unistd::User::from_name(user),
+    };
+    let Some(u) = found.ok().flatten() else {
+        return OperationTest {
+            operation,
+            outcome: TestOutcome::NotPresent,
+            error: Some(format!("no user `{user}` on this host")),
+        };
+    };
+    let ids = (u.uid.as_raw(), u.gid.as_raw());
+    let result = with_capabilities(caps, || {
+        crate::collect::command::run_as(
+            program,
+            &["--version".to_owned()],
+            &[],
+            std::time::Duration::from_secs(10),
+            1 << 20,
+            Some(ids),
+        )
+    });
+    match result {
+        Ok(_) => OperationTest {
+            operation,
+            outcome: TestOutcome::Ok,
+            error: None,
+        },
+        Err(crate::collect::command::CommandError::Spawn { source, .. }) => {
+            OperationTest::from_io(operation, Err(source))
+        }
+        Err(e) => OperationTest {
+            operation,
+            outcome: TestOutcome::Error,
+            error: Some(e.to_string()),
+        },
+    }
+}
+
 /// The lines that give a daemon `needed`.
 pub fn fix(needed: &[Capability], binary: &Path, sudo_commands: &[String]) -> Fix {
     let lower: Vec<String> = needed
@@ -344,7 +387,18 @@ impl Report {
             }
         );
         let _ = writeln!(out);
-        let _ = writeln!(out, "{:<18} {:<36} {:<8} TEST", "PART", "NEEDS", "RESULT");
+        let width = self
+            .parts
+            .iter()
+            .map(|p| p.part.len())
+            .max()
+            .unwrap_or(0)
+            .max(18);
+        let _ = writeln!(
+            out,
+            "{:<width$} {:<36} {:<8} TEST",
+            "PART", "NEEDS", "RESULT"
+        );
         for part in &self.parts {
             let result = if !part.missing.is_empty() {
                 "MISSING"
@@ -365,7 +419,7 @@ impl Report {
             };
             let _ = writeln!(
                 out,
-                "{:<18} {:<36} {:<8} {test}",
+                "{:<width$} {:<36} {:<8} {test}",
                 part.part,
                 names(&part.needs),
                 result
