@@ -294,8 +294,11 @@ fn check_privileges_of_the_stats_server_runs_sacct_as_another_user() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .unwrap();
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let sacct = tmp.path().join("sacct");
     std::fs::write(&sacct, "#!/bin/sh\n[ \"$(id -un)\" = daemon ] || { echo \"ran as $(id -un)\" >&2; exit 3; }\necho 'slurm 22.05.8'\n").unwrap();
     std::fs::set_permissions(&sacct, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
@@ -320,7 +323,13 @@ fn check_privileges_of_the_stats_server_runs_sacct_as_another_user() {
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(part(&report)["test"]["outcome"], "ok", "{report:#}");
 
-    let nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"];
+    let nobody = [
+        "setpriv",
+        "--reuid=nobody",
+        "--regid=nogroup",
+        "--clear-groups",
+        "--",
+    ];
     let (code, report) = check_privileges_of("stats-server", &nobody, &args);
     assert_eq!(code, 1, "{report:#}");
     assert_eq!(names(&report["missing"]), ["CAP_SETGID", "CAP_SETUID"]);

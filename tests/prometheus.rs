@@ -4,18 +4,15 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::bmc::{Flavor, StandinBmc};
-use common::{ensure_tools, fixtures, free_port, runnable, start_exporter, stub, Running};
+use common::lab::Prometheus;
+use common::{fixtures, runnable, start_exporter, stub, Running};
 
-/// Debian's prometheus package (prometheus and promtool), installed when missing and root;
-/// skipped outside CI when it cannot be had.
 fn require_tools(test: &str) -> bool {
-    let have = |bin: &str| Command::new(bin).arg("--version").output().is_ok();
-    let present = || have("prometheus") && have("promtool");
-    runnable(test, ensure_tools(present, &["prometheus"], &[]))
+    runnable(test, common::lab::prometheus_tools())
 }
 
 fn exporter_on_fixtures(extra: &[&str]) -> Running {
@@ -30,67 +27,13 @@ fn exporter_on_fixtures(extra: &[&str]) -> Running {
     start_exporter(&fixtures().join("compat"), &args)
 }
 
-struct Prometheus(Child);
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn get_json(url: &str) -> Option<serde_json::Value> {
-    let body = ureq::get(url).call().ok()?.into_string().ok()?;
-    serde_json::from_str(&body).ok()
-}
-
-fn query(port: u16, promql: &str) -> Vec<serde_json::Value> {
-    let url = format!(
-        "http://127.0.0.1:{port}/api/v1/query?query={}",
-        promql
-            .bytes()
-            .map(|b| match b {
-                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' => (b as char).to_string(),
-                _ => format!("%{b:02X}"),
-            })
-            .collect::<String>()
-    );
-    get_json(&url)
-        .and_then(|v| v["data"]["result"].as_array().cloned())
-        .unwrap_or_default()
-}
-
 #[test]
 fn prometheus_scrapes_the_exporter() {
     if !require_tools("prometheus_scrapes_the_exporter") {
         return;
     }
     let exporter = exporter_on_fixtures(&[]);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: ceems\n    static_configs:\n      - targets: ['127.0.0.1:{}']\n",
-            exporter.port
-        ),
-    )
-    .expect("write config");
-    let port = free_port();
-    // A fresh TSDB per run, so no answer comes from an earlier run's data.
-    let prom = Prometheus(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start prometheus"),
-    );
+    let prom = Prometheus::start(&[exporter.port], &[]);
 
     let start = Instant::now();
     let mut last = String::new();
@@ -100,24 +43,12 @@ fn prometheus_scrapes_the_exporter() {
             "Prometheus never saw the exporter up with job metrics; last state: {last}"
         );
         std::thread::sleep(Duration::from_millis(500));
-        let Some(targets) = get_json(&format!("http://127.0.0.1:{port}/api/v1/targets")) else {
-            last = "API not answering".into();
-            continue;
-        };
-        let health = targets["data"]["activeTargets"][0]["health"]
-            .as_str()
-            .unwrap_or("none")
-            .to_owned();
-        if health != "up" {
-            last = format!(
-                "target health {health}: {}",
-                targets["data"]["activeTargets"][0]["lastError"]
-            );
+        if let Err(why) = prom.targets_up() {
+            last = why;
             continue;
         }
-        let up = query(port, "up{job=\"ceems\"}");
-        let cpu = query(
-            port,
+        let up = prom.query("up{job=\"ceems\"}");
+        let cpu = prom.query(
             "ceems_compute_unit_cpu_user_seconds_total{uuid=\"1009248\",cgrouphostname=\"\"}",
         );
         if up.first().map(|r| r["value"][1] == "1") == Some(true) && !cpu.is_empty() {

@@ -8,50 +8,10 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::lab::{as_user, lab, wait_until};
 use common::{parse_series, start_exporter};
-
-fn lab() -> Result<(), String> {
-    if !nix::unistd::Uid::effective().is_root() {
-        return Err("needs root".into());
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/slurm-lab.sh");
-    let out = Command::new("bash")
-        .arg(script)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(format!(
-            "slurm-lab.sh failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(())
-}
-
-fn as_user(user: &str, cmd: &str) -> String {
-    let out = Command::new("su")
-        .args([user, "-c", cmd])
-        .current_dir("/tmp")
-        .output()
-        .expect("su");
-    assert!(
-        out.status.success(),
-        "{cmd}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
 
 #[test]
 fn a_real_slurm_job_of_another_user_is_found_labelled_and_dropped_when_it_ends() {

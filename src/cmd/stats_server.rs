@@ -343,8 +343,24 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         .log("stats-server");
     let options = web::ServeOptions::new(256)
         .with_security(web::toolkit::WebSecurity::from_settings(&settings)?);
-    std::fs::create_dir_all(&storage.data.path)
-        .with_context(|| format!("cannot create {}", storage.data.path.display()))?;
+    // As the user it runs as, so the database is that user's.
+    std::fs::create_dir_all(&storage.data.path).with_context(|| {
+        format!(
+            "cannot create {} as uid {}",
+            storage.data.path.display(),
+            nix::unistd::getuid()
+        )
+    })?;
+    if let Err(e) = nix::unistd::access(
+        &storage.data.path,
+        nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+    ) {
+        anyhow::bail!(
+            "{} is not writable by uid {} ({e}): give it to that user, or set --security.run-as-user",
+            storage.data.path.display(),
+            nix::unistd::getuid()
+        );
+    }
     let db_path = storage.data.path.join("ceems.db");
     let mode = run_mode(&slurm.run_as_user, &slurm.sacct.path);
 

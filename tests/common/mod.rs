@@ -3,6 +3,7 @@
 
 pub mod bmc;
 pub mod http;
+pub mod lab;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;

@@ -1,0 +1,171 @@
+//! The real one-node Slurm cluster (`scripts/slurm-lab.sh`) and Debian's Prometheus, for the
+//! end-to-end tests.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Brings the lab up (idempotent). Needs root.
+pub fn lab() -> Result<(), String> {
+    if !nix::unistd::Uid::effective().is_root() {
+        return Err("needs root".into());
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/slurm-lab.sh");
+    let out = Command::new("bash")
+        .arg(script)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "slurm-lab.sh failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}
+
+/// Runs `cmd` as `user` in /tmp and returns its trimmed stdout.
+pub fn as_user(user: &str, cmd: &str) -> String {
+    let out = Command::new("su")
+        .args([user, "-c", cmd])
+        .current_dir("/tmp")
+        .output()
+        .expect("su");
+    assert!(
+        out.status.success(),
+        "{cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Submits `sbatch --parsable <args>` as `user` and returns the job id.
+pub fn submit(user: &str, args: &str) -> String {
+    let out = as_user(user, &format!("cd /tmp && sbatch --parsable {args}"));
+    let job = out.split(';').next().unwrap_or_default().to_owned();
+    assert!(
+        !job.is_empty() && job.chars().all(|c| c.is_ascii_digit()),
+        "job id {job}"
+    );
+    job
+}
+
+pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Debian's prometheus (and promtool), installed when missing and root.
+pub fn prometheus_tools() -> Result<(), String> {
+    let have = |bin: &str| Command::new(bin).arg("--version").output().is_ok();
+    super::ensure_tools(
+        || have("prometheus") && have("promtool"),
+        &["prometheus"],
+        &[],
+    )
+}
+
+/// A Prometheus on a fresh TSDB, killed when dropped.
+pub struct Prometheus {
+    child: Child,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Prometheus {
+    /// Scrapes `targets` every second, with `rules` files evaluated every second.
+    pub fn start(targets: &[u16], rules: &[&Path]) -> Prometheus {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("prometheus.yml");
+        let targets: Vec<String> = targets.iter().map(|p| format!("'127.0.0.1:{p}'")).collect();
+        let rules: Vec<String> = rules.iter().map(|r| format!("'{}'", r.display())).collect();
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\nrule_files: [{}]\nscrape_configs:\n  - job_name: ceems\n    static_configs:\n      - targets: [{}]\n",
+                rules.join(", "),
+                targets.join(", ")
+            ),
+        )
+        .expect("write config");
+        let port = super::free_port();
+        // A fresh TSDB per run, so no answer comes from an earlier run's data.
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start prometheus");
+        Prometheus {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn get_json(&self, path: &str) -> Option<serde_json::Value> {
+        let body = ureq::get(&format!("{}{path}", self.url()))
+            .call()
+            .ok()?
+            .into_string()
+            .ok()?;
+        serde_json::from_str(&body).ok()
+    }
+
+    /// The result vector of an instant query (empty when Prometheus does not answer).
+    pub fn query(&self, promql: &str) -> Vec<serde_json::Value> {
+        let encoded: String = promql
+            .bytes()
+            .map(|b| match b {
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' => (b as char).to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        self.get_json(&format!("/api/v1/query?query={encoded}"))
+            .and_then(|v| v["data"]["result"].as_array().cloned())
+            .unwrap_or_default()
+    }
+
+    /// Health of each scrape target, or why there is none yet.
+    pub fn targets_up(&self) -> Result<(), String> {
+        let targets = self
+            .get_json("/api/v1/targets")
+            .ok_or("API not answering")?;
+        let active = targets["data"]["activeTargets"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if active.is_empty() {
+            return Err("no targets yet".into());
+        }
+        for t in &active {
+            if t["health"] != "up" {
+                return Err(format!(
+                    "target {} health {}: {}",
+                    t["scrapeUrl"], t["health"], t["lastError"]
+                ));
+            }
+        }
+        Ok(())
+    }
+}

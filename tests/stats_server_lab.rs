@@ -1,0 +1,171 @@
+//! `ceems stats-server` end to end on the real Slurm lab (`scripts/slurm-lab.sh`), with the
+//! exporter on the lab's cgroups and Debian's Prometheus scraping it: three jobs of two users
+//! burn CPU; the server, started as root, drops to nobody, runs the real sacct and sacctmgr as
+//! the slurm user, computes each job's CPU use from the real series, and the API gives each
+//! user their own jobs only.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::lab::{lab, prometheus_tools, submit, wait_until, Prometheus};
+use common::{runnable, start_exporter, start_subcommand};
+
+/// Cancels the jobs when dropped, so a failing test leaves no burner behind.
+struct Cancel(Vec<String>);
+
+impl Drop for Cancel {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("scancel").args(&self.0).status();
+    }
+}
+
+fn api(server: &common::Running, path: &str, user: &str) -> serde_json::Value {
+    let body = ureq::get(&server.url(path))
+        .set("X-Grafana-User", user)
+        .call()
+        .unwrap_or_else(|e| panic!("GET {path} as {user}: {e}"))
+        .into_string()
+        .unwrap();
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {body}"))
+}
+
+fn job<'a>(units: &'a serde_json::Value, id: &str) -> Option<&'a serde_json::Value> {
+    units["data"].as_array()?.iter().find(|u| u["uuid"] == id)
+}
+
+#[test]
+fn real_jobs_get_cpu_usage_from_prometheus_and_each_user_sees_only_their_own() {
+    if !runnable("stats_server_lab", lab().and_then(|_| prometheus_tools())) {
+        return;
+    }
+    let exporter = start_exporter(Path::new("/"), &["--collector.slurm"]);
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/prometheus/rules/ceems-host-power.rules.yml");
+    let prom = Prometheus::start(&[exporter.port], &[&rules]);
+    wait_until(
+        "Prometheus scraping the exporter",
+        Duration::from_secs(60),
+        || prom.targets_up().is_ok(),
+    );
+
+    std::fs::write(
+        "/tmp/ceems-e2e-burn.py",
+        "import sys, time\nt = time.time()\nwhile time.time() - t < float(sys.argv[1]):\n    pass\n",
+    )
+    .unwrap();
+    let burn = "-c 1 --mem=200M --wrap 'python3 /tmp/ceems-e2e-burn.py 12'";
+    let a1 = submit("alice", &format!("-J e2e-a1 {burn}"));
+    let a2 = submit("alice", &format!("-J e2e-a2 {burn}"));
+    let b1 = submit("bob", &format!("-J e2e-b1 {burn}"));
+    let _cancel = Cancel(vec![a1.clone(), a2.clone(), b1.clone()]);
+    let ids = [a1.clone(), a2.clone(), b1.clone()];
+    wait_until("the three jobs to end", Duration::from_secs(120), || {
+        let out = std::process::Command::new("squeue")
+            .args(["-h", "-o", "%i"])
+            .output()
+            .expect("squeue");
+        let queued = String::from_utf8_lossy(&out.stdout);
+        !queued.lines().any(|l| ids.contains(&l.trim().to_owned()))
+    });
+    // Prometheus saw each job's CPU time (the series are stale once a job ends).
+    for id in &ids {
+        let q = format!(
+            "max_over_time(ceems_compute_unit_cpu_user_seconds_total{{uuid=\"{id}\"}}[5m])"
+        );
+        assert!(
+            !prom.query(&q).is_empty(),
+            "Prometheus has no series for job {id}"
+        );
+    }
+
+    let data = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        data.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let server = start_subcommand(
+        "stats-server",
+        data.path(),
+        &[
+            &format!("--storage.data.path={}", data.path().join("db").display()),
+            &format!("--prometheus.url={}", prom.url()),
+            "--storage.update-interval=2s",
+            "--storage.first-window=1h",
+            "--prometheus.cutoff=5s",
+            "--prometheus.scrape-interval=1s",
+            "--slurm.cluster-id=lab",
+            "--slurm.run-as-user=slurm",
+            "--web.admin-users=root",
+        ],
+        &[],
+    );
+
+    let window = "/api/v1/units?from=0&field=uuid&field=user&field=state&field=total_cpu_seconds&field=avg_cpu_usage&field=aggregates_status";
+    let mut units = serde_json::Value::Null;
+    wait_until(
+        "aggregates of alice's jobs",
+        Duration::from_secs(60),
+        || {
+            units = api(&server, window, "alice");
+            [&a1, &a2]
+                .iter()
+                .all(|id| job(&units, id).is_some_and(|u| u["aggregates_status"] == "done"))
+        },
+    );
+    for id in [&a1, &a2] {
+        let u = job(&units, id).unwrap();
+        let cpu = u["total_cpu_seconds"].as_f64().unwrap_or(0.0);
+        let usage = u["avg_cpu_usage"].as_f64().unwrap_or(0.0);
+        // 12 s of one busy core; Prometheus's increase() misses at most a scrape at each end.
+        assert!(cpu > 5.0 && cpu < 20.0, "job {id}: {cpu} CPU seconds: {u}");
+        assert!(usage > 30.0, "job {id}: {usage}% CPU: {u}");
+        assert_eq!(u["state"], "COMPLETED", "{u}");
+    }
+    println!("alice's jobs: {}", units["data"]);
+    for u in units["data"].as_array().unwrap() {
+        assert_eq!(u["user"], "alice", "alice sees {u}");
+    }
+    assert!(job(&units, &b1).is_none(), "alice sees bob's job");
+
+    let mut bobs = serde_json::Value::Null;
+    wait_until("aggregates of bob's job", Duration::from_secs(30), || {
+        bobs = api(&server, window, "bob");
+        job(&bobs, &b1).is_some_and(|u| u["aggregates_status"] == "done")
+    });
+    assert!(
+        job(&bobs, &b1).unwrap()["total_cpu_seconds"]
+            .as_f64()
+            .unwrap()
+            > 5.0
+    );
+    assert!(job(&bobs, &a1).is_none() && job(&bobs, &a2).is_none());
+    // bob asking for alice's job by id gets nothing.
+    let other = api(&server, &format!("/api/v1/units?from=0&uuid={a1}"), "bob");
+    assert_eq!(other["data"], serde_json::json!([]));
+
+    // Users and projects come from the real sacctmgr, run as the slurm user.
+    let users = api(&server, "/api/v1/users", "alice");
+    assert_eq!(
+        users["data"],
+        serde_json::json!([{"cluster_id": "lab", "name": "alice", "projects": ["physics"]}])
+    );
+    let admin = api(
+        &server,
+        &format!("/api/v1/units/admin?from=0&uuid={b1}"),
+        "root",
+    );
+    assert_eq!(job(&admin, &b1).unwrap()["user"], "bob");
+    let usage = api(&server, "/api/v1/usage/global", "alice");
+    assert!(
+        usage["data"][0]["total_cpu_seconds"].as_f64().unwrap() > 10.0,
+        "{usage}"
+    );
+    let metrics = server.get("/metrics");
+    assert!(
+        metrics.contains("ceems_stats_aggregate_failures_total{cluster_id=\"lab\"} 0"),
+        "{metrics}"
+    );
+}
