@@ -867,6 +867,48 @@ mod tests {
         );
     }
 
+    /// Every query of the example dashboard is a route that answers, with the columns it reads.
+    #[tokio::test]
+    async fn the_example_grafana_dashboard_reads_fields_the_api_has() {
+        let (api, _tmp) = api_with(&sample(), &["root"]).await;
+        let dashboard: Value = serde_json::from_str(include_str!(
+            "../../examples/grafana/dashboards/ceems-my-jobs.json"
+        ))
+        .unwrap();
+        let datasource = include_str!("../../examples/grafana/provisioning/datasources/ceems-api.yml");
+        assert!(datasource.contains("httpHeaderName1: X-Grafana-User"));
+        assert!(datasource.contains("httpHeaderValue1: ${__user.login}"));
+        let mut checked = 0;
+        for panel in dashboard["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().unwrap() {
+                let url = target["url"].as_str().unwrap();
+                let path = &url[url.find("/api/").unwrap()..];
+                let query: Vec<String> = target["url_options"]["params"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|p| {
+                        let v = match p["value"].as_str().unwrap() {
+                            "${__from:date:seconds}" => (NOW - 7 * 86400).to_string(),
+                            "${__to:date:seconds}" => NOW.to_string(),
+                            v => v.to_owned(),
+                        };
+                        format!("{}={v}", p["key"].as_str().unwrap())
+                    })
+                    .collect();
+                let a = api.handle(path, Some(&query.join("&")), Some("alice"), NOW).await;
+                let rows = data(&a);
+                assert!(!rows.is_empty(), "{path}?{query:?}: no rows");
+                for col in target["columns"].as_array().unwrap() {
+                    let sel = col["selector"].as_str().unwrap();
+                    assert!(rows[0].get(sel).is_some(), "panel {}: no field {sel} in {path}", panel["title"]);
+                }
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 6);
+    }
+
     mod no_leaks {
         use super::*;
         use proptest::prelude::*;
