@@ -453,7 +453,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                         .and_then(|v| v.to_str().ok());
                     let answer = api.handle(path, req.uri().query(), user, unix_now()).await;
                     let mut resp = web::body_response(
-                        answer.body.to_string(),
+                        answer.body,
                         "application/json",
                         web::accepts_gzip(&req),
                     );

@@ -17,7 +17,6 @@ use super::db::Store;
 struct UnitField {
     name: &'static str,
     sql: &'static str,
-    kind: Col,
 }
 
 #[derive(Clone, Copy)]
@@ -28,44 +27,42 @@ enum Col {
 }
 
 const UNIT_FIELDS: &[UnitField] = &[
-    UnitField { name: "cluster_id", sql: "cluster_id", kind: Col::Text },
-    UnitField { name: "resource_manager", sql: "'slurm'", kind: Col::Text },
-    UnitField { name: "uuid", sql: "uuid", kind: Col::Text },
-    UnitField { name: "name", sql: "name", kind: Col::Text },
-    UnitField { name: "project", sql: "project", kind: Col::Text },
-    UnitField { name: "group", sql: "grp", kind: Col::Text },
-    UnitField { name: "user", sql: "usr", kind: Col::Text },
-    UnitField { name: "partition", sql: "partition", kind: Col::Text },
-    UnitField { name: "qos", sql: "qos", kind: Col::Text },
-    UnitField { name: "created_at_ts", sql: "submitted_at", kind: Col::Int },
-    UnitField { name: "started_at_ts", sql: "NULLIF(started_at, 0)", kind: Col::Int },
-    UnitField { name: "ended_at_ts", sql: "ended_at", kind: Col::Int },
-    UnitField { name: "elapsed_seconds", sql: "elapsed_seconds", kind: Col::Int },
-    UnitField { name: "state", sql: "state", kind: Col::Text },
-    UnitField { name: "exit_code", sql: "exit_code", kind: Col::Text },
-    UnitField { name: "alloc_cpus", sql: "alloc_cpus", kind: Col::Int },
-    UnitField { name: "alloc_mem_bytes", sql: "alloc_mem_bytes", kind: Col::Int },
-    UnitField { name: "alloc_gpus", sql: "alloc_gpus", kind: Col::Int },
-    UnitField { name: "billing", sql: "billing", kind: Col::Int },
-    UnitField { name: "nodes", sql: "nodes", kind: Col::Text },
-    UnitField { name: "workdir", sql: "workdir", kind: Col::Text },
-    UnitField { name: "total_cpu_seconds", sql: "cpu_seconds", kind: Col::Real },
+    UnitField { name: "cluster_id", sql: "cluster_id" },
+    UnitField { name: "resource_manager", sql: "'slurm'" },
+    UnitField { name: "uuid", sql: "uuid" },
+    UnitField { name: "name", sql: "name" },
+    UnitField { name: "project", sql: "project" },
+    UnitField { name: "group", sql: "grp" },
+    UnitField { name: "user", sql: "usr" },
+    UnitField { name: "partition", sql: "partition" },
+    UnitField { name: "qos", sql: "qos" },
+    UnitField { name: "created_at_ts", sql: "submitted_at" },
+    UnitField { name: "started_at_ts", sql: "NULLIF(started_at, 0)" },
+    UnitField { name: "ended_at_ts", sql: "ended_at" },
+    UnitField { name: "elapsed_seconds", sql: "elapsed_seconds" },
+    UnitField { name: "state", sql: "state" },
+    UnitField { name: "exit_code", sql: "exit_code" },
+    UnitField { name: "alloc_cpus", sql: "alloc_cpus" },
+    UnitField { name: "alloc_mem_bytes", sql: "alloc_mem_bytes" },
+    UnitField { name: "alloc_gpus", sql: "alloc_gpus" },
+    UnitField { name: "billing", sql: "billing" },
+    UnitField { name: "nodes", sql: "nodes" },
+    UnitField { name: "workdir", sql: "workdir" },
+    UnitField { name: "total_cpu_seconds", sql: "cpu_seconds" },
     UnitField {
         name: "avg_cpu_usage",
-        sql: "CASE WHEN alloc_cpus * aggregated_seconds > 0 THEN 100.0 * cpu_seconds / (alloc_cpus * aggregated_seconds) END",
-        kind: Col::Real,
-    },
-    UnitField { name: "avg_cpu_mem_usage_bytes", sql: "mean_memory_bytes", kind: Col::Real },
-    UnitField { name: "avg_gpu_usage", sql: "100.0 * mean_gpu_utilization", kind: Col::Real },
-    UnitField { name: "total_cpu_energy_usage_kwh", sql: "cpu_energy_joules / 3.6e6", kind: Col::Real },
-    UnitField { name: "total_host_energy_usage_kwh", sql: "host_energy_joules / 3.6e6", kind: Col::Real },
-    UnitField { name: "total_gpu_energy_usage_kwh", sql: "gpu_energy_joules / 3.6e6", kind: Col::Real },
-    UnitField { name: "total_emissions_gms", sql: "emissions_grams", kind: Col::Real },
-    UnitField { name: "total_io_read_bytes", sql: "io_read_bytes", kind: Col::Real },
-    UnitField { name: "total_io_write_bytes", sql: "io_write_bytes", kind: Col::Real },
-    UnitField { name: "aggregates_status", sql: "aggregates_status", kind: Col::Text },
-    UnitField { name: "aggregates_updated_at_ts", sql: "aggregates_updated_at", kind: Col::Int },
-    UnitField { name: "last_updated_at_ts", sql: "last_updated_at", kind: Col::Int },
+        sql: "CASE WHEN alloc_cpus * aggregated_seconds > 0 THEN 100.0 * cpu_seconds / (alloc_cpus * aggregated_seconds) END" },
+    UnitField { name: "avg_cpu_mem_usage_bytes", sql: "mean_memory_bytes" },
+    UnitField { name: "avg_gpu_usage", sql: "100.0 * mean_gpu_utilization" },
+    UnitField { name: "total_cpu_energy_usage_kwh", sql: "cpu_energy_joules / 3.6e6" },
+    UnitField { name: "total_host_energy_usage_kwh", sql: "host_energy_joules / 3.6e6" },
+    UnitField { name: "total_gpu_energy_usage_kwh", sql: "gpu_energy_joules / 3.6e6" },
+    UnitField { name: "total_emissions_gms", sql: "emissions_grams" },
+    UnitField { name: "total_io_read_bytes", sql: "io_read_bytes" },
+    UnitField { name: "total_io_write_bytes", sql: "io_write_bytes" },
+    UnitField { name: "aggregates_status", sql: "aggregates_status" },
+    UnitField { name: "aggregates_updated_at_ts", sql: "aggregates_updated_at" },
+    UnitField { name: "last_updated_at_ts", sql: "last_updated_at" },
 ];
 
 /// Usage columns: per group, sums over the jobs.
@@ -129,22 +126,36 @@ pub const MAX_UNITS: i64 = 100_000;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
     pub status: StatusCode,
-    pub body: Value,
+    pub body: String,
 }
 
 impl Answer {
     fn data(data: Value) -> Answer {
         Answer {
             status: StatusCode::OK,
-            body: json!({"status": "success", "data": data}),
+            body: json!({"status": "success", "data": data}).to_string(),
+        }
+    }
+
+    /// `data` already serialized (by SQLite's JSON functions).
+    fn raw_data(data: &str) -> Answer {
+        Answer {
+            status: StatusCode::OK,
+            body: format!(r#"{{"status":"success","data":{data}}}"#),
         }
     }
 
     fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Answer {
         Answer {
             status,
-            body: json!({"status": "error", "errorType": kind, "error": message.into()}),
+            body: json!({"status": "error", "errorType": kind, "error": message.into()})
+                .to_string(),
         }
+    }
+
+    /// The body parsed, for tests and tools.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or(Value::Null)
     }
 
     fn bad(message: impl Into<String>) -> Answer {
@@ -152,10 +163,25 @@ impl Answer {
     }
 }
 
+/// Most answers kept, and most bytes in them; past either, the cache starts over.
+const CACHE_ENTRIES: usize = 4096;
+const CACHE_BYTES: usize = 64 << 20;
+
+/// Answers by request, valid while the store's generation is unchanged: Grafana asks the same
+/// questions at every refresh of every viewer's dashboard, and data changes only when the
+/// update loop writes.
+#[derive(Default)]
+struct Cache {
+    generation: u64,
+    bytes: usize,
+    answers: std::collections::HashMap<String, Answer>,
+}
+
 /// The API over a store.
 pub struct Api {
     store: std::sync::Arc<Store>,
     pub user_header: String,
+    cache: std::sync::Mutex<Cache>,
 }
 
 /// Query parameters, each possibly repeated.
@@ -263,6 +289,35 @@ impl Api {
         Api {
             store,
             user_header: user_header.to_owned(),
+            cache: Default::default(),
+        }
+    }
+
+    fn cached(&self, key: &str) -> Option<Answer> {
+        let cache = self.cache.lock().ok()?;
+        if cache.generation != self.store.generation() {
+            return None;
+        }
+        cache.answers.get(key).cloned()
+    }
+
+    fn remember(&self, key: String, generation: u64, answer: &Answer) {
+        let Ok(mut cache) = self.cache.lock() else {
+            return;
+        };
+        let size = key.len() + answer.body.len();
+        if cache.generation != generation
+            || cache.answers.len() >= CACHE_ENTRIES
+            || cache.bytes + size > CACHE_BYTES
+        {
+            *cache = Cache {
+                generation,
+                ..Default::default()
+            };
+        }
+        if size <= CACHE_BYTES {
+            cache.bytes += size;
+            cache.answers.insert(key, answer.clone());
         }
     }
 
@@ -306,6 +361,19 @@ impl Api {
             Some(r) => (r, true),
             None => (route, false),
         };
+        // The default window ends at the next full minute, so that answers can be shared
+        // for a minute.
+        let now = now.div_euclid(60) * 60 + 60;
+        // An admin route's answer is cached only for a user who was an admin at that
+        // generation; the admin list is written through the store, which bumps it.
+        let key = format!(
+            "{user}\0{admin_route}\0{route}\0{}\0{now}",
+            query.unwrap_or("")
+        );
+        if let Some(hit) = self.cached(&key) {
+            return hit;
+        }
+        let generation = self.store.generation();
         if admin_route {
             match self.store.is_admin(user).await {
                 Ok(true) => {}
@@ -340,7 +408,11 @@ impl Api {
                 format!("no route {path}"),
             )),
         };
-        result.unwrap_or_else(|a| a)
+        let answer = result.unwrap_or_else(|a| a);
+        if answer.status == StatusCode::OK {
+            self.remember(key, generation, &answer);
+        }
+        answer
     }
 
     async fn fetch(
@@ -392,8 +464,21 @@ impl Api {
         };
         let (from, to) = window(p, now)?;
         let running = p.flag("running")?;
-        let mut q = sqlx::QueryBuilder::new("SELECT ");
-        q.push(fields.iter().map(|f| f.sql).collect::<Vec<_>>().join(", "));
+        // SQLite writes the JSON: decoding each cell through sqlx costs four times more.
+        let mut q = sqlx::QueryBuilder::new("SELECT coalesce(json_group_array(json_object(");
+        let pairs: Vec<String> = fields
+            .iter()
+            .enumerate()
+            .map(|(i, f)| format!("'{}', c{i}", f.name))
+            .collect();
+        q.push(pairs.join(", "));
+        q.push(")), '[]') FROM (SELECT ");
+        let cols: Vec<String> = fields
+            .iter()
+            .enumerate()
+            .map(|(i, f)| format!("{} AS c{i}", f.sql))
+            .collect();
+        q.push(cols.join(", "));
         q.push(" FROM units WHERE 1 = 1");
         let users: Vec<String> = match scope {
             Some(u) => vec![u.to_owned()],
@@ -414,18 +499,13 @@ impl Api {
         }
         q.push(") ORDER BY started_at DESC, id DESC LIMIT ")
             .push_bind(MAX_UNITS);
+        q.push(")");
         let rows = self.fetch(q).await?;
-        let data: Vec<Value> = rows
-            .iter()
-            .map(|r| {
-                let mut m = Map::with_capacity(fields.len());
-                for (i, f) in fields.iter().enumerate() {
-                    m.insert(f.name.to_owned(), cell(r, i, f.kind));
-                }
-                Value::Object(m)
-            })
-            .collect();
-        Ok(Answer::data(Value::Array(data)))
+        let json: String = rows
+            .first()
+            .and_then(|r| r.try_get(0).ok())
+            .unwrap_or_else(|| "[]".to_owned());
+        Ok(Answer::raw_data(&json))
     }
 
     /// `groupby`: `user` and/or `project` (default both), always within a cluster.
@@ -680,9 +760,9 @@ mod tests {
         (Api::new(Arc::new(store), "X-Grafana-User"), tmp)
     }
 
-    fn data(a: &Answer) -> &Vec<Value> {
+    fn data(a: &Answer) -> Vec<Value> {
         assert_eq!(a.status, StatusCode::OK, "{}", a.body);
-        a.body["data"].as_array().expect("data array")
+        a.json()["data"].as_array().expect("data array").clone()
     }
 
     fn sample() -> Vec<String> {
@@ -725,7 +805,7 @@ mod tests {
                 StatusCode::UNAUTHORIZED,
                 "{route} without a user"
             );
-            assert_eq!(none.body["errorType"], "unauthorized");
+            assert_eq!(none.json()["errorType"], "unauthorized");
             let empty = api.handle(&path, None, Some(" "), NOW).await;
             assert_eq!(
                 empty.status,
@@ -746,11 +826,11 @@ mod tests {
                 "{route} as root: {}",
                 root.body
             );
-            assert_eq!(root.body["status"], "success");
+            assert_eq!(root.json()["status"], "success");
         }
         let health = api.handle("/api/v1/health", None, None, NOW).await;
         assert_eq!(
-            (health.status, &health.body["data"]),
+            (health.status, &health.json()["data"]),
             (StatusCode::OK, &json!("ok"))
         );
         assert_eq!(
@@ -766,8 +846,8 @@ mod tests {
         let (api, _tmp) = api_with(&sample(), &["root"]).await;
         // Default window (the last day): job 1 only for alice; job 3 ended 9 days ago.
         let a = api.handle("/api/v1/units", None, Some("alice"), NOW).await;
-        let uuids: Vec<&Value> = data(&a).iter().map(|u| &u["uuid"]).collect();
-        assert_eq!(uuids, [&json!("1")]);
+        let uuids: Vec<Value> = data(&a).iter().map(|u| u["uuid"].clone()).collect();
+        assert_eq!(uuids, [json!("1")]);
         assert_eq!(data(&a)[0]["alloc_cpus"], 2);
         assert_eq!(data(&a)[0]["user"], "alice");
         let from = (NOW - 11 * 86400).to_string();
@@ -806,9 +886,9 @@ mod tests {
                 .handle("/api/v1/units", Some(query), Some("alice"), NOW)
                 .await;
             assert_eq!(a.status, StatusCode::BAD_REQUEST, "{query}");
-            assert_eq!(a.body["errorType"], "bad_data");
+            assert_eq!(a.json()["errorType"], "bad_data");
             assert!(
-                a.body["error"].as_str().unwrap().contains(says),
+                a.json()["error"].as_str().unwrap().contains(says),
                 "{query}: {}",
                 a.body
             );
@@ -842,8 +922,8 @@ mod tests {
                 NOW,
             )
             .await;
-        let projects: Vec<&Value> = data(&a).iter().map(|u| &u["project"]).collect();
-        assert_eq!(projects, [&json!("chemistry"), &json!("physics")]);
+        let projects: Vec<Value> = data(&a).iter().map(|u| u["project"].clone()).collect();
+        assert_eq!(projects, [json!("chemistry"), json!("physics")]);
         assert!(data(&a)[0].get("user").is_none());
         let a = api
             .handle("/api/v1/usage/current", None, Some("alice"), NOW)
@@ -863,7 +943,39 @@ mod tests {
             .await;
         assert_eq!(
             data(&a),
-            &vec![json!({"cluster_id": "lab", "name": "physics", "users": ["alice"]})]
+            vec![json!({"cluster_id": "lab", "name": "physics", "users": ["alice"]})]
+        );
+    }
+
+    #[tokio::test]
+    async fn cached_answers_end_with_the_next_write() {
+        let (api, _tmp) = api_with(&sample(), &["root"]).await;
+        let first = api.handle("/api/v1/units", None, Some("alice"), NOW).await;
+        assert_eq!(data(&first).len(), 1);
+        // Within the same minute the answer comes from the cache; a new job is a write.
+        let (jobs, _) = sacct::parse_output(&line(9, "alice", "physics", NOW - 60, None));
+        api.store.ingest("lab", &jobs, 0, NOW).await.unwrap();
+        let second = api
+            .handle("/api/v1/units", None, Some("alice"), NOW + 1)
+            .await;
+        assert_eq!(data(&second).len(), 2, "a stale answer was served");
+        // Another user never gets alice's cached answer.
+        let bob = api
+            .handle("/api/v1/units", None, Some("bob"), NOW + 1)
+            .await;
+        assert!(data(&bob).iter().all(|u| u["user"] == "bob"));
+        // Nor a non-admin an admin's.
+        assert_eq!(
+            api.handle("/api/v1/units/admin", None, Some("root"), NOW)
+                .await
+                .status,
+            StatusCode::OK
+        );
+        assert_eq!(
+            api.handle("/api/v1/units/admin", None, Some("alice"), NOW)
+                .await
+                .status,
+            StatusCode::FORBIDDEN
         );
     }
 
@@ -875,7 +987,8 @@ mod tests {
             "../../examples/grafana/dashboards/ceems-my-jobs.json"
         ))
         .unwrap();
-        let datasource = include_str!("../../examples/grafana/provisioning/datasources/ceems-api.yml");
+        let datasource =
+            include_str!("../../examples/grafana/provisioning/datasources/ceems-api.yml");
         assert!(datasource.contains("httpHeaderName1: X-Grafana-User"));
         assert!(datasource.contains("httpHeaderValue1: ${__user.login}"));
         let mut checked = 0;
@@ -896,12 +1009,18 @@ mod tests {
                         format!("{}={v}", p["key"].as_str().unwrap())
                     })
                     .collect();
-                let a = api.handle(path, Some(&query.join("&")), Some("alice"), NOW).await;
+                let a = api
+                    .handle(path, Some(&query.join("&")), Some("alice"), NOW)
+                    .await;
                 let rows = data(&a);
                 assert!(!rows.is_empty(), "{path}?{query:?}: no rows");
                 for col in target["columns"].as_array().unwrap() {
                     let sel = col["selector"].as_str().unwrap();
-                    assert!(rows[0].get(sel).is_some(), "panel {}: no field {sel} in {path}", panel["title"]);
+                    assert!(
+                        rows[0].get(sel).is_some(),
+                        "panel {}: no field {sel} in {path}",
+                        panel["title"]
+                    );
                 }
                 checked += 1;
             }
@@ -960,11 +1079,11 @@ mod tests {
                     for (path, query) in asks {
                         let a = api.handle(path, Some(&query), Some(me), NOW).await;
                         prop_assert_eq!(a.status, StatusCode::OK, "{} {}", path, a.body);
-                        let text = a.body.to_string();
+                        let text = a.body.clone();
                         for other in USERS.iter().filter(|u| **u != me) {
                             prop_assert!(!text.contains(&format!("\"{other}\"")), "{} {} shows {}: {}", path, query, other, text);
                         }
-                        for row in a.body["data"].as_array().unwrap() {
+                        for row in a.json()["data"].as_array().unwrap() {
                             if let Some(uuid) = row.get("uuid").and_then(Value::as_str) {
                                 prop_assert!(!others.iter().any(|o| o == uuid), "{} shows job {}", path, uuid);
                             }
@@ -975,7 +1094,7 @@ mod tests {
                     }
                     // The admin sees them all.
                     let a = api.handle("/api/v1/units/admin", Some(&format!("{wide}&running")), Some("root"), NOW).await;
-                    prop_assert_eq!(a.body["data"].as_array().unwrap().len(), jobs.len());
+                    prop_assert_eq!(a.json()["data"].as_array().unwrap().len(), jobs.len());
                     Ok(())
                 })?;
             }

@@ -25,6 +25,8 @@ pub enum StoreError {
 
 pub struct Store {
     pool: SqlitePool,
+    /// Bumped by every write, so readers can tell a cached answer is stale.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl Store {
@@ -43,6 +45,10 @@ impl Store {
             // power loss can take the last ones.
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10))
+            // Index pages of a large batch stay in memory (the default is 2 MiB).
+            .pragma("cache_size", "-32768")
+            // Fewer, larger checkpoints during a big ingestion (40 MB of WAL instead of 4).
+            .pragma("wal_autocheckpoint", "10000")
             .foreign_keys(true);
         let pool = SqlitePoolOptions::new()
             // WAL lets readers run beside the writer; API requests take the rest.
@@ -51,11 +57,24 @@ impl Store {
             .await
             .map_err(open_err)?;
         sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Store { pool })
+        Ok(Store {
+            pool,
+            generation: Default::default(),
+        })
     }
 
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    /// Changes whenever data was written through this store.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn written(&self) {
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
 
     /// Writes one batch of jobs in one transaction. A job that has started replaces its pending
@@ -69,6 +88,7 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         upsert(&mut tx, cluster, jobs, now).await?;
         tx.commit().await?;
+        self.written();
         Ok(jobs.len())
     }
 }
@@ -181,6 +201,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
+        self.written();
         Ok(jobs.len())
     }
 
@@ -280,6 +301,7 @@ impl Store {
             .await?;
         }
         tx.commit().await?;
+        self.written();
         Ok(())
     }
 
@@ -300,6 +322,7 @@ impl Store {
             .await?;
         }
         tx.commit().await?;
+        self.written();
         Ok(())
     }
 
@@ -325,7 +348,7 @@ impl Store {
         cutoff: i64,
         now: i64,
     ) -> Result<u64, StoreError> {
-        Ok(sqlx::query(
+        let n = sqlx::query(
             "UPDATE units SET aggregates_status = 'too_short', aggregates_updated_at = ?3
              WHERE cluster_id = ?1 AND aggregates_status = 'pending'
                AND ended_at IS NOT NULL AND elapsed_seconds < ?2",
@@ -335,7 +358,9 @@ impl Store {
         .bind(now)
         .execute(&self.pool)
         .await?
-        .rows_affected())
+        .rows_affected();
+        self.written();
+        Ok(n)
     }
 
     /// Started jobs whose aggregates are not complete, with the window still to count.
@@ -418,6 +443,7 @@ impl Store {
             .await?;
         }
         tx.commit().await?;
+        self.written();
         Ok(())
     }
 
@@ -444,18 +470,19 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
+        self.written();
         Ok(())
     }
 
     /// Deletes jobs that ended before `before`. Returns how many.
     pub async fn delete_ended_before(&self, before: i64) -> Result<u64, StoreError> {
-        Ok(
-            sqlx::query("DELETE FROM units WHERE ended_at IS NOT NULL AND ended_at < ?1")
-                .bind(before)
-                .execute(&self.pool)
-                .await?
-                .rows_affected(),
-        )
+        let n = sqlx::query("DELETE FROM units WHERE ended_at IS NOT NULL AND ended_at < ?1")
+            .bind(before)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        self.written();
+        Ok(n)
     }
 
     /// Writes a consistent copy of the database to `path` (`VACUUM INTO`) while it stays in use.

@@ -135,11 +135,14 @@ pub async fn ingest_once(
             }
         }
         if batch.len() == BATCH_ROWS && lines.peek().is_some() {
+            // By user: the user index's pages are then written in order.
+            batch.sort_unstable_by(|a, b| a.user.cmp(&b.user));
             store.upsert_jobs(id, &batch, now).await?;
             report.rows += batch.len();
             batch.clear();
         }
     }
+    batch.sort_unstable_by(|a, b| a.user.cmp(&b.user));
     store.ingest(id, &batch, next, now).await?;
     report.rows += batch.len();
     Ok(report)

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The stats-server on N generated sacct records (default 1,000,000) of U users (default 1,000):
+#   1. ingestion: rows per second (from the sacct run to the last commit), database bytes per
+#      job and peak RSS;
+#   2. the API: GET /api/v1/units as one user (its jobs of the last day) with wrk at C
+#      concurrent connections (default 200) for D seconds (default 20): p50, p99, requests/s,
+#      and the server's peak RSS.
+# Prints figures; asserts nothing.
+#   scripts/bench-stats-server.sh [N] [U] [C] [D]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n=${1:-1000000}
+users=${2:-1000}
+conns=${3:-200}
+secs=${4:-20}
+command -v wrk >/dev/null || apt-get install -y wrk >/dev/null
+cargo build --release --locked -q
+dir=$(mktemp -d)
+chmod 755 "$dir"
+trap 'kill "$pid" 2>/dev/null || true; rm -rf "$dir"' EXIT
+now=$(date +%s)
+# Jobs of one minute, one starting every second up to now, round-robin over the users.
+python3 - "$n" "$users" "$now" "$dir/sacct.txt" <<'PY'
+import sys
+n, users, now, path = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+with open(path, "w") as f:
+    for i in range(n):
+        u = i % users
+        s = now - n + i - 60
+        f.write(f"{1000+i}|cpu|normal|proj{u % 50}|user{u}|{5000+u}|user{u}|{5000+u}|{s}|{s}|{s+60}|00:01:00|60|0:0|COMPLETED|billing=2,cpu=2,mem=2G,node=1|cn[{i%100:03}-{i%100+1:03}]|/home/user{u}|job {i}\n")
+PY
+printf '#!/bin/sh\nexec /bin/cat %s\n' "$dir/sacct.txt" > "$dir/sacct"
+chmod 755 "$dir/sacct" "$dir/sacct.txt"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+start=$(date +%s.%N)
+target/release/ceems stats-server --web.listen-address=127.0.0.1:$port --storage.data.path="$dir/data" \
+  --slurm.sacct.path="$dir/sacct" --slurm.sacctmgr.path= --slurm.run-as-user= \
+  --storage.first-window=$((n / 86400 + 2))d --storage.update-interval=1h --slurm.cluster-id=bench \
+  --security.drop-privileges=false --log.level=warn &
+pid=$!
+rows() {
+  curl -sf "127.0.0.1:$port/metrics" 2>/dev/null \
+    | awk '/^ceems_stats_ingested_rows_total/ {printf "%d", $2}'
+}
+until [ "$(rows)" = "$n" ]; do
+  sleep 0.2
+done
+end=$(date +%s.%N)
+bytes=$(cat "$dir"/data/ceems.db* | wc -c)
+rss=$(awk '/VmHWM/ {print $2}' /proc/$pid/status)
+python3 -c "n=$n; t=$end-$start; print(f'ingest: {n} jobs in {t:.1f} s = {n/t:,.0f} rows/s; database {$bytes/n:.0f} bytes/job; peak RSS {$rss/1024:.0f} MiB')"
+
+url="http://127.0.0.1:$port/api/v1/units"
+report() {
+  local what=$1 out=$2
+  local p50 p99 rps errors
+  p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
+  p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
+  rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
+  errors=$(grep -E 'Non-2xx|Socket errors' <<<"$out" || true)
+  echo "api ($what): p50 $p50, p99 $p99, $rps req/s${errors:+; $errors}"
+}
+jobs=$(curl -sf -H 'X-Grafana-User: user7' "$url" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]))')
+echo "api: GET /api/v1/units as one user ($jobs jobs of the last day in the answer), $conns connections, ${secs}s each"
+# The same question again and again, as dashboards ask it: answered from the cache.
+report "same request" "$(wrk -t2 -c"$conns" -d"${secs}s" --latency -H 'X-Grafana-User: user7' "$url")"
+# Every request a different window, so none is answered from the cache.
+cat > "$dir/distinct.lua" <<LUA
+local n = 0
+request = function()
+  n = n + 1
+  return wrk.format("GET", "/api/v1/units?from=" .. ($now - 86400 - n))
+end
+LUA
+report "no cache hits" "$(wrk -t2 -c"$conns" -d"${secs}s" --latency -s "$dir/distinct.lua" -H 'X-Grafana-User: user7' "$url")"
+rss=$(awk '/VmHWM/ {print $2}' /proc/$pid/status)
+echo "peak RSS of the server: $((rss / 1024)) MiB"
