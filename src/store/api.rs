@@ -65,57 +65,51 @@ const UNIT_FIELDS: &[UnitField] = &[
     UnitField { name: "last_updated_at_ts", sql: "last_updated_at" },
 ];
 
-/// Usage columns: per group, sums over the jobs.
-const USAGE_FIELDS: &[(&str, &str)] = &[
-    ("num_units", "count(*)"),
-    ("total_elapsed_seconds", "sum(elapsed_seconds)"),
-    ("total_cpu_seconds", "sum(cpu_seconds)"),
-    (
-        "avg_cpu_usage",
-        "100.0 * sum(cpu_seconds) / NULLIF(sum(alloc_cpus * aggregated_seconds), 0)",
-    ),
+/// Summed usage columns: name, column (the same in `units` and `usage`), and a scale.
+const USAGE_SUMS: &[(&str, &str, &str)] = &[
+    ("total_elapsed_seconds", "elapsed_seconds", ""),
+    ("total_cpu_seconds", "cpu_seconds", ""),
     (
         "total_cpu_energy_usage_kwh",
-        "sum(cpu_energy_joules) / 3.6e6",
+        "cpu_energy_joules",
+        " / 3.6e6",
     ),
     (
         "total_host_energy_usage_kwh",
-        "sum(host_energy_joules) / 3.6e6",
+        "host_energy_joules",
+        " / 3.6e6",
     ),
     (
         "total_gpu_energy_usage_kwh",
-        "sum(gpu_energy_joules) / 3.6e6",
+        "gpu_energy_joules",
+        " / 3.6e6",
     ),
-    ("total_emissions_gms", "sum(emissions_grams)"),
-    ("total_io_read_bytes", "sum(io_read_bytes)"),
-    ("total_io_write_bytes", "sum(io_write_bytes)"),
+    ("total_emissions_gms", "emissions_grams", ""),
+    ("total_io_read_bytes", "io_read_bytes", ""),
+    ("total_io_write_bytes", "io_write_bytes", ""),
 ];
 
-/// The same sums over the `usage` table's pre-aggregated rows.
-const GLOBAL_USAGE_FIELDS: &[(&str, &str)] = &[
-    ("num_units", "sum(num_units)"),
-    ("total_elapsed_seconds", "sum(elapsed_seconds)"),
-    ("total_cpu_seconds", "sum(cpu_seconds)"),
-    (
-        "avg_cpu_usage",
-        "100.0 * sum(cpu_seconds) / NULLIF(sum(alloc_cpu_seconds), 0)",
-    ),
-    (
-        "total_cpu_energy_usage_kwh",
-        "sum(cpu_energy_joules) / 3.6e6",
-    ),
-    (
-        "total_host_energy_usage_kwh",
-        "sum(host_energy_joules) / 3.6e6",
-    ),
-    (
-        "total_gpu_energy_usage_kwh",
-        "sum(gpu_energy_joules) / 3.6e6",
-    ),
-    ("total_emissions_gms", "sum(emissions_grams)"),
-    ("total_io_read_bytes", "sum(io_read_bytes)"),
-    ("total_io_write_bytes", "sum(io_write_bytes)"),
-];
+/// Usage columns per group, over jobs (`units`) or over the pre-aggregated `usage` rows.
+fn usage_columns(pre_aggregated: bool) -> Vec<(&'static str, String)> {
+    let (count, cpu_time) = if pre_aggregated {
+        ("sum(num_units)", "sum(alloc_cpu_seconds)")
+    } else {
+        ("count(*)", "sum(alloc_cpus * aggregated_seconds)")
+    };
+    let mut cols = vec![
+        ("num_units", count.to_owned()),
+        (
+            "avg_cpu_usage",
+            format!("100.0 * sum(cpu_seconds) / NULLIF({cpu_time}, 0)"),
+        ),
+    ];
+    cols.extend(
+        USAGE_SUMS
+            .iter()
+            .map(|(name, col, scale)| (*name, format!("sum({col}){scale}"))),
+    );
+    cols
+}
 
 /// Default window of `/units` and `/usage/current` when `from` is not given.
 pub const DEFAULT_WINDOW_SECONDS: i64 = 24 * 3600;
@@ -533,7 +527,7 @@ impl Api {
     fn usage_rows(
         rows: &[sqlx::sqlite::SqliteRow],
         groups: &[(&str, &str)],
-        sums: &[(&str, &str)],
+        sums: &[(&str, String)],
     ) -> Value {
         Value::Array(
             rows.iter()
@@ -571,8 +565,9 @@ impl Api {
         let mut q = sqlx::QueryBuilder::new("SELECT ");
         let cols: Vec<&str> = groups.iter().map(|g| g.1).collect();
         q.push(cols.join(", "));
-        for (_, sql) in USAGE_FIELDS {
-            q.push(", ").push(*sql);
+        let sums = usage_columns(false);
+        for (_, sql) in &sums {
+            q.push(", ").push(sql.as_str());
         }
         q.push(" FROM units WHERE started_at > 0");
         let users: Vec<String> = scope
@@ -592,7 +587,7 @@ impl Api {
             cols.join(", ")
         ));
         let rows = self.fetch(q).await?;
-        Ok(Answer::data(Self::usage_rows(&rows, &groups, USAGE_FIELDS)))
+        Ok(Answer::data(Self::usage_rows(&rows, &groups, &sums)))
     }
 
     async fn usage_global(&self, p: &Params, scope: Option<&str>) -> Result<Answer, Answer> {
@@ -604,8 +599,9 @@ impl Api {
         let cols: Vec<&str> = groups.iter().map(|g| g.1).collect();
         let mut q = sqlx::QueryBuilder::new("SELECT ");
         q.push(cols.join(", "));
-        for (_, sql) in GLOBAL_USAGE_FIELDS {
-            q.push(", ").push(*sql);
+        let sums = usage_columns(true);
+        for (_, sql) in &sums {
+            q.push(", ").push(sql.as_str());
         }
         q.push(" FROM usage WHERE 1 = 1");
         let users: Vec<String> = scope
@@ -620,11 +616,7 @@ impl Api {
             cols.join(", ")
         ));
         let rows = self.fetch(q).await?;
-        Ok(Answer::data(Self::usage_rows(
-            &rows,
-            &groups,
-            GLOBAL_USAGE_FIELDS,
-        )))
+        Ok(Answer::data(Self::usage_rows(&rows, &groups, &sums)))
     }
 
     /// Projects with their members; a user gets only their own projects, and only themselves
