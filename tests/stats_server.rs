@@ -24,7 +24,7 @@ fn sacct_output(n: usize) -> String {
         };
         let start = 1_795_000_000 + i as i64;
         out.push_str(&format!(
-            "{}|debug|normal|{account}|{user}|{uid}|{user}|{uid}|{start}|{start}|{}|00:01:00|60|0:0|COMPLETED|billing=1,cpu=2,mem=2G,node=1|cn[{:03}-{:03}]|/home/{user}|job {i}\n",
+            "{}|debug|normal|{account}|{user}|{uid}|{user}|{uid}|{start}|{start}|{}|00:01:00|60|0:0|COMPLETED|billing=1,cpu=2,mem=2G,node=1|cn[{:03}-{:03}]|/home/{user}|30|job {i}\n",
             1000 + i,
             start + 60,
             i % 100,

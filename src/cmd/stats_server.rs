@@ -17,6 +17,7 @@ use crate::metrics::{Labels, MetricSet, TEXT_CONTENT_TYPE};
 use crate::store::aggregate::{self, HttpPrometheus, Limits, Prometheus, Queries};
 use crate::store::api::Api;
 use crate::store::db::{self, Store};
+use crate::store::findings::Thresholds;
 use crate::store::ingest::{self, Cluster};
 use crate::store::runner::{self, RunMode, SlurmCommand};
 use crate::web;
@@ -145,6 +146,11 @@ pub fn opts() -> Vec<Opt> {
         )
         .default("15s"),
         Opt::new(
+            "findings",
+            Kind::FileOnly,
+            "Thresholds of the efficiency findings; see examples/ceems.toml",
+        ),
+        Opt::new(
             "prometheus.queries",
             Kind::FileOnly,
             "PromQL templates of the aggregates ($uuids, $range); see examples/ceems.toml",
@@ -264,7 +270,7 @@ fn unix_now() -> i64 {
 /// A cluster with what it needs at run time.
 struct Source {
     cluster: Cluster,
-    prometheus: Option<Arc<dyn Prometheus>>,
+    prometheus: Option<Arc<HttpPrometheus>>,
     stats: Stats,
 }
 
@@ -327,6 +333,10 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let prom: PrometheusSettings = settings.get("prometheus")?;
     prom.queries.validate().map_err(anyhow::Error::msg)?;
     let admins: Vec<String> = settings.get("web.admin-users")?;
+    let thresholds: Thresholds = match settings.table.contains_key("findings") {
+        true => settings.get("findings")?,
+        false => Thresholds::default(),
+    };
     let user_header: String = settings.get("web.user-header-name")?;
     hyper::header::HeaderName::from_bytes(user_header.as_bytes())
         .with_context(|| format!("--web.user-header-name `{user_header}` is not a header name"))?;
@@ -394,9 +404,8 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                     sacctmgr: (!sacctmgr.is_empty()).then(|| command(PathBuf::from(sacctmgr))),
                     slurm_name: c.slurm_cluster_name.clone(),
                 },
-                prometheus: (!url.is_empty()).then(|| {
-                    Arc::new(HttpPrometheus::new(&url, prom.timeout)) as Arc<dyn Prometheus>
-                }),
+                prometheus: (!url.is_empty())
+                    .then(|| Arc::new(HttpPrometheus::new(&url, prom.timeout))),
                 stats: Stats::default(),
             }
         })
@@ -420,11 +429,14 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         tokio::spawn(update_loop(
             Arc::clone(&store),
             Arc::clone(&sources),
-            prom.queries,
-            limits,
-            storage.update_interval,
-            storage.first_window,
-            storage.data.retention_period,
+            UpdatePlan {
+                queries: prom.queries,
+                limits,
+                thresholds,
+                interval: storage.update_interval,
+                first_window: storage.first_window,
+                retention: storage.data.retention_period,
+            },
         ));
         if !storage.data.backup.path.is_empty() {
             tokio::spawn(backup_loop(
@@ -528,17 +540,27 @@ fn metrics(sources: &[Source]) -> String {
     body
 }
 
-/// Every interval: users and projects, jobs, aggregates and usage of each cluster, then
-/// retention.
-async fn update_loop(
-    store: Arc<Store>,
-    sources: Arc<Vec<Source>>,
+/// What the update loop does and how often.
+struct UpdatePlan {
     queries: Queries,
     limits: Limits,
+    thresholds: Thresholds,
     interval: Duration,
     first_window: Duration,
     retention: Duration,
-) {
+}
+
+/// Every interval: users and projects, jobs, aggregates and usage of each cluster, then
+/// retention.
+async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, plan: UpdatePlan) {
+    let UpdatePlan {
+        queries,
+        limits,
+        thresholds,
+        interval,
+        first_window,
+        retention,
+    } = plan;
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -577,7 +599,7 @@ async fn update_loop(
             if let Some(prometheus) = &s.prometheus {
                 match aggregate::update(
                     &store,
-                    Arc::clone(prometheus),
+                    Arc::clone(prometheus) as Arc<dyn Prometheus>,
                     &queries,
                     &limits,
                     id,
@@ -600,6 +622,11 @@ async fn update_loop(
                         tracing::warn!(cluster = id, error = %e, "aggregates not updated; retried at the next interval");
                     }
                 }
+            }
+            match store.refresh_findings(id, &thresholds, unix_now()).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(cluster = id, jobs = n, "findings updated"),
+                Err(e) => tracing::warn!(cluster = id, error = %e, "findings not updated"),
             }
             if let Err(e) = store.rebuild_usage(id, unix_now()).await {
                 tracing::warn!(cluster = id, error = %e, "usage not rebuilt");

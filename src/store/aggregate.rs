@@ -22,6 +22,8 @@ pub enum AggregateKind {
     MeanRate,
     /// The value is a mean level; the job keeps a time-weighted mean.
     Mean,
+    /// The value is a highest level; the job keeps the highest.
+    Max,
 }
 
 /// The query of each aggregate. An empty query turns that aggregate off.
@@ -37,6 +39,9 @@ pub struct Queries {
     pub gpu_utilization: String,
     pub io_read_bytes: String,
     pub io_write_bytes: String,
+    pub memory_peak_bytes: String,
+    pub memory_fail_count: String,
+    pub gpu_utilization_max: String,
 }
 
 impl Default for Queries {
@@ -72,6 +77,15 @@ impl Default for Queries {
             io_write_bytes: q(
                 r#"sum by (uuid) (increase(ceems_compute_unit_blkio_write_bytes_total{uuid=~"$uuids"}[$range]))"#,
             ),
+            memory_peak_bytes: q(
+                r#"max by (uuid) (max_over_time(ceems_compute_unit_memory_used_bytes{uuid=~"$uuids"}[$range]))"#,
+            ),
+            memory_fail_count: q(
+                r#"max by (uuid) (max_over_time(ceems_compute_unit_memory_fail_count{uuid=~"$uuids"}[$range]))"#,
+            ),
+            gpu_utilization_max: q(
+                r#"max by (uuid) (max_over_time(ceems_compute_unit_gpu_utilization_ratio{uuid=~"$uuids"}[$range]))"#,
+            ),
         }
     }
 }
@@ -88,10 +102,13 @@ enum Field {
     GpuUtilization,
     IoRead,
     IoWrite,
+    MemoryPeak,
+    MemoryFails,
+    GpuUtilizationMax,
 }
 
 impl Queries {
-    fn list(&self) -> [(Field, AggregateKind, &str); 9] {
+    fn list(&self) -> [(Field, AggregateKind, &str); 12] {
         use AggregateKind::*;
         [
             (Field::CpuSeconds, Total, &self.cpu_seconds),
@@ -103,6 +120,9 @@ impl Queries {
             (Field::GpuUtilization, Mean, &self.gpu_utilization),
             (Field::IoRead, Total, &self.io_read_bytes),
             (Field::IoWrite, Total, &self.io_write_bytes),
+            (Field::MemoryPeak, Max, &self.memory_peak_bytes),
+            (Field::MemoryFails, Max, &self.memory_fail_count),
+            (Field::GpuUtilizationMax, Max, &self.gpu_utilization_max),
         ]
     }
 
@@ -407,7 +427,7 @@ async fn query_batch(
                 let add = match kind {
                     AggregateKind::Total => v,
                     AggregateKind::MeanRate => v * d.seconds as f64,
-                    AggregateKind::Mean => v,
+                    AggregateKind::Mean | AggregateKind::Max => v,
                 };
                 match field {
                     Field::CpuSeconds => d.cpu_seconds += add,
@@ -419,6 +439,9 @@ async fn query_batch(
                     Field::GpuUtilization => d.mean_gpu_utilization = Some(add),
                     Field::IoRead => d.io_read_bytes += add,
                     Field::IoWrite => d.io_write_bytes += add,
+                    Field::MemoryPeak => d.memory_peak_bytes = Some(add),
+                    Field::MemoryFails => d.memory_fail_count = Some(add),
+                    Field::GpuUtilizationMax => d.gpu_utilization_max = Some(add),
                 }
             }
         }
@@ -527,9 +550,9 @@ mod tests {
         let store = Store::open(&tmp.path().join("ceems.db")).await.unwrap();
         // Job 1 runs from 1000; job 2 ran 1000..1030 (too short); job 3 pending.
         let lines = "\
-1|debug|normal|physics|alice|2001|alice|2001|990|1000|Unknown|00:00:00|0|0:0|RUNNING|billing=2,cpu=2,mem=1G,node=1|localhost|/tmp|long
-2|debug|normal|physics|alice|2001|alice|2001|990|1000|1030|00:00:30|30|0:0|COMPLETED|billing=1,cpu=1,mem=1G,node=1|localhost|/tmp|short
-3|debug|normal|physics|alice|2001|alice|2001|990|None|Unknown|00:00:00|0|0:0|PENDING||None assigned|/tmp|wait
+1|debug|normal|physics|alice|2001|alice|2001|990|1000|Unknown|00:00:00|0|0:0|RUNNING|billing=2,cpu=2,mem=1G,node=1|localhost|/tmp|60|long
+2|debug|normal|physics|alice|2001|alice|2001|990|1000|1030|00:00:30|30|0:0|COMPLETED|billing=1,cpu=1,mem=1G,node=1|localhost|/tmp|60|short
+3|debug|normal|physics|alice|2001|alice|2001|990|None|Unknown|00:00:00|0|0:0|PENDING||None assigned|/tmp|60|wait
 ";
         let (jobs, _) = sacct::parse_output(lines);
         store.ingest("lab", &jobs, 0, 1000).await.unwrap();

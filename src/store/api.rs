@@ -63,6 +63,9 @@ const UNIT_FIELDS: &[UnitField] = &[
     UnitField { name: "aggregates_status", sql: "aggregates_status" },
     UnitField { name: "aggregates_updated_at_ts", sql: "aggregates_updated_at" },
     UnitField { name: "last_updated_at_ts", sql: "last_updated_at" },
+    UnitField { name: "time_limit_seconds", sql: "time_limit_seconds" },
+    UnitField { name: "memory_peak_bytes", sql: "memory_peak_bytes" },
+    UnitField { name: "findings", sql: "json(coalesce(findings, '[]'))" },
 ];
 
 /// Summed usage columns: name, column (the same in `units` and `usage`), and a scale.
@@ -139,7 +142,7 @@ impl Answer {
         }
     }
 
-    fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Answer {
+    pub fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Answer {
         Answer {
             status,
             body: json!({"status": "error", "errorType": kind, "error": message.into()})
@@ -396,6 +399,14 @@ impl Api {
             "/projects" => self.projects(&p, scope).await,
             "/users" => self.users(&p, scope).await,
             "/clusters" if admin_route => self.clusters(&p).await,
+            "/findings" if admin_route => self.findings_summary(&p, now).await,
+            r if r.starts_with("/units/") && r.ends_with("/findings") && !admin_route => {
+                let ids = &r["/units/".len()..r.len() - "/findings".len()];
+                match ids.split_once('/') {
+                    Some((cluster, job)) => self.job_findings(cluster, job, user).await,
+                    None => Err(Answer::bad("expected /units/{cluster}/{jobid}/findings")),
+                }
+            }
             _ => Err(Answer::error(
                 StatusCode::NOT_FOUND,
                 "not_found",
@@ -463,7 +474,14 @@ impl Api {
         let pairs: Vec<String> = fields
             .iter()
             .enumerate()
-            .map(|(i, f)| format!("'{}', c{i}", f.name))
+            // JSON loses its subtype through the subquery: parse it again.
+            .map(|(i, f)| {
+                if f.sql.starts_with("json(") {
+                    format!("'{}', json(c{i})", f.name)
+                } else {
+                    format!("'{}', c{i}", f.name)
+                }
+            })
             .collect();
         q.push(pairs.join(", "));
         q.push(")), '[]') FROM (SELECT ");
@@ -659,6 +677,106 @@ impl Api {
         Ok(Answer::data(grouped(&rows, "name", "projects")))
     }
 
+    /// The job `cluster`/`job` (its latest run, should the id have been reused) if `user`
+    /// owns it or is an admin: 400 for a non-numeric id, 404 when unknown, 403 otherwise.
+    pub async fn authorize_job(&self, cluster: &str, job: &str, user: &str) -> Result<i64, Answer> {
+        if job.is_empty() || !job.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(Answer::bad(format!("job id `{job}` is not a number")));
+        }
+        let row = sqlx::query(
+            "SELECT id, usr FROM units WHERE cluster_id = ?1 AND uuid = ?2
+             ORDER BY started_at DESC LIMIT 1",
+        )
+        .bind(cluster)
+        .bind(job)
+        .fetch_optional(self.store.pool())
+        .await
+        .map_err(|e| Answer::error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+        let Some(row) = row else {
+            return Err(Answer::error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no job {job} on cluster {cluster}"),
+            ));
+        };
+        let owner: String = row.get(1);
+        if owner != user && !self.store.is_admin(user).await.unwrap_or(false) {
+            return Err(Answer::error(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("job {job} is not {user}'s"),
+            ));
+        }
+        Ok(row.get(0))
+    }
+
+    /// Every unit field of the row `id`, as a JSON object.
+    pub async fn unit(&self, id: i64) -> Result<Value, Answer> {
+        let mut q = sqlx::QueryBuilder::new("SELECT json_object(");
+        let pairs: Vec<String> = UNIT_FIELDS
+            .iter()
+            .map(|f| format!("'{}', {}", f.name, f.sql))
+            .collect();
+        q.push(pairs.join(", "));
+        q.push(") FROM units WHERE id = ").push_bind(id);
+        let rows = self.fetch(q).await?;
+        let json: String = rows
+            .first()
+            .and_then(|r| r.try_get(0).ok())
+            .unwrap_or_else(|| "null".to_owned());
+        serde_json::from_str(&json).map_err(|e| {
+            Answer::error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        })
+    }
+
+    async fn job_findings(&self, cluster: &str, job: &str, user: &str) -> Result<Answer, Answer> {
+        let row = self.authorize_job(cluster, job, user).await?;
+        let q = {
+            let mut q = sqlx::QueryBuilder::new(
+                "SELECT json_object('cluster_id', cluster_id, 'uuid', uuid, 'user', usr,
+                    'findings', json(coalesce(findings, '[]'))) FROM units WHERE id = ",
+            );
+            q.push_bind(row);
+            q
+        };
+        let rows = self.fetch(q).await?;
+        let json: String = rows
+            .first()
+            .and_then(|r| r.try_get(0).ok())
+            .unwrap_or_else(|| "null".to_owned());
+        Ok(Answer::raw_data(&json))
+    }
+
+    /// The most frequent findings per project over jobs that ended in the window.
+    async fn findings_summary(&self, p: &Params, now: i64) -> Result<Answer, Answer> {
+        p.only(&["from", "to", "cluster_id", "project"])?;
+        let (from, to) = window(p, now)?;
+        let mut q = sqlx::QueryBuilder::new(
+            "SELECT cluster_id, project, json_extract(f.value, '$.id') AS finding, count(*) AS n,
+                    count(DISTINCT usr)
+             FROM units, json_each(units.findings) AS f
+             WHERE findings IS NOT NULL AND ended_at >= ",
+        );
+        q.push_bind(from).push(" AND ended_at <= ").push_bind(to);
+        push_in(&mut q, "cluster_id", p.all("cluster_id"));
+        push_in(&mut q, "project", p.all("project"));
+        q.push(" GROUP BY cluster_id, project, finding ORDER BY n DESC, cluster_id, project, finding LIMIT 1000");
+        let rows = self.fetch(q).await?;
+        let data: Vec<Value> = rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "cluster_id": cell(r, 0, Col::Text),
+                    "project": cell(r, 1, Col::Text),
+                    "finding": cell(r, 2, Col::Text),
+                    "num_units": cell(r, 3, Col::Int),
+                    "num_users": cell(r, 4, Col::Int),
+                })
+            })
+            .collect();
+        Ok(Answer::data(Value::Array(data)))
+    }
+
     async fn clusters(&self, p: &Params) -> Result<Answer, Answer> {
         p.only(&[])?;
         let q = sqlx::QueryBuilder::new(
@@ -706,22 +824,22 @@ fn grouped(rows: &[sqlx::sqlite::SqliteRow], name: &str, members: &str) -> Value
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::store::sacct::{self, Associations};
     use std::sync::Arc;
 
-    const NOW: i64 = 1_800_000_000;
+    pub(crate) const NOW: i64 = 1_800_000_000;
 
-    fn line(id: u32, user: &str, project: &str, start: i64, end: Option<i64>) -> String {
+    pub(crate) fn line(id: u32, user: &str, project: &str, start: i64, end: Option<i64>) -> String {
         let (end, state) = match end {
             Some(e) => (e.to_string(), "COMPLETED"),
             None => ("Unknown".to_owned(), "RUNNING"),
         };
-        format!("{id}|debug|normal|{project}|{user}|100|{user}|100|{start}|{start}|{end}|00:10:00|600|0:0|{state}|billing=1,cpu=2,mem=1G,node=1|localhost|/tmp|job {id}")
+        format!("{id}|debug|normal|{project}|{user}|100|{user}|100|{start}|{start}|{end}|00:10:00|600|0:0|{state}|billing=1,cpu=2,mem=1G,node=1|localhost|/tmp|60|job {id}")
     }
 
-    async fn api_with(lines: &[String], admins: &[&str]) -> (Api, tempfile::TempDir) {
+    pub(crate) async fn api_with(lines: &[String], admins: &[&str]) -> (Api, tempfile::TempDir) {
         let tmp = tempfile::tempdir().unwrap();
         let store = Store::open(&tmp.path().join("ceems.db")).await.unwrap();
         let (jobs, errors) = sacct::parse_output(&lines.join("\n"));
@@ -742,6 +860,10 @@ mod tests {
             .await
             .unwrap();
         store.rebuild_usage("lab", NOW).await.unwrap();
+        store
+            .refresh_findings("lab", &crate::store::findings::Thresholds::default(), NOW)
+            .await
+            .unwrap();
         store
             .set_admins(
                 "config",
@@ -788,6 +910,7 @@ mod tests {
             "/projects/admin",
             "/users/admin",
             "/clusters/admin",
+            "/findings/admin",
         ];
         for route in user_routes.iter().chain(&admin_routes) {
             let path = format!("/api/v1{route}");
@@ -830,6 +953,76 @@ mod tests {
                 .await
                 .status,
             StatusCode::NOT_FOUND
+        );
+    }
+
+    #[tokio::test]
+    async fn findings_of_a_job_for_its_owner_and_admins_and_per_project_for_admins() {
+        let mut lines = sample();
+        lines[0] = lines[0].replace("COMPLETED", "TIMEOUT");
+        let (api, _tmp) = api_with(&lines, &["root"]).await;
+        let get = |path: &'static str, user: Option<&'static str>| {
+            let api = &api;
+            let (path, query) = match path.split_once('?') {
+                Some((p, q)) => (p, Some(q)),
+                None => (path, None),
+            };
+            async move { api.handle(path, query, user, NOW).await }
+        };
+        let own = get("/api/v1/units/lab/1/findings", Some("alice")).await;
+        assert_eq!(own.status, StatusCode::OK, "{}", own.body);
+        let f = &own.json()["data"];
+        assert_eq!((&f["uuid"], &f["user"]), (&json!("1"), &json!("alice")));
+        assert_eq!(f["findings"][0]["id"], "job_failed");
+        assert!(f["findings"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("TIMEOUT"));
+        assert!(f["findings"][0]["advice"]
+            .as_str()
+            .unwrap()
+            .contains("--time"));
+        for (path, user, status) in [
+            ("/api/v1/units/lab/1/findings", Some("root"), StatusCode::OK),
+            (
+                "/api/v1/units/lab/1/findings",
+                Some("bob"),
+                StatusCode::FORBIDDEN,
+            ),
+            (
+                "/api/v1/units/lab/1/findings",
+                None,
+                StatusCode::UNAUTHORIZED,
+            ),
+            (
+                "/api/v1/units/lab/x1/findings",
+                Some("alice"),
+                StatusCode::BAD_REQUEST,
+            ),
+            (
+                "/api/v1/units/lab/42/findings",
+                Some("alice"),
+                StatusCode::NOT_FOUND,
+            ),
+            (
+                "/api/v1/units/1/findings",
+                Some("alice"),
+                StatusCode::BAD_REQUEST,
+            ),
+        ] {
+            let a = get(path, user).await;
+            assert_eq!(a.status, status, "{path} as {user:?}: {}", a.body);
+        }
+        // The `findings` field on /units.
+        let units = get("/api/v1/units?field=uuid&field=findings", Some("alice")).await;
+        assert_eq!(data(&units)[0]["findings"][0]["id"], "job_failed");
+        // The admin summary counts finding ids per project.
+        let summary = get("/api/v1/findings/admin", Some("root")).await;
+        assert_eq!(
+            data(&summary),
+            [
+                json!({"cluster_id": "lab", "project": "physics", "finding": "job_failed", "num_units": 1, "num_users": 1})
+            ]
         );
     }
 

@@ -93,7 +93,7 @@ impl Store {
     }
 }
 
-/// Rows per INSERT: 23 parameters each stays far below SQLite's limit of 32766.
+/// Rows per INSERT: 24 parameters each stays far below SQLite's limit of 32766.
 const ROWS_PER_STATEMENT: usize = 500;
 
 async fn upsert(
@@ -125,7 +125,8 @@ async fn upsert(
         let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
             "INSERT INTO units (cluster_id, uuid, started_at, name, project, grp, gid, usr, uid,
                 partition, qos, submitted_at, ended_at, elapsed_seconds, state, exit_code,
-                alloc_cpus, alloc_mem_bytes, alloc_gpus, billing, nodes, workdir, last_updated_at) ",
+                alloc_cpus, alloc_mem_bytes, alloc_gpus, billing, nodes, workdir, time_limit_seconds,
+                last_updated_at) ",
         );
         q.push_values(chunk, |mut row, j| {
             row.push_bind(cluster)
@@ -150,6 +151,7 @@ async fn upsert(
                 .push_bind(int(j.tres.billing))
                 .push_bind(j.nodes.join(","))
                 .push_bind(j.workdir.as_str())
+                .push_bind(j.time_limit_seconds.map(int))
                 .push_bind(now);
         });
         q.push(
@@ -162,6 +164,7 @@ async fn upsert(
                 exit_code = excluded.exit_code, alloc_cpus = excluded.alloc_cpus,
                 alloc_mem_bytes = excluded.alloc_mem_bytes, alloc_gpus = excluded.alloc_gpus,
                 billing = excluded.billing, nodes = excluded.nodes, workdir = excluded.workdir,
+                time_limit_seconds = excluded.time_limit_seconds,
                 last_updated_at = excluded.last_updated_at",
         );
         q.build().execute(&mut **tx).await?;
@@ -253,6 +256,9 @@ pub struct AggregateDelta {
     pub io_write_bytes: f64,
     pub mean_memory_bytes: Option<f64>,
     pub mean_gpu_utilization: Option<f64>,
+    pub memory_peak_bytes: Option<f64>,
+    pub memory_fail_count: Option<f64>,
+    pub gpu_utilization_max: Option<f64>,
 }
 
 impl Store {
@@ -420,6 +426,12 @@ impl Store {
                         THEN mean_gpu_utilization
                         ELSE (mean_gpu_utilization * aggregated_seconds + ?10 * ?11) / (aggregated_seconds + ?11) END,
                     aggregated_seconds = aggregated_seconds + ?11,
+                    memory_peak_bytes = CASE WHEN ?15 IS NULL THEN memory_peak_bytes
+                        ELSE max(coalesce(memory_peak_bytes, ?15), ?15) END,
+                    memory_fail_count = CASE WHEN ?16 IS NULL THEN memory_fail_count
+                        ELSE max(coalesce(memory_fail_count, ?16), ?16) END,
+                    gpu_utilization_max = CASE WHEN ?17 IS NULL THEN gpu_utilization_max
+                        ELSE max(coalesce(gpu_utilization_max, ?17), ?17) END,
                     aggregates_until = ?12,
                     aggregates_status = CASE WHEN ?13 THEN 'done' ELSE 'partial' END,
                     aggregates_updated_at = ?14
@@ -439,6 +451,9 @@ impl Store {
             .bind(d.to)
             .bind(d.ended)
             .bind(now)
+            .bind(d.memory_peak_bytes)
+            .bind(d.memory_fail_count)
+            .bind(d.gpu_utilization_max)
             .execute(&mut *tx)
             .await?;
         }
@@ -495,6 +510,77 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Recomputes the findings of the jobs of `cluster` whose row or aggregates changed since
+    /// their findings were written. Returns how many jobs were updated.
+    pub async fn refresh_findings(
+        &self,
+        cluster: &str,
+        thresholds: &super::findings::Thresholds,
+        now: i64,
+    ) -> Result<usize, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, state, exit_code, ended_at IS NOT NULL, elapsed_seconds,
+                    time_limit_seconds, alloc_cpus, alloc_mem_bytes, alloc_gpus,
+                    aggregated_seconds, cpu_seconds, memory_peak_bytes, memory_fail_count,
+                    CASE WHEN gpu_utilization_max IS NULL THEN NULL ELSE mean_gpu_utilization END,
+                    gpu_utilization_max, host_energy_joules, gpu_energy_joules, emissions_grams
+             FROM units
+             WHERE cluster_id = ?1 AND started_at > 0
+               AND (findings_updated_at IS NULL
+                    OR findings_updated_at < max(last_updated_at, coalesce(aggregates_updated_at, 0)))",
+        )
+        .bind(cluster)
+        .fetch_all(&self.pool)
+        .await?;
+        let updates: Vec<(i64, String)> = rows
+            .iter()
+            .map(|r| {
+                let facts = super::findings::JobFacts {
+                    state: r.get(1),
+                    exit_code: r.get(2),
+                    ended: r.get(3),
+                    elapsed_seconds: r.get(4),
+                    time_limit_seconds: r.get(5),
+                    alloc_cpus: r.get(6),
+                    alloc_mem_bytes: r.get(7),
+                    alloc_gpus: r.get(8),
+                    aggregated_seconds: r.get(9),
+                    cpu_seconds: r.get(10),
+                    memory_peak_bytes: r.get(11),
+                    memory_fail_count: r.get(12),
+                    mean_gpu_utilization: r.get(13),
+                    gpu_utilization_max: r.get(14),
+                    host_energy_joules: r.get(15),
+                    gpu_energy_joules: r.get(16),
+                    emissions_grams: r.get(17),
+                };
+                let found = super::findings::evaluate(&facts, thresholds);
+                (
+                    r.get(0),
+                    serde_json::to_string(&found).unwrap_or_else(|_| "[]".to_owned()),
+                )
+            })
+            .collect();
+        for chunk in updates.chunks(5000) {
+            let mut tx = self.pool.begin().await?;
+            for (row, json) in chunk {
+                sqlx::query(
+                    "UPDATE units SET findings = ?2, findings_updated_at = ?3 WHERE id = ?1",
+                )
+                .bind(row)
+                .bind(json)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await?;
+            self.written();
+        }
+        Ok(updates.len())
+    }
+}
+
 /// Name of a backup taken at `now`; they sort by time.
 pub fn backup_name(now: i64) -> String {
     format!("ceems-{now:012}.db")
@@ -525,8 +611,8 @@ mod tests {
     use crate::store::sacct;
 
     const LINES: &str = "\
-1|debug|normal|physics|alice|2001|alice|2001|1795358897|1795358897|1795358926|00:00:29|29|0:0|COMPLETED|billing=1,cpu=1,mem=300M,node=1|localhost|/tmp|wrap
-2|debug|normal|chemistry|bob|2002|bob|2002|1795359473|None|Unknown|00:00:00|0|0:0|PENDING||None assigned|/tmp|wrap
+1|debug|normal|physics|alice|2001|alice|2001|1795358897|1795358897|1795358926|00:00:29|29|0:0|COMPLETED|billing=1,cpu=1,mem=300M,node=1|localhost|/tmp|60|wrap
+2|debug|normal|chemistry|bob|2002|bob|2002|1795359473|None|Unknown|00:00:00|0|0:0|PENDING||None assigned|/tmp|60|wrap
 ";
 
     #[tokio::test]

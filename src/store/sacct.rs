@@ -24,6 +24,7 @@ pub const FIELDS: &[&str] = &[
     "alloctres",
     "nodelist",
     "workdir",
+    "timelimitraw",
     "jobname",
 ];
 
@@ -58,6 +59,8 @@ pub struct Job {
     pub tres: Tres,
     pub nodes: Vec<String>,
     pub workdir: String,
+    /// The requested time limit (None: unlimited or the partition's).
+    pub time_limit_seconds: Option<u64>,
     pub name: String,
 }
 
@@ -229,7 +232,15 @@ pub fn parse_line(line_no: usize, line: &str) -> Result<Job, ParseError> {
         tres: parse_tres(f[15]).map_err(bad)?,
         nodes: expand_nodelist(f[16]).map_err(bad)?,
         workdir: f[17].to_owned(),
-        name: f[18].to_owned(),
+        time_limit_seconds: match f[18] {
+            "" | "UNLIMITED" | "Partition_Limit" | "INVALID" => None,
+            v => Some(
+                v.parse::<u64>()
+                    .map_err(|_| bad(format!("timelimitraw `{v}` is not minutes")))?
+                    .saturating_mul(60),
+            ),
+        },
+        name: f[19].to_owned(),
     })
 }
 
@@ -314,10 +325,10 @@ mod tests {
 
     /// Lines from the lab's Slurm 22.05 (`scripts/slurm-lab.sh`), with SLURM_TIME_FORMAT=%s.
     const LAB: &str = "\
-1|debug|normal|physics|alice|2001|alice|2001|1795358897|1795358897|1795358926|00:00:29|29|0:0|CANCELLED by 0|billing=1,cpu=1,mem=300M,node=1|localhost|/tmp|wrap
-8|debug|normal|chemistry|bob|2002|bob|2002|1795359473|None|1795359474|00:00:00|0|0:0|CANCELLED by 0||None assigned|/tmp|wrap
-11|debug|normal|physics|alice|2001|alice|2001|1795360656|1795360656|1795360657|00:00:01|1|0:0|COMPLETED|billing=1,cpu=1,mem=1000M,node=1|localhost|/tmp|a|b name
-12|debug|normal|physics|alice|2001|alice|2001|1795360700|1795360701|Unknown|00:00:09|9|0:0|RUNNING|billing=4,cpu=4,mem=16G,node=2,gres/gpu=2|node[01-02]|/home/alice|train
+1|debug|normal|physics|alice|2001|alice|2001|1795358897|1795358897|1795358926|00:00:29|29|0:0|CANCELLED by 0|billing=1,cpu=1,mem=300M,node=1|localhost|/tmp|60|wrap
+8|debug|normal|chemistry|bob|2002|bob|2002|1795359473|None|1795359474|00:00:00|0|0:0|CANCELLED by 0||None assigned|/tmp|60|wrap
+11|debug|normal|physics|alice|2001|alice|2001|1795360656|1795360656|1795360657|00:00:01|1|0:0|COMPLETED|billing=1,cpu=1,mem=1000M,node=1|localhost|/tmp|60|a|b name
+12|debug|normal|physics|alice|2001|alice|2001|1795360700|1795360701|Unknown|00:00:09|9|0:0|RUNNING|billing=4,cpu=4,mem=16G,node=2,gres/gpu=2|node[01-02]|/home/alice|60|train
 ";
 
     #[test]

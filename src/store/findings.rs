@@ -1,0 +1,410 @@
+//! Efficiency findings of a job, in plain words: each rule has a stable id, a severity, a
+//! one-line message and advice. They are computed from what the store holds of the job (its
+//! request, its state, its aggregates) whenever those change, and stored with it.
+
+use serde::{Deserialize, Serialize};
+
+/// Thresholds of the rules (`[stats-server.findings]`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct Thresholds {
+    /// CPU efficiency (%) below which a job gets `cpu_efficiency`.
+    pub cpu_efficiency_below: f64,
+    /// Peak memory (% of the request) below which a job gets `memory_underused`.
+    pub memory_use_below: f64,
+    /// Requests smaller than this (bytes) are not judged for memory.
+    pub memory_min_request_bytes: f64,
+    /// Mean GPU use (%) below which a job gets `gpu_low_use`.
+    pub gpu_utilization_below: f64,
+    /// Elapsed time (% of the time limit) below which a job gets `time_limit_overestimated`.
+    pub time_limit_use_below: f64,
+    /// Time limits shorter than this (seconds) are not judged.
+    pub time_limit_min_seconds: f64,
+    /// Emissions of a car per km, for the comparison of the `energy` finding.
+    pub car_grams_per_km: f64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Thresholds {
+        Thresholds {
+            cpu_efficiency_below: 25.0,
+            memory_use_below: 20.0,
+            memory_min_request_bytes: 1024.0 * 1024.0 * 1024.0,
+            gpu_utilization_below: 10.0,
+            time_limit_use_below: 20.0,
+            time_limit_min_seconds: 3600.0,
+            // The EU fleet average of new cars in 2023 (EEA): about 108 g/km.
+            car_grams_per_km: 108.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Info,
+    Warning,
+    Critical,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Finding {
+    pub id: String,
+    pub severity: Severity,
+    pub message: String,
+    pub advice: String,
+}
+
+/// What the rules look at, as the store holds it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobFacts {
+    pub state: String,
+    pub exit_code: String,
+    pub ended: bool,
+    pub elapsed_seconds: i64,
+    pub time_limit_seconds: Option<i64>,
+    pub alloc_cpus: i64,
+    pub alloc_mem_bytes: i64,
+    pub alloc_gpus: i64,
+    /// Seconds of the job's life that Prometheus data covers.
+    pub aggregated_seconds: i64,
+    pub cpu_seconds: f64,
+    pub memory_peak_bytes: Option<f64>,
+    pub memory_fail_count: Option<f64>,
+    pub mean_gpu_utilization: Option<f64>,
+    pub gpu_utilization_max: Option<f64>,
+    pub host_energy_joules: f64,
+    pub gpu_energy_joules: f64,
+    pub emissions_grams: f64,
+}
+
+fn bytes(b: f64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b.max(0.0);
+    let mut i = 0;
+    while v >= 1024.0 && i < UNITS.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{v:.0} {}", UNITS[i])
+    } else {
+        format!("{v:.1} {}", UNITS[i])
+    }
+}
+
+fn duration(s: i64) -> String {
+    let s = s.max(0);
+    match (s / 3600, (s % 3600) / 60, s % 60) {
+        (0, 0, sec) => format!("{sec} s"),
+        (0, m, sec) => format!("{m} min {sec} s"),
+        (h, m, _) => format!("{h} h {m} min"),
+    }
+}
+
+fn finding(id: &str, severity: Severity, message: String, advice: &str) -> Finding {
+    Finding {
+        id: id.to_owned(),
+        severity,
+        message,
+        advice: advice.to_owned(),
+    }
+}
+
+/// The findings of one job, most severe first.
+pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
+    let mut out = Vec::new();
+    // CPU: only over the time Prometheus saw, so a job without series is not judged.
+    if job.alloc_cpus > 0 && job.aggregated_seconds > 0 {
+        let used = job.cpu_seconds / job.aggregated_seconds as f64;
+        let efficiency = 100.0 * used / job.alloc_cpus as f64;
+        if efficiency < t.cpu_efficiency_below {
+            out.push(finding(
+                "cpu_efficiency",
+                Severity::Warning,
+                format!(
+                    "It used {used:.1} of its {} CPU cores on average ({efficiency:.0}% CPU efficiency).",
+                    job.alloc_cpus
+                ),
+                "Ask for fewer cores (-c / --ntasks), or check that the program really runs in parallel.",
+            ));
+        }
+    }
+    // Memory.
+    let oom = job.state == "OUT_OF_MEMORY" || job.memory_fail_count.is_some_and(|n| n > 0.0);
+    if oom {
+        out.push(finding(
+            "memory_exhausted",
+            Severity::Critical,
+            match job.memory_fail_count {
+                Some(n) if n > 0.0 => format!(
+                    "It hit its memory limit of {} ({n:.0} failed allocations).",
+                    bytes(job.alloc_mem_bytes as f64)
+                ),
+                _ => format!(
+                    "It was killed for using more than its {} of memory.",
+                    bytes(job.alloc_mem_bytes as f64)
+                ),
+            },
+            "Ask for more memory (--mem or --mem-per-cpu), or make the program use less.",
+        ));
+    } else if let Some(peak) = job.memory_peak_bytes {
+        let request = job.alloc_mem_bytes as f64;
+        if job.ended && request >= t.memory_min_request_bytes && request > 0.0 {
+            let pct = 100.0 * peak / request;
+            if pct < t.memory_use_below {
+                out.push(finding(
+                    "memory_underused",
+                    Severity::Info,
+                    format!(
+                        "Its memory peaked at {} of the {} it asked for ({pct:.0}%).",
+                        bytes(peak),
+                        bytes(request)
+                    ),
+                    "Ask for less memory next time: other jobs can then start on the node.",
+                ));
+            }
+        }
+    }
+    // GPUs.
+    if job.alloc_gpus > 0 {
+        match (job.gpu_utilization_max, job.mean_gpu_utilization) {
+            (Some(max), _) if max <= 0.0 => out.push(finding(
+                "gpu_unused",
+                Severity::Critical,
+                format!("It held {} GPU(s) and never used them.", job.alloc_gpus),
+                "Do not ask for GPUs (--gres=gpu) unless the program uses them; check that it finds CUDA.",
+            )),
+            (Some(_), Some(mean)) if 100.0 * mean < t.gpu_utilization_below => out.push(finding(
+                "gpu_low_use",
+                Severity::Warning,
+                format!(
+                    "Its {} GPU(s) were busy {:.0}% of the time on average.",
+                    job.alloc_gpus,
+                    100.0 * mean
+                ),
+                "Ask for fewer GPUs, or feed them more work (larger batches, more data loader workers).",
+            )),
+            _ => {}
+        }
+    }
+    // Time limit.
+    if let (true, Some(limit)) = (job.ended, job.time_limit_seconds) {
+        if limit as f64 >= t.time_limit_min_seconds && job.state == "COMPLETED" {
+            let pct = 100.0 * job.elapsed_seconds as f64 / limit as f64;
+            if pct < t.time_limit_use_below {
+                out.push(finding(
+                    "time_limit_overestimated",
+                    Severity::Info,
+                    format!(
+                        "It ran {} of the {} it asked for ({pct:.0}%).",
+                        duration(job.elapsed_seconds),
+                        duration(limit)
+                    ),
+                    "Ask for a shorter time (--time): shorter jobs start sooner.",
+                ));
+            }
+        }
+    }
+    // Failures.
+    if job.ended {
+        let advice = match job.state.as_str() {
+            "TIMEOUT" => Some("It reached its time limit: ask for more time (--time), or save checkpoints to restart from."),
+            "FAILED" => Some("Read the job's error output; the exit code is the program's."),
+            "NODE_FAIL" => Some("A node failed under it: resubmit; tell the admins if it happens again."),
+            "OUT_OF_MEMORY" => Some("See the memory finding."),
+            _ => None,
+        };
+        if let Some(advice) = advice {
+            out.push(finding(
+                "job_failed",
+                Severity::Warning,
+                format!(
+                    "It ended in state {} with exit code {}.",
+                    job.state,
+                    if job.exit_code.is_empty() {
+                        "unknown"
+                    } else {
+                        &job.exit_code
+                    }
+                ),
+                advice,
+            ));
+        }
+    }
+    // Energy, in words.
+    let joules = job.host_energy_joules + job.gpu_energy_joules;
+    if joules > 0.0 {
+        let kwh = joules / 3.6e6;
+        let km = job.emissions_grams / t.car_grams_per_km;
+        out.push(finding(
+            "energy",
+            Severity::Info,
+            format!(
+                "It used {kwh:.3} kWh and emitted {:.0} g CO2e: about {km:.1} km by car (at {:.0} g CO2e/km).",
+                job.emissions_grams, t.car_grams_per_km
+            ),
+            "Efficient jobs use less energy for the same science.",
+        ));
+    }
+    out.sort_by_key(|f| std::cmp::Reverse(f.severity));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(job: &JobFacts) -> Vec<String> {
+        evaluate(job, &Thresholds::default())
+            .into_iter()
+            .map(|f| f.id)
+            .collect()
+    }
+
+    fn ended(state: &str) -> JobFacts {
+        JobFacts {
+            state: state.into(),
+            exit_code: "0:0".into(),
+            ended: true,
+            elapsed_seconds: 3600,
+            time_limit_seconds: Some(7200),
+            alloc_cpus: 4,
+            alloc_mem_bytes: 4 << 30,
+            aggregated_seconds: 3600,
+            cpu_seconds: 4.0 * 3600.0,
+            memory_peak_bytes: Some(3.0 * (1u64 << 30) as f64),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_busy_well_sized_job_has_no_finding() {
+        assert!(ids(&ended("COMPLETED")).is_empty());
+    }
+
+    #[test]
+    fn cpu_efficiency_needs_data_and_counts_only_covered_time() {
+        let mut j = ended("COMPLETED");
+        j.cpu_seconds = 0.9 * 3600.0; // 0.9 of 4 cores: 22%
+        let f = evaluate(&j, &Thresholds::default());
+        assert_eq!(f[0].id, "cpu_efficiency");
+        assert!(
+            f[0].message.contains("0.9 of its 4 CPU cores"),
+            "{}",
+            f[0].message
+        );
+        assert!(f[0].message.contains("22%"), "{}", f[0].message);
+        // Zero elapsed / no series: not judged.
+        j.aggregated_seconds = 0;
+        assert!(!ids(&j).contains(&"cpu_efficiency".to_owned()));
+        // A running job is judged on what it did so far.
+        let mut running = ended("RUNNING");
+        running.ended = false;
+        running.cpu_seconds = 0.1 * 3600.0;
+        assert_eq!(ids(&running), ["cpu_efficiency"]);
+        // Threshold from the configuration.
+        let mut j = ended("COMPLETED");
+        j.cpu_seconds = 1.2 * 3600.0; // 30%
+        assert!(ids(&j).is_empty());
+        let strict = Thresholds {
+            cpu_efficiency_below: 50.0,
+            ..Default::default()
+        };
+        assert_eq!(evaluate(&j, &strict)[0].id, "cpu_efficiency");
+    }
+
+    #[test]
+    fn memory_underuse_oom_and_missing_figures() {
+        let mut j = ended("COMPLETED");
+        j.memory_peak_bytes = Some(100.0 * 1024.0 * 1024.0);
+        let f = evaluate(&j, &Thresholds::default());
+        assert_eq!(f[0].id, "memory_underused");
+        assert!(
+            f[0].message.contains("100.0 MiB of the 4.0 GiB"),
+            "{}",
+            f[0].message
+        );
+        // Small requests are not judged, nor requests with no memory figure.
+        j.alloc_mem_bytes = 512 << 20;
+        assert!(ids(&j).is_empty());
+        j.alloc_mem_bytes = 0;
+        assert!(ids(&j).is_empty());
+        // No series: no peak, nothing to say.
+        let mut j = ended("COMPLETED");
+        j.memory_peak_bytes = None;
+        assert!(ids(&j).is_empty());
+        // Out of memory, by state or by the cgroup's fail count.
+        let oom = ended("OUT_OF_MEMORY");
+        assert_eq!(ids(&oom), ["memory_exhausted", "job_failed"]);
+        let mut fails = ended("COMPLETED");
+        fails.memory_fail_count = Some(3.0);
+        let f = evaluate(&fails, &Thresholds::default());
+        assert_eq!(f[0].severity, Severity::Critical);
+        assert!(f[0].message.contains("3 failed allocations"));
+    }
+
+    #[test]
+    fn gpus_never_used_or_little_used() {
+        let mut j = ended("COMPLETED");
+        j.alloc_gpus = 2;
+        j.gpu_utilization_max = Some(0.0);
+        j.mean_gpu_utilization = Some(0.0);
+        assert_eq!(ids(&j), ["gpu_unused"]);
+        j.gpu_utilization_max = Some(0.5);
+        j.mean_gpu_utilization = Some(0.05);
+        let f = evaluate(&j, &Thresholds::default());
+        assert_eq!(f[0].id, "gpu_low_use");
+        assert!(f[0].message.contains("busy 5%"));
+        // No GPU series (no exporter support): not judged.
+        j.gpu_utilization_max = None;
+        j.mean_gpu_utilization = None;
+        assert!(ids(&j).is_empty());
+    }
+
+    #[test]
+    fn time_limit_and_failures() {
+        let mut j = ended("COMPLETED");
+        j.time_limit_seconds = Some(24 * 3600);
+        let f = evaluate(&j, &Thresholds::default());
+        assert_eq!(f[0].id, "time_limit_overestimated");
+        assert!(
+            f[0].message.contains("1 h 0 min of the 24 h 0 min"),
+            "{}",
+            f[0].message
+        );
+        // Short or absent limits, and running jobs, are not judged.
+        j.time_limit_seconds = Some(1800);
+        assert!(ids(&j).is_empty());
+        j.time_limit_seconds = None;
+        assert!(ids(&j).is_empty());
+        let mut running = ended("RUNNING");
+        running.ended = false;
+        running.time_limit_seconds = Some(24 * 3600);
+        assert!(ids(&running).is_empty());
+
+        let mut failed = ended("FAILED");
+        failed.exit_code = "1:0".into();
+        let f = evaluate(&failed, &Thresholds::default());
+        assert_eq!(f[0].id, "job_failed");
+        assert!(f[0].message.contains("FAILED with exit code 1:0"));
+        let timeout = ended("TIMEOUT");
+        assert!(evaluate(&timeout, &Thresholds::default())[0]
+            .advice
+            .contains("time limit"));
+        assert!(ids(&ended("CANCELLED")).is_empty());
+    }
+
+    #[test]
+    fn energy_is_stated_with_the_car_factor() {
+        let mut j = ended("COMPLETED");
+        j.host_energy_joules = 3.6e6 * 2.5;
+        j.emissions_grams = 216.0;
+        let f = evaluate(&j, &Thresholds::default());
+        assert_eq!(f[0].id, "energy");
+        assert_eq!(
+            f[0].message,
+            "It used 2.500 kWh and emitted 216 g CO2e: about 2.0 km by car (at 108 g CO2e/km)."
+        );
+    }
+}
