@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, then every test (compat, real kernel, real Prometheus, promtool,
 # real IPMI tools against a simulated BMC, a real Redfish emulator, privileges as root, and the
-# packages built, installed and removed).
+# packages built, installed and removed, and the job report in headless chromium).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
@@ -17,6 +17,9 @@ if [ "$(id -u)" = 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${ipmi_tools[@]}" >/dev/null 2>&1 \
       || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${ipmi_tools[@]}" >/dev/null; }
   fi
+  # A real browser for the job report page (tests/report_lab.rs).
+  command -v chromium >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 \
+    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
   python3 -c 'import pyghmi' 2>/dev/null || python3 -m pip install -q pyghmi >/dev/null 2>&1 || true
   # A real Redfish emulator (tests/redfish_emulator.rs).
   python3 -c 'import sushy_tools.static.main' 2>/dev/null || python3 -m pip install -q sushy-tools >/dev/null 2>&1 || true

@@ -19,6 +19,7 @@ use crate::store::api::Api;
 use crate::store::db::{self, Store};
 use crate::store::findings::Thresholds;
 use crate::store::ingest::{self, Cluster};
+use crate::store::report::{RangeQuery, Reports};
 use crate::store::runner::{self, RunMode, SlurmCommand};
 use crate::web;
 
@@ -450,14 +451,37 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot listen on {listen}"))?;
         tracing::info!(address = %listen, "listening");
         let api = Arc::new(Api::new(Arc::clone(&store), &user_header));
+        let reports = Arc::new(Reports::new(
+            Arc::clone(&api),
+            sources
+                .iter()
+                .filter_map(|s| {
+                    let p = s.prometheus.as_ref()?;
+                    Some((s.cluster.id.clone(), Arc::clone(p) as Arc<dyn RangeQuery>))
+                })
+                .collect(),
+            i64::try_from(prom.scrape_interval.as_secs()).unwrap_or(15),
+        ));
         let handler: web::Handler = Arc::new(move |req| {
             let sources = Arc::clone(&sources);
             let api = Arc::clone(&api);
+            let reports = Arc::clone(&reports);
             Box::pin(async move {
                 if req.method() != Method::GET {
                     return web::text_response(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
                 }
                 let path = req.uri().path();
+                if path.starts_with("/report/") {
+                    let user = req
+                        .headers()
+                        .get(api.user_header.as_str())
+                        .and_then(|v| v.to_str().ok());
+                    let page = reports.handle(path, user, unix_now()).await;
+                    let mut resp =
+                        web::body_response(page.body, page.content_type, web::accepts_gzip(&req));
+                    *resp.status_mut() = page.status;
+                    return resp;
+                }
                 if path.starts_with("/api/") {
                     let user = req
                         .headers()
@@ -479,7 +503,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                         TEXT_CONTENT_TYPE,
                         web::accepts_gzip(&req),
                     ),
-                    _ => web::text_response(StatusCode::NOT_FOUND, "not found; the API is under /api/v1\n"),
+                    _ => web::text_response(StatusCode::NOT_FOUND, "not found; the API is under /api/v1, job reports under /report/{cluster}/{jobid}\n"),
                 }
             })
         });

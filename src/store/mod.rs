@@ -5,5 +5,6 @@ pub mod api;
 pub mod db;
 pub mod findings;
 pub mod ingest;
+pub mod report;
 pub mod runner;
 pub mod sacct;

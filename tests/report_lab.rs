@@ -1,0 +1,359 @@
+//! Findings and the job report end to end on the real Slurm lab, with the exporter on the lab's
+//! cgroups, a stand-in Redfish BMC for the node's power, Debian's Prometheus, and Debian's
+//! chromium rendering the page headless with JavaScript off: a job that asks for 2 cores and
+//! sleeps gets the CPU-efficiency finding, one that burns both cores does not, and the owner's
+//! report page shows the finding and a drawn plot per series Prometheus has.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::bmc::{Flavor, PowerModel, StandinBmc};
+use common::lab::{lab, prometheus_tools, submit, wait_until, Prometheus};
+use common::{ensure_tools, runnable, start_exporter, start_subcommand};
+
+struct Cancel(Vec<String>);
+
+impl Drop for Cancel {
+    fn drop(&mut self) {
+        let _ = Command::new("scancel").args(&self.0).status();
+    }
+}
+
+fn chromium() -> Result<(), String> {
+    ensure_tools(
+        || {
+            Command::new("chromium")
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        },
+        &["chromium"],
+        &[],
+    )
+}
+
+/// Runs headless chromium on `url` with a throwaway profile whose content settings block
+/// JavaScript. (`--blink-settings=scriptEnabled=false` would also stop headless chromium's own
+/// `--dump-dom` and `--screenshot`.)
+fn browse(url: &str, args: &[&str]) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    std::fs::create_dir(profile.path().join("Default")).unwrap();
+    std::fs::write(
+        profile.path().join("Default/Preferences"),
+        r#"{"profile":{"default_content_setting_values":{"javascript":2}}}"#,
+    )
+    .unwrap();
+    let out = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("run chromium");
+    assert!(
+        out.status.success(),
+        "chromium {args:?} {url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What a site's auth proxy does in front of the stats-server: it adds the user header. A
+/// browser cannot set it, so chromium goes through this one. It records each response's
+/// status line by request line.
+struct UserProxy {
+    port: u16,
+    seen: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+impl UserProxy {
+    fn start(upstream: u16, user: &'static str) -> UserProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let log = Arc::clone(&log);
+                std::thread::spawn(move || {
+                    let _ = relay(client, upstream, user, &log);
+                });
+            }
+        });
+        UserProxy { port, seen }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+}
+
+fn relay(
+    mut client: TcpStream,
+    upstream: u16,
+    user: &str,
+    log: &Mutex<Vec<(String, String)>>,
+) -> std::io::Result<()> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if client.read(&mut byte)? == 0 {
+            return Ok(());
+        }
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let mut lines = head.split("\r\n");
+    let request_line = lines.next().unwrap_or_default().to_owned();
+    let mut forwarded =
+        format!("{request_line}\r\nX-Grafana-User: {user}\r\nConnection: close\r\n");
+    for l in lines.filter(|l| !l.is_empty()) {
+        let name = l.split(':').next().unwrap_or_default().to_ascii_lowercase();
+        if name != "connection" && name != "x-grafana-user" {
+            forwarded.push_str(l);
+            forwarded.push_str("\r\n");
+        }
+    }
+    forwarded.push_str("\r\n");
+    let mut server = TcpStream::connect(("127.0.0.1", upstream))?;
+    server.write_all(forwarded.as_bytes())?;
+    let mut response = Vec::new();
+    server.read_to_end(&mut response)?;
+    let status = String::from_utf8_lossy(&response)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    log.lock().unwrap().push((request_line, status));
+    client.write_all(&response)?;
+    client.shutdown(Shutdown::Both)
+}
+
+fn get(server: &common::Running, path: &str, user: Option<&str>) -> (u16, String) {
+    let mut req = ureq::get(&server.url(path));
+    if let Some(u) = user {
+        req = req.set("X-Grafana-User", u);
+    }
+    match req.call() {
+        Ok(r) => (r.status(), r.into_string().unwrap()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("GET {path}: {e}"),
+    }
+}
+
+fn findings(server: &common::Running, job: &str) -> Vec<String> {
+    let (status, body) = get(
+        server,
+        &format!("/api/v1/units/lab/{job}/findings"),
+        Some("alice"),
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["data"]["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn a_sleeping_job_gets_the_cpu_finding_and_its_report_renders_in_a_browser() {
+    if !runnable(
+        "report_lab",
+        lab()
+            .and_then(|_| prometheus_tools())
+            .and_then(|_| chromium()),
+    ) {
+        return;
+    }
+    let bmc = StandinBmc::start(
+        Flavor::Dmtf {
+            model: PowerModel::Legacy,
+            credentials: ("admin".into(), "secret".into()),
+            sessions: false,
+        },
+        false,
+    );
+    let config_dir = tempfile::tempdir().unwrap();
+    let redfish = config_dir.path().join("redfish.yml");
+    std::fs::write(
+        &redfish,
+        format!(
+            "redfish_web_config:\n  protocol: http\n  hostname: 127.0.0.1\n  port: {}\n  username: admin\n  password: secret\n  timeout: 2s\n",
+            bmc.port
+        ),
+    )
+    .unwrap();
+    let exporter = start_exporter(
+        Path::new("/"),
+        &[
+            "--collector.slurm",
+            "--collector.redfish",
+            &format!("--collector.redfish.web-config={}", redfish.display()),
+        ],
+    );
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/prometheus/rules/ceems-host-power.rules.yml");
+    let prom = Prometheus::start(&[exporter.port], &[&rules]);
+    wait_until(
+        "Prometheus scraping the exporter",
+        Duration::from_secs(60),
+        || prom.targets_up().is_ok(),
+    );
+
+    std::fs::write(
+        "/tmp/ceems-report-burn.py",
+        "import sys, time\nt = time.time()\nwhile time.time() - t < float(sys.argv[1]):\n    pass\n",
+    )
+    .unwrap();
+    let sleeper = submit(
+        "alice",
+        "-J report-sleep -c 2 --mem=200M --time=10 --wrap 'sleep 25'",
+    );
+    let burner = submit(
+        "alice",
+        "-J report-burn -c 2 --mem=200M --time=10 --wrap 'python3 /tmp/ceems-report-burn.py 25 & python3 /tmp/ceems-report-burn.py 25; wait'",
+    );
+    let _cancel = Cancel(vec![sleeper.clone(), burner.clone()]);
+    let ids = [sleeper.clone(), burner.clone()];
+    wait_until("both jobs to end", Duration::from_secs(180), || {
+        let out = Command::new("squeue")
+            .args(["-h", "-o", "%i"])
+            .output()
+            .expect("squeue");
+        let queued = String::from_utf8_lossy(&out.stdout);
+        !queued.lines().any(|l| ids.contains(&l.trim().to_owned()))
+    });
+
+    let data = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        data.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let server = start_subcommand(
+        "stats-server",
+        data.path(),
+        &[
+            &format!("--storage.data.path={}", data.path().join("db").display()),
+            &format!("--prometheus.url={}", prom.url()),
+            "--storage.update-interval=2s",
+            "--storage.first-window=1h",
+            "--prometheus.cutoff=5s",
+            "--prometheus.scrape-interval=1s",
+            "--slurm.cluster-id=lab",
+            "--slurm.run-as-user=slurm",
+            "--web.admin-users=root",
+        ],
+        &[],
+    );
+    wait_until("findings of both jobs", Duration::from_secs(60), || {
+        let done = |job: &str| {
+            let (_, body) = get(
+                &server,
+                &format!("/api/v1/units?from=0&uuid={job}&field=aggregates_status&field=findings"),
+                Some("alice"),
+            );
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            v["data"][0]["aggregates_status"] == "done"
+        };
+        done(&sleeper) && done(&burner)
+    });
+    // The update loop computes findings right after aggregates; one more pass is enough.
+    std::thread::sleep(Duration::from_secs(3));
+    let slept = findings(&server, &sleeper);
+    let burnt = findings(&server, &burner);
+    println!("findings: sleeper {slept:?}, burner {burnt:?}");
+    assert!(slept.contains(&"cpu_efficiency".to_owned()), "{slept:?}");
+    assert!(!burnt.contains(&"cpu_efficiency".to_owned()), "{burnt:?}");
+
+    // Auth on the page.
+    let page = format!("/report/lab/{sleeper}");
+    assert_eq!(get(&server, &page, Some("bob")).0, 403);
+    assert_eq!(get(&server, &page, None).0, 401);
+    assert_eq!(get(&server, "/report/lab/12ab", Some("alice")).0, 400);
+    let (status, json) = get(&server, &format!("{page}.json"), Some("alice"));
+    assert_eq!(status, 200, "{json}");
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let plots: Vec<&str> = report["data"]["plots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["title"].as_str())
+        .collect();
+    println!("plots: {plots:?}; notes: {}", report["data"]["notes"]);
+    for title in ["CPU use", "Memory"] {
+        assert!(plots.contains(&title), "no {title} plot: {json}");
+    }
+    // The node's power (the stand-in BMC's) is split by CPU time: the burner has a share.
+    let (_, burnt_report) = get(
+        &server,
+        &format!("/report/lab/{burner}.json"),
+        Some("alice"),
+    );
+    assert!(
+        burnt_report.contains(r#""title":"Power""#),
+        "no power plot for the burner: {burnt_report}"
+    );
+    // The lab has no GPU: the page says so instead of drawing an empty plot.
+    assert!(json.contains("No gpu use plot"), "{json}");
+
+    // In a real browser, through a proxy that sets the user, with JavaScript off.
+    let proxy = UserProxy::start(server.port, "alice");
+    let dom = browse(&proxy.url(&page), &["--dump-dom"]);
+    let seen = proxy.seen.lock().unwrap().clone();
+    let loaded = seen
+        .iter()
+        .find(|(req, _)| req.starts_with(&format!("GET {page} ")))
+        .unwrap_or_else(|| panic!("the browser did not ask for the page: {seen:?}"));
+    assert!(loaded.1.starts_with("HTTP/1.1 200"), "{loaded:?}");
+    assert!(
+        dom.contains("It used 0.0 of its 2 CPU cores on average"),
+        "the CPU finding is not on the page: {dom}"
+    );
+    let svgs = dom.matches("<svg").count();
+    assert_eq!(svgs, plots.len(), "one SVG per plot: {dom}");
+    for figure in dom.split("<figure").skip(1) {
+        assert!(
+            figure.contains("<path d=\"M"),
+            "a plot without a line: {figure}"
+        );
+    }
+    // Nothing else was asked of the server but the page (and the browser's favicon).
+    assert!(
+        seen.iter()
+            .all(|(req, _)| req.starts_with(&format!("GET {page} "))
+                || req.starts_with("GET /favicon.ico ")),
+        "{seen:?}"
+    );
+
+    let png = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("report.png");
+    let _ = std::fs::remove_file(&png);
+    browse(
+        &proxy.url(&page),
+        &[
+            "--window-size=1000,1400",
+            &format!("--screenshot={}", png.display()),
+        ],
+    );
+    let bytes = std::fs::read(&png).expect("chromium wrote no screenshot");
+    assert!(
+        bytes.starts_with(b"\x89PNG") && bytes.len() > 20_000,
+        "screenshot of {} bytes",
+        bytes.len()
+    );
+    println!("screenshot: {}", png.display());
+}
