@@ -279,6 +279,31 @@ mod tests {
     }
 
     #[test]
+    fn zero_elapsed_time_and_no_figures_give_no_nan_and_no_cpu_verdict() {
+        let empty = JobFacts {
+            state: "COMPLETED".into(),
+            ended: true,
+            alloc_cpus: 8,
+            time_limit_seconds: Some(7200),
+            ..Default::default()
+        };
+        let f = evaluate(&empty, &Thresholds::default());
+        // Nothing ran, so only the unused time limit is said, and said in numbers.
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].id, "time_limit_overestimated");
+        assert!(
+            f[0].message
+                .contains("0 s of the 2 h 0 min it asked for (0%)"),
+            "{}",
+            f[0].message
+        );
+        assert!(f
+            .iter()
+            .all(|f| !f.message.contains("NaN") && !f.message.contains("inf")));
+        assert!(evaluate(&JobFacts::default(), &Thresholds::default()).is_empty());
+    }
+
+    #[test]
     fn a_busy_well_sized_job_has_no_finding() {
         assert!(ids(&ended("COMPLETED")).is_empty());
     }
