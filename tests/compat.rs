@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use common::bmc::{Flavor, StandinBmc};
 use common::{fixtures, name_of, parse_series, start_exporter_env, stub};
 
-/// The families checked here. GPU, RDMA and network series of the same files belong to
+/// The families checked here. RDMA and network series of the same files belong to
 /// collectors not written yet.
 fn in_scope(series: &str) -> bool {
     let name = name_of(series);
@@ -20,8 +20,9 @@ fn in_scope(series: &str) -> bool {
     }
     name == "ceems_compute_units"
         || (name.starts_with("ceems_compute_unit_")
-            && !name.starts_with("ceems_compute_unit_gpu_")
-            && !name.starts_with("ceems_compute_unit_rdma_"))
+            && !name.starts_with("ceems_compute_unit_rdma_")
+            // Ours alone (docs/compat.md).
+            && name != "ceems_compute_unit_gpu_sm_count")
         || name.starts_with("ceems_cpu_")
         || name.starts_with("ceems_meminfo_")
         || ["ceems_rapl_", "ceems_hwmon_", "ceems_cray_pm_counters_"]
@@ -68,7 +69,14 @@ fn ipmi_capture(tool: &str) -> &'static str {
     }
 }
 
-fn check(scenario: &str, flags: &[&str], ipmi: Ipmi, redfish: bool) {
+/// The GPU tool a scenario asks, through a stand-in printing CEEMS's capture.
+enum Gpu {
+    None,
+    Nvidia,
+    Amd,
+}
+
+fn check(scenario: &str, flags: &[&str], ipmi: Ipmi, redfish: bool, gpu: Gpu) {
     let dir = fixtures().join("compat");
     let stubs = tempfile::tempdir().expect("tempdir");
     let file = match scenario {
@@ -90,6 +98,34 @@ fn check(scenario: &str, flags: &[&str], ipmi: Ipmi, redfish: bool) {
         "--log.level=debug",
     ];
     args.extend_from_slice(flags);
+    let gpu_flags: Vec<String> = match gpu {
+        Gpu::None => Vec::new(),
+        Gpu::Nvidia => {
+            let path = stub(
+                stubs.path(),
+                "nvidia-smi",
+                &dir.join("fixtures/nvidia-smi/nvidia-smi_--query_--xml-format.xml"),
+            );
+            vec![
+                "--collector.gpu.type=nvidia".into(),
+                format!("--collector.gpu.nvidia-smi-path={}", path.display()),
+            ]
+        }
+        Gpu::Amd => {
+            let path = stub(
+                stubs.path(),
+                "rocm-smi",
+                &dir.join(
+                    "fixtures/rocm-smi/rocm-smi_--showproductname_--showserial_--showbus_--csv.txt",
+                ),
+            );
+            vec![
+                "--collector.gpu.type=amd".into(),
+                format!("--collector.gpu.rocm-smi-path={}", path.display()),
+            ]
+        }
+    };
+    args.extend(gpu_flags.iter().map(String::as_str));
     let mut env = Vec::new();
     let ipmi_flag;
     match ipmi {
@@ -181,6 +217,7 @@ fn cgroupsv1() {
         ],
         Ipmi::Flag(FLAG, "ipmi-dcmi"),
         true,
+        Gpu::Nvidia,
     );
 }
 
@@ -194,6 +231,7 @@ fn cgroupsv1_memory_subsystem() {
         ],
         Ipmi::Flag(FLAG, "ipmi-dcmi"),
         false,
+        Gpu::Nvidia,
     );
 }
 
@@ -204,6 +242,7 @@ fn cgroupsv2_nogpu() {
         &["--collector.cgroups.force-version=v2"],
         Ipmi::OnPath("capmc"),
         false,
+        Gpu::None,
     );
 }
 
@@ -217,6 +256,7 @@ fn cgroupsv2_procfs() {
         ],
         Ipmi::Flag(DOTTED_FLAG, "ipmiutil"),
         false,
+        Gpu::Nvidia,
     );
 }
 
@@ -233,6 +273,7 @@ fn cgroupsv2_all_metrics() {
         ],
         Ipmi::Flag(DOTTED_FLAG, "capmc"),
         true,
+        Gpu::Amd,
     );
 }
 
@@ -243,6 +284,7 @@ fn cgroupsv2_nvidia_ipmiutil() {
         &["--collector.cgroups.force-version=v2"],
         Ipmi::OnPath("ipmiutil"),
         true,
+        Gpu::Nvidia,
     );
 }
 
@@ -253,9 +295,11 @@ fn cgroupsv2_nvidia_gpu_reordering() {
         &[
             "--collector.cgroups.force-version=v2",
             "--collector.cray_pm_counters",
+            "--collector.slurm.gpu-order-map=0:0,1:1,2:4,3:5,4:2.1,5:2.5,6:2.13,7:3.1,8:3.5,9:3.13,10:6,11:7",
         ],
         Ipmi::OnPath("ipmiutil"),
         false,
+        Gpu::Nvidia,
     );
 }
 
@@ -266,6 +310,7 @@ fn cgroupsv2_amd_ipmitool() {
         &["--collector.cgroups.force-version=v2", "--collector.hwmon"],
         Ipmi::OnPath("ipmitool"),
         true,
+        Gpu::Amd,
     );
 }
 

@@ -6,8 +6,8 @@
 #   $GPU_MAP_DIR/<gpu index>   the id of the job that holds that GPU
 # The exporter reads the first with
 #   --collector.slurm.info-metrics --collector.slurm.job-props-path=/run/ceems/slurmjobprops
-# The second is CEEMS's GPU map format, for sites whose exporter must not read job
-# environments to map GPUs.
+# and the second (CEEMS's GPU map format, for sites whose exporter must not read job
+# environments to map GPUs) with --collector.slurm.gpu-job-map-path=/run/ceems/gpujobmap
 set -eu
 PROPS_DIR=${CEEMS_JOB_PROPS_DIR:-/run/ceems/slurmjobprops}
 GPU_MAP_DIR=${CEEMS_GPU_MAP_DIR:-/run/ceems/gpujobmap}

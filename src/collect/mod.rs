@@ -8,6 +8,7 @@ pub mod command;
 pub mod cpu;
 pub mod cray_pm_counters;
 pub mod emissions;
+pub mod gpu;
 pub mod hwmon;
 pub mod ipmi;
 pub mod job_props;
@@ -111,6 +112,8 @@ pub struct CommonSettings {
     #[serde(deserialize_with = "crate::config::de_duration")]
     pub timeout: Duration,
     pub cgroups: CgroupSettings,
+    #[serde(default)]
+    pub gpu: gpu::GpuSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -167,6 +170,7 @@ pub static COLLECTORS: &[CollectorSpec] = &[
     redfish::SPEC,
     emissions::SPEC,
     slurm_cluster::SPEC,
+    gpu::nvidia::SPEC,
 ];
 
 /// The flags of every collector: `--collector.<name>` and each one's own options.
@@ -198,6 +202,27 @@ pub fn options() -> Vec<Opt> {
             "cgroups v1 subsystem in which units are discovered",
         )
         .default("cpuacct"),
+        Opt::new(
+            "collector.gpu.type",
+            Kind::Str,
+            "GPU vendor of the node; detected from PCI vendor ids when not given",
+        )
+        .possible(&["nvidia", "amd", "nogpu"]),
+        Opt::new(
+            "collector.gpu.nvidia-smi-path",
+            Kind::Str,
+            "nvidia-smi, asked for the GPUs when libnvidia-ml.so.1 cannot be loaded (default: found on PATH)",
+        ),
+        Opt::new(
+            "collector.gpu.rocm-smi-path",
+            Kind::Str,
+            "rocm-smi, asked for AMD GPUs (default: found on PATH)",
+        ),
+        Opt::new(
+            "collector.gpu.amd-smi-path",
+            Kind::Str,
+            "amd-smi, asked for AMD GPUs when there is no rocm-smi (default: found on PATH)",
+        ),
     ];
     for spec in COLLECTORS {
         opts.push(

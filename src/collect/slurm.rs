@@ -22,6 +22,8 @@ use super::cgroup::detail::{self, DetailOptions};
 use super::cgroup::{
     self, names, CgroupReader, CgroupVersion, FileFault, HostMemory, ReadOptions, UnitError,
 };
+use super::gpu::jobs::{self, GresShares, JobGpus, OrderMap};
+use super::gpu::{self, GpuDevice};
 use super::job_props::{self, JobProps};
 use super::processes;
 use super::procfs;
@@ -79,6 +81,22 @@ fn options() -> Vec<Opt> {
             "Export ceems_compute_unit_info with each job's user, account, partition and name",
         ),
         Opt::new(
+            "collector.slurm.gpu-order-map",
+            Kind::Str,
+            "Slurm GPU index to device, <slurm index>:<minor>[.<gpu instance id>],… where Slurm and the driver order GPUs differently (mixed MIG and full GPUs)",
+        ),
+        Opt::new(
+            "collector.slurm.gpu-job-map-path",
+            Kind::Str,
+            "Directory of GPU→job files written by a prolog (examples/slurm/prolog.sh); read before the jobs' environment",
+        ),
+        Opt::new(
+            "collector.slurm.gres-config-file",
+            Kind::Str,
+            "Slurm's gres.conf, for the shard and MPS counts that make a job's GPU share",
+        )
+        .default("/etc/slurm/gres.conf"),
+        Opt::new(
             "collector.slurm.job-props-path",
             Kind::Str,
             "Directory of job properties files written by a prolog (examples/slurm/prolog.sh); read before the jobs' environment",
@@ -94,6 +112,11 @@ struct Settings {
     info_metrics: bool,
     #[serde(default)]
     job_props_path: Option<PathBuf>,
+    #[serde(default)]
+    gpu_order_map: Option<String>,
+    #[serde(default)]
+    gpu_job_map_path: Option<PathBuf>,
+    gres_config_file: PathBuf,
     memory_detail_metrics: bool,
     per_core_metrics: bool,
     io_metrics: bool,
@@ -130,6 +153,36 @@ pub struct SlurmCollector {
     detail: DetailOptions,
     /// `Some(exe limit)` with `--collector.slurm.process-metrics`.
     processes: Option<usize>,
+    /// The node's GPUs and how jobs map onto them; None on nodes without GPUs.
+    gpus: Option<GpuMapping>,
+}
+
+/// The node's GPUs and what maps Slurm's GPU indices onto them.
+pub struct GpuMapping {
+    pub devices: Vec<GpuDevice>,
+    pub order: OrderMap,
+    pub gres: GresShares,
+    pub job_map_dir: Option<PathBuf>,
+    /// Job id → `(Slurm index, share)`; recomputed only for new jobs and jobs with no GPU
+    /// yet (a job's GPUs do not change while it runs).
+    cache: Mutex<HashMap<String, Vec<(u32, f64)>>>,
+}
+
+impl GpuMapping {
+    pub fn new(
+        devices: Vec<GpuDevice>,
+        order: OrderMap,
+        gres: GresShares,
+        job_map_dir: Option<PathBuf>,
+    ) -> GpuMapping {
+        GpuMapping {
+            devices,
+            order,
+            gres,
+            job_map_dir,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
 }
 
 /// Where job metadata comes from.
@@ -192,6 +245,10 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
     } else {
         collector
     };
+    let collector = match gpu_mapping(ctx, &s)? {
+        Some(m) => collector.with_gpus(m),
+        None => collector,
+    };
     let collector = if s.info_metrics {
         collector.with_info(JobInfoSource {
             props_dir: s.job_props_path,
@@ -205,6 +262,44 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
         "slurm collector discovers jobs"
     );
     Ok(Box::new(collector))
+}
+
+/// The node's GPUs, when it has some. A malformed order map stops start-up; a GPU tool that
+/// fails leaves the collector without GPU series, said in the log.
+fn gpu_mapping(ctx: &Context, s: &Settings) -> Result<Option<GpuMapping>, CollectError> {
+    let order = OrderMap::parse(s.gpu_order_map.as_deref().unwrap_or(""))
+        .map_err(|e| CollectError::Other(format!("--collector.slurm.gpu-order-map: {e}")))?;
+    let devices = match gpu::discover(&ctx.common.gpu, &ctx.paths.sysfs) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot list the node's GPUs; jobs get no GPU series");
+            return Ok(None);
+        }
+    };
+    if devices.is_empty() {
+        return Ok(None);
+    }
+    let gres = match std::fs::read_to_string(&s.gres_config_file) {
+        Ok(text) => jobs::parse_gres_conf(&text, &ctx.hostname).unwrap_or_else(|e| {
+            tracing::warn!(path = %s.gres_config_file.display(), error = %e, "gres.conf not understood; GPUs count as whole");
+            GresShares::default()
+        }),
+        Err(_) => GresShares::default(),
+    };
+    tracing::info!(
+        gpus = devices.len(),
+        ordered = !order.is_empty(),
+        shards = gres.shards,
+        "jobs are mapped to the node's GPUs"
+    );
+    Ok(Some(GpuMapping::new(
+        devices,
+        order,
+        gres,
+        s.gpu_job_map_path
+            .clone()
+            .filter(|p| !p.as_os_str().is_empty()),
+    )))
 }
 
 fn job_id_of(name: &OsStr) -> Option<&str> {
@@ -262,7 +357,14 @@ impl SlurmCollector {
             props: Mutex::new(HashMap::new()),
             detail: DetailOptions::default(),
             processes: None,
+            gpus: None,
         }
+    }
+
+    /// Also export which GPUs each job holds.
+    pub fn with_gpus(mut self, gpus: GpuMapping) -> SlurmCollector {
+        self.gpus = Some(gpus);
+        self
     }
 
     /// Also export per-job process detail, with at most `exe_limit` executables each.
@@ -324,6 +426,118 @@ impl SlurmCollector {
                 .insert(job.uuid.clone(), props.clone());
         }
         props
+    }
+
+    /// A job's GPUs: the prolog's files, else the environment of its processes whose
+    /// `SLURM_JOB_ID` is the job's (one with `SLURM_JOB_GPUS` before one with only
+    /// `SLURM_STEP_GPUS`).
+    fn job_gpus(&self, mapping: &GpuMapping, job: &JobCgroup) -> Vec<(u32, f64)> {
+        if let Some(dir) = &mapping.job_map_dir {
+            if let Some(gpus) = jobs::read_job_map(dir).remove(&job.uuid) {
+                return gpus.into_iter().map(|g| (g, 1.0)).collect();
+            }
+        }
+        // Other users' environ files need CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH.
+        let env = crate::security::with_capabilities(SPEC.capabilities, || {
+            let mut step = None;
+            let mut job_env = None;
+            let mut faults = Vec::new();
+            cgroup::find_pid(&job.dir, &mut faults, &mut |pid| {
+                let path = self.procfs.join(pid.to_string()).join("environ");
+                let Ok(environ) = std::fs::read(&path) else {
+                    return false;
+                };
+                // A process can sit in a job's cgroup and belong to another job (seen in
+                // CEEMS's fixtures): only the job's own processes count.
+                let own = procfs::slurm_job_id(&environ)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|id| id.to_string() == job.uuid);
+                if !own {
+                    return false;
+                }
+                match jobs::from_environ(&environ) {
+                    Some(e) if e.from_job => {
+                        job_env = Some(e);
+                        true
+                    }
+                    Some(e) => {
+                        step.get_or_insert(e);
+                        false
+                    }
+                    None => false,
+                }
+            });
+            job_env.or(step)
+        });
+        let Some(env) = env else {
+            return Vec::new();
+        };
+        let share = jobs::share(&env, mapping.gres, mapping.devices.len());
+        env.gpus.iter().map(|g| (*g, share)).collect()
+    }
+
+    fn emit_gpus(&self, mapping: &GpuMapping, found: &[JobCgroup], out: &mut MetricSet) {
+        let mut cache = mapping.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let present: HashSet<&str> = found.iter().map(|j| j.uuid.as_str()).collect();
+        cache.retain(|k, _| present.contains(k.as_str()));
+        let mut published = Vec::new();
+        for job in found {
+            let held = match cache.get(&job.uuid) {
+                Some(g) if !g.is_empty() => g.clone(),
+                _ => {
+                    let g = self.job_gpus(mapping, job);
+                    cache.insert(job.uuid.clone(), g.clone());
+                    g
+                }
+            };
+            let mut devices = Vec::new();
+            for (index, share) in held {
+                let Some(device) = mapping.order.device(&mapping.devices, index) else {
+                    tracing::warn!(job = %job.uuid, index, "the job holds a GPU index this node does not have; check --collector.slurm.gpu-order-map");
+                    continue;
+                };
+                let index_text = index.to_string();
+                let gpuiid = device
+                    .gpu_instance_id
+                    .map(|g| g.to_string())
+                    .unwrap_or_default();
+                let hindex = format!("{}/gpu-{index}", self.hostname);
+                let labels = Labels::new(&[
+                    ("cgrouphostname", job.cgroup_host.as_str()),
+                    ("gpuiid", &gpuiid),
+                    ("gpuuuid", &device.uuid),
+                    ("hindex", &hindex),
+                    ("hostname", &self.hostname),
+                    ("index", &index_text),
+                    ("manager", MANAGER),
+                    ("uuid", &job.uuid),
+                ]);
+                out.gauge(
+                    "ceems_compute_unit_gpu_index_flag",
+                    "A value > 0 indicates the job using current GPU",
+                    labels.clone(),
+                    device.fraction * share,
+                );
+                if let Some(sm) = device.sm_count {
+                    out.gauge(
+                        "ceems_compute_unit_gpu_sm_count",
+                        "Streaming multiprocessors of the GPU or MIG instance the job holds",
+                        labels,
+                        f64::from(sm),
+                    );
+                }
+                devices.push((index, device.clone(), share));
+            }
+            if !devices.is_empty() {
+                published.push(JobGpus {
+                    uuid: job.uuid.clone(),
+                    cgroup_host: job.cgroup_host.clone(),
+                    devices,
+                });
+            }
+        }
+        jobs::publish(published);
     }
 
     /// Job metadata from the environment of the first job process that has it.
@@ -648,6 +862,9 @@ impl SlurmCollector {
                     1.0,
                 );
             }
+        }
+        if let Some(mapping) = &self.gpus {
+            self.emit_gpus(mapping, jobs, out);
         }
         if self.info.is_some() {
             let present: HashSet<&str> = jobs.iter().map(|j| j.uuid.as_str()).collect();
