@@ -6,6 +6,8 @@
 #   scripts/slurm-lab.sh          set up and start
 #   scripts/slurm-lab.sh stop     stop the daemons
 # Users alice (2001, account physics) and bob (2002, account chemistry) can submit jobs.
+# Two fake GPUs (gres, dummy character devices under /run/ceems-lab-gpus): `--gres=gpu:1`
+# gives a job SLURM_JOB_GPUS as on a GPU node, for the GPU mapping tests.
 set -euo pipefail
 
 if [ "$(id -u)" != 0 ]; then
@@ -64,6 +66,14 @@ cpus=$(nproc)
 mem_mib=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 1024 ))
 mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /run/slurm
 chown slurm:slurm /var/spool/slurmctld /var/log/slurm /run/slurm
+gpu_dir=/run/ceems-lab-gpus
+mkdir -p "$gpu_dir"
+for n in 0 1; do
+  [ -c "$gpu_dir/gpu$n" ] || mknod -m 666 "$gpu_dir/gpu$n" c 195 "$n"
+done
+cat > /etc/slurm/gres.conf <<CONF
+NodeName=localhost Name=gpu File=$gpu_dir/gpu[0-1]
+CONF
 cat > /etc/slurm/slurm.conf <<CONF
 ClusterName=lab
 SlurmctldHost=localhost
@@ -85,7 +95,9 @@ SelectTypeParameters=CR_Core_Memory
 SchedulerParameters=batch_sched_delay=0
 DefMemPerCPU=1000
 ReturnToService=2
-NodeName=localhost NodeHostname=$node CPUs=$cpus RealMemory=$mem_mib State=UNKNOWN
+GresTypes=gpu
+AccountingStorageTRES=gres/gpu
+NodeName=localhost NodeHostname=$node CPUs=$cpus RealMemory=$mem_mib Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 CONF
 cat > /etc/slurm/cgroup.conf <<CONF
@@ -107,7 +119,12 @@ PidFile=/run/slurm/slurmdbd.pid
 CONF
 chown slurm:slurm /etc/slurm/slurmdbd.conf && chmod 600 /etc/slurm/slurmdbd.conf
 
-# Daemons, accounts and users
+# Daemons, accounts and users. Daemons started from an older configuration (no GPUs) are
+# restarted.
+if running slurmd && ! scontrol show node localhost 2>/dev/null | grep -q "Gres=gpu:2"; then
+  for d in slurmd slurmctld; do pkill -x "$d" || true; done
+  wait_for 30 sh -c '! pgrep -x slurmd && ! pgrep -x slurmctld'
+fi
 running slurmdbd || slurmdbd
 wait_for 30 sacctmgr -n list cluster
 sacctmgr -i add cluster lab >/dev/null 2>&1 || true
