@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The GPU check on a real NVIDIA node with cgroup v2 and NVML (the device machine), as root.
+# Build the release binary first where cargo is (`cargo build --release`) and carry
+# target/release/ceems over; this script needs only python3 with PyTorch and nvidia-smi.
+#
+# It makes a cgroup shaped like a Slurm v2 job (system.slice/slurmstepd.scope/job_4242), runs
+# a PyTorch matmul loop in it with SLURM_JOB_ID=4242 and SLURM_JOB_GPUS=0, starts the
+# exporter, scrapes twice and checks:
+#   - the per-GPU energy counter of GPU 0 increases;
+#   - its power is within 10% of `nvidia-smi --query-gpu=power.draw`;
+#   - job 4242 is mapped to GPU 0 (ceems_compute_unit_gpu_index_flag = 1);
+#   - the job's GPU energy counter increases.
+# Prints each figure and PASS/FAIL; exits non-zero on a failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${CEEMS_BIN:-target/release/ceems}
+port=${PORT:-19010}
+job=4242
+cg=/sys/fs/cgroup/system.slice/slurmstepd.scope/job_$job/step_0/user/task_0
+
+[ -x "$bin" ] || { echo "gpu-check: no $bin (cargo build --release first)" >&2; exit 2; }
+mkdir -p "$cg"
+# Controllers down to the job, so it has cpu and memory files like a Slurm job.
+for d in /sys/fs/cgroup /sys/fs/cgroup/system.slice /sys/fs/cgroup/system.slice/slurmstepd.scope \
+         /sys/fs/cgroup/system.slice/slurmstepd.scope/job_$job; do
+  echo "+cpu +memory" > "$d/cgroup.subtree_control" 2>/dev/null || true
+done
+
+cleanup() {
+  [ -n "${work:-}" ] && kill "$work" 2>/dev/null || true
+  [ -n "${exporter:-}" ] && kill "$exporter" 2>/dev/null || true
+  wait 2>/dev/null || true
+  rmdir "$cg" /sys/fs/cgroup/system.slice/slurmstepd.scope/job_$job/step_0/user \
+        /sys/fs/cgroup/system.slice/slurmstepd.scope/job_$job/step_0 \
+        /sys/fs/cgroup/system.slice/slurmstepd.scope/job_$job 2>/dev/null || true
+}
+trap cleanup EXIT
+
+# The workload joins the cgroup before it starts (the shell writes its own pid first).
+sh -c "echo \$\$ > $cg/cgroup.procs && exec env SLURM_JOB_ID=$job SLURM_JOB_GPUS=0 CUDA_VISIBLE_DEVICES=0 python3 -c '
+import time, torch
+x = torch.randn(8192, 8192, device=\"cuda\")
+t = time.time()
+while time.time() - t < 90:
+    y = x @ x
+    torch.cuda.synchronize()
+'" &
+work=$!
+sleep 8
+
+"$bin" exporter --collector.slurm --collector.nvidia --collector.gpu.type=nvidia \
+  --collector.cgroups.force-version=v2 --web.listen-address=127.0.0.1:$port \
+  --log.level=info > /tmp/gpu-check-exporter.log 2>&1 &
+exporter=$!
+for _ in $(seq 50); do curl -sf "127.0.0.1:$port/metrics" >/dev/null && break; sleep 0.2; done
+
+value() { # metric-with-labels-prefix file
+  grep -F "$1" "$2" | head -1 | awk '{print $NF}'
+}
+curl -s "127.0.0.1:$port/metrics" > /tmp/gpu-check-1.txt
+sleep 10
+curl -s "127.0.0.1:$port/metrics" > /tmp/gpu-check-2.txt
+smi_power=$(nvidia-smi -i 0 --query-gpu=power.draw --format=csv,noheader,nounits | head -1 | tr -d ' ')
+
+e1=$(grep '^ceems_nvidia_gpu_energy_joules_total{' /tmp/gpu-check-1.txt | grep 'index="0"' | awk '{print $NF}')
+e2=$(grep '^ceems_nvidia_gpu_energy_joules_total{' /tmp/gpu-check-2.txt | grep 'index="0"' | awk '{print $NF}')
+p=$(grep '^ceems_nvidia_gpu_power_watts{' /tmp/gpu-check-2.txt | grep 'index="0"' | awk '{print $NF}')
+flag=$(grep '^ceems_compute_unit_gpu_index_flag{' /tmp/gpu-check-2.txt | grep "uuid=\"$job\"" | grep 'index="0"' | awk '{print $NF}')
+j1=$(value "ceems_compute_unit_gpu_energy_joules_total{" /tmp/gpu-check-1.txt)
+j2=$(value "ceems_compute_unit_gpu_energy_joules_total{" /tmp/gpu-check-2.txt)
+
+fail=0
+check() { # name condition-as-python figures
+  if python3 -c "import sys; sys.exit(0 if ($2) else 1)"; then echo "PASS $1: $3"; else echo "FAIL $1: $3"; fail=1; fi
+}
+check "GPU 0 energy counter increases" "${e2:-0} > ${e1:-0} > 0" "${e1:-none} J -> ${e2:-none} J in 10 s"
+check "power within 10% of nvidia-smi" "abs(${p:-0} - ${smi_power:-0}) <= 0.1 * ${smi_power:-1}" "ceems ${p:-none} W, nvidia-smi ${smi_power:-none} W"
+check "job $job mapped to GPU 0" "${flag:-0} == 1" "flag ${flag:-none}"
+check "job GPU energy increases" "${j2:-0} > ${j1:-0}" "${j1:-none} J -> ${j2:-none} J"
+exit $fail
