@@ -118,11 +118,17 @@ fn promtool_check_metrics_is_clean_but_for_documented_names() {
     .unwrap();
     let sinfo = stub(stubs.path(), "sinfo", &stubs.path().join("sinfo.txt"));
     let squeue = stub(stubs.path(), "squeue", &stubs.path().join("squeue.txt"));
+    let nvidia_smi = stub(
+        stubs.path(),
+        "nvidia-smi",
+        &common::fixtures().join("compat/fixtures/nvidia-smi/nvidia-smi_--query_--xml-format.xml"),
+    );
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(stubs.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let sinfo_flag = format!("--collector.slurm_cluster.sinfo-path={}", sinfo.display());
     let squeue_flag = format!("--collector.slurm_cluster.squeue-path={}", squeue.display());
     let ipmi_flag = format!("--collector.ipmi_dcmi.cmd={}", ipmi.display());
+    let nvidia_smi_flag = format!("--collector.gpu.nvidia-smi-path={}", nvidia_smi.display());
     let redfish_flag = format!("--collector.redfish.web-config={}", redfish.display());
     let exporter = exporter_on_fixtures(&[
         "--collector.slurm.swap-memory-metrics",
@@ -145,6 +151,8 @@ fn promtool_check_metrics_is_clean_but_for_documented_names() {
         "--collector.emissions",
         "--collector.emissions.provider=owid",
         "--collector.emissions.provider=global",
+        "--collector.gpu.type=nvidia",
+        &nvidia_smi_flag,
     ]);
     ureq::post(&exporter.url("/trace"))
         .send_string(r#"{"job_id":"1","samples":[{"pid":1,"cpu_percent":1.5,"rss_bytes":1,"read_bytes":2,"write_bytes":3,"threads":1}]}"#)
@@ -167,6 +175,8 @@ fn promtool_check_metrics_is_clean_but_for_documented_names() {
         "ceems_compute_unit_process_cpu_seconds",
         "ceems_slurm_partition_cpus",
         "ceems_trace_write_bytes_total",
+        "ceems_compute_unit_gpu_index_flag",
+        "ceems_compute_unit_gpu_sm_count",
     ] {
         assert!(body.contains(&format!("\n{family}{{")), "{family} missing");
     }
