@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The stats-server on N generated sacct records (default 1,000,000) of U users (default 1,000):
 #   1. ingestion: rows per second (from the sacct run to the last commit), database bytes per
-#      job and peak RSS;
+#      job and peak RSS; then the time of the whole first update (findings, usage);
 #   2. the API: GET /api/v1/units as one user (its jobs of the last day) with wrk at C
 #      concurrent connections (default 200) for D seconds (default 20): p50, p99, requests/s,
 #      and the server's peak RSS.
@@ -49,6 +49,15 @@ end=$(date +%s.%N)
 bytes=$(cat "$dir"/data/ceems.db* | wc -c)
 rss=$(awk '/VmHWM/ {print $2}' /proc/$pid/status)
 python3 -c "n=$n; t=$end-$start; print(f'ingest: {n} jobs in {t:.1f} s = {n/t:,.0f} rows/s; database {$bytes/n:.0f} bytes/job; peak RSS {$rss/1024:.0f} MiB')"
+# The rest of the first update (findings of every job, usage) before the API is measured.
+updated() {
+  curl -sf "127.0.0.1:$port/metrics" 2>/dev/null \
+    | awk '/^ceems_stats_last_update_timestamp_seconds/ {printf "%d", $2}'
+}
+until [ "$(updated)" -gt 0 ] 2>/dev/null; do
+  sleep 0.2
+done
+python3 -c "print(f'first update (ingest, findings, usage): {$(date +%s.%N)-$start:.1f} s')"
 
 url="http://127.0.0.1:$port/api/v1/units"
 report() {

@@ -256,6 +256,8 @@ struct Stats {
     malformed: AtomicU64,
     failures: AtomicU64,
     last_success: AtomicU64,
+    /// When the last full update (jobs, aggregates, findings, usage) of the cluster ended.
+    last_update: AtomicU64,
     aggregated: AtomicU64,
     aggregate_failures: AtomicU64,
     association_failures: AtomicU64,
@@ -555,8 +557,14 @@ fn metrics(sources: &[Source]) -> String {
         set.gauge(
             "ceems_stats_last_ingest_timestamp_seconds",
             "When the last ingestion succeeded",
-            labels,
+            labels.clone(),
             st.last_success.load(Ordering::Relaxed) as f64,
+        );
+        set.gauge(
+            "ceems_stats_last_update_timestamp_seconds",
+            "When the last update of jobs, aggregates, findings and usage ended",
+            labels,
+            st.last_update.load(Ordering::Relaxed) as f64,
         );
     }
     let mut body = String::new();
@@ -655,6 +663,7 @@ async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, plan: UpdateP
             if let Err(e) = store.rebuild_usage(id, unix_now()).await {
                 tracing::warn!(cluster = id, error = %e, "usage not rebuilt");
             }
+            st.last_update.store(unix_now() as u64, Ordering::Relaxed);
         }
         let before = unix_now() - i64::try_from(retention.as_secs()).unwrap_or(i64::MAX / 2);
         match store.delete_ended_before(before).await {

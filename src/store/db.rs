@@ -103,14 +103,21 @@ async fn upsert(
     now: i64,
 ) -> Result<(), StoreError> {
     let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    // A job that has started replaces the row it had while pending; with no pending row in
+    // the cluster nor in this batch, there is nothing to replace.
+    let pending = jobs.iter().any(|j| j.start.unwrap_or(0) == 0)
+        || sqlx::query("SELECT 1 FROM units WHERE cluster_id = ?1 AND started_at = 0 LIMIT 1")
+            .bind(cluster)
+            .fetch_optional(&mut **tx)
+            .await?
+            .is_some();
     for chunk in jobs.chunks(ROWS_PER_STATEMENT) {
-        // A job that has started replaces the row it had while pending.
         let started: Vec<&str> = chunk
             .iter()
             .filter(|j| j.start.unwrap_or(0) != 0)
             .map(|j| j.job_id.as_str())
             .collect();
-        if !started.is_empty() {
+        if pending && !started.is_empty() {
             let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
                 "DELETE FROM units WHERE started_at = 0 AND cluster_id = ",
             );
@@ -519,65 +526,78 @@ impl Store {
         thresholds: &super::findings::Thresholds,
         now: i64,
     ) -> Result<usize, StoreError> {
-        let rows = sqlx::query(
-            "SELECT id, state, exit_code, ended_at IS NOT NULL, elapsed_seconds,
-                    time_limit_seconds, alloc_cpus, alloc_mem_bytes, alloc_gpus,
-                    aggregated_seconds, cpu_seconds, memory_peak_bytes, memory_fail_count,
-                    CASE WHEN gpu_utilization_max IS NULL THEN NULL ELSE mean_gpu_utilization END,
-                    gpu_utilization_max, host_energy_joules, gpu_energy_joules, emissions_grams
-             FROM units
-             WHERE cluster_id = ?1 AND started_at > 0
-               AND (findings_updated_at IS NULL
-                    OR findings_updated_at < max(last_updated_at, coalesce(aggregates_updated_at, 0)))",
-        )
-        .bind(cluster)
-        .fetch_all(&self.pool)
-        .await?;
-        let updates: Vec<(i64, String)> = rows
-            .iter()
-            .map(|r| {
-                let facts = super::findings::JobFacts {
-                    state: r.get(1),
-                    exit_code: r.get(2),
-                    ended: r.get(3),
-                    elapsed_seconds: r.get(4),
-                    time_limit_seconds: r.get(5),
-                    alloc_cpus: r.get(6),
-                    alloc_mem_bytes: r.get(7),
-                    alloc_gpus: r.get(8),
-                    aggregated_seconds: r.get(9),
-                    cpu_seconds: r.get(10),
-                    memory_peak_bytes: r.get(11),
-                    memory_fail_count: r.get(12),
-                    mean_gpu_utilization: r.get(13),
-                    gpu_utilization_max: r.get(14),
-                    host_energy_joules: r.get(15),
-                    gpu_energy_joules: r.get(16),
-                    emissions_grams: r.get(17),
-                };
-                let found = super::findings::evaluate(&facts, thresholds);
-                (
-                    r.get(0),
-                    serde_json::to_string(&found).unwrap_or_else(|_| "[]".to_owned()),
-                )
-            })
-            .collect();
-        for chunk in updates.chunks(5000) {
-            let mut tx = self.pool.begin().await?;
-            for (row, json) in chunk {
-                sqlx::query(
-                    "UPDATE units SET findings = ?2, findings_updated_at = ?3 WHERE id = ?1",
-                )
-                .bind(row)
-                .bind(json)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-            }
-            tx.commit().await?;
+        // In pages by row id, so a first run over a million jobs holds one page in memory.
+        const PAGE: i64 = 5000;
+        let mut after = 0i64;
+        let mut total = 0usize;
+        loop {
+            let rows = sqlx::query(
+                "SELECT id, state, exit_code, ended_at IS NOT NULL, elapsed_seconds,
+                        time_limit_seconds, alloc_cpus, alloc_mem_bytes, alloc_gpus,
+                        aggregated_seconds, cpu_seconds, memory_peak_bytes, memory_fail_count,
+                        CASE WHEN gpu_utilization_max IS NULL THEN NULL ELSE mean_gpu_utilization END,
+                        gpu_utilization_max, host_energy_joules, gpu_energy_joules, emissions_grams
+                 FROM units
+                 WHERE id > ?2 AND +cluster_id = ?1 AND started_at > 0
+                   AND (findings_updated_at IS NULL
+                        OR findings_updated_at < max(last_updated_at, coalesce(aggregates_updated_at, 0)))
+                 ORDER BY id LIMIT ?3",
+            )
+            .bind(cluster)
+            .bind(after)
+            .bind(PAGE)
+            .fetch_all(&self.pool)
+            .await?;
+            let Some(last) = rows.last() else {
+                break;
+            };
+            after = last.get(0);
+            // No finding is stored as NULL (read back as `[]`).
+            let updates: Vec<(i64, Option<String>)> = rows
+                .iter()
+                .map(|r| {
+                    let facts = super::findings::JobFacts {
+                        state: r.get(1),
+                        exit_code: r.get(2),
+                        ended: r.get(3),
+                        elapsed_seconds: r.get(4),
+                        time_limit_seconds: r.get(5),
+                        alloc_cpus: r.get(6),
+                        alloc_mem_bytes: r.get(7),
+                        alloc_gpus: r.get(8),
+                        aggregated_seconds: r.get(9),
+                        cpu_seconds: r.get(10),
+                        memory_peak_bytes: r.get(11),
+                        memory_fail_count: r.get(12),
+                        mean_gpu_utilization: r.get(13),
+                        gpu_utilization_max: r.get(14),
+                        host_energy_joules: r.get(15),
+                        gpu_energy_joules: r.get(16),
+                        emissions_grams: r.get(17),
+                    };
+                    let found = super::findings::evaluate(&facts, thresholds);
+                    let json = (!found.is_empty())
+                        .then(|| serde_json::to_string(&found).ok())
+                        .flatten();
+                    (r.get(0), json)
+                })
+                .collect();
+            // One statement per page: row-by-row updates made a first run over a million
+            // jobs take minutes.
+            let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
+                "UPDATE units SET findings = v.column2, findings_updated_at = ",
+            );
+            q.push_bind(now);
+            q.push(" FROM (");
+            q.push_values(&updates, |mut row, (id, json)| {
+                row.push_bind(*id).push_bind(json.as_deref());
+            });
+            q.push(") AS v WHERE units.id = v.column1");
+            q.build().execute(&self.pool).await?;
             self.written();
+            total += updates.len();
         }
-        Ok(updates.len())
+        Ok(total)
     }
 }
 
@@ -614,6 +634,43 @@ mod tests {
 1|debug|normal|physics|alice|2001|alice|2001|1795358897|1795358897|1795358926|00:00:29|29|0:0|COMPLETED|billing=1,cpu=1,mem=300M,node=1|localhost|/tmp|60|wrap
 2|debug|normal|chemistry|bob|2002|bob|2002|1795359473|None|Unknown|00:00:00|0|0:0|PENDING||None assigned|/tmp|60|wrap
 ";
+
+    #[tokio::test]
+    async fn findings_are_refreshed_page_by_page_and_only_for_changed_jobs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(&tmp.path().join("ceems.db")).await.unwrap();
+        let first = LINES.lines().next().unwrap();
+        // 12,001 jobs: more than two pages; the last one failed.
+        let text: Vec<String> = (0..12_001)
+            .map(|i| {
+                let line = first.replacen("1|", &format!("{}|", 10 + i), 1);
+                if i == 12_000 {
+                    line.replace("COMPLETED", "FAILED")
+                } else {
+                    line
+                }
+            })
+            .collect();
+        let (jobs, errors) = sacct::parse_output(&text.join("\n"));
+        assert!(errors.is_empty(), "{errors:?}");
+        store.ingest("lab", &jobs, 100, 1).await.unwrap();
+        let t = crate::store::findings::Thresholds::default();
+        assert_eq!(store.refresh_findings("lab", &t, 2).await.unwrap(), 12_001);
+        assert_eq!(
+            store.refresh_findings("lab", &t, 3).await.unwrap(),
+            0,
+            "nothing changed"
+        );
+        let failed: String = sqlx::query("SELECT findings FROM units WHERE uuid = '12010'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+            .get(0);
+        assert!(failed.contains("job_failed"), "{failed}");
+        // A job written again is judged again.
+        store.ingest("lab", &jobs[..1], 100, 4).await.unwrap();
+        assert_eq!(store.refresh_findings("lab", &t, 5).await.unwrap(), 1);
+    }
 
     #[tokio::test]
     async fn a_window_ingested_twice_changes_nothing_and_a_started_job_replaces_its_pending_row() {
