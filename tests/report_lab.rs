@@ -14,16 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::bmc::{Flavor, PowerModel, StandinBmc};
-use common::lab::{lab, prometheus_tools, submit, wait_until, Prometheus};
-use common::{ensure_tools, runnable, start_exporter, start_subcommand};
-
-struct Cancel(Vec<String>);
-
-impl Drop for Cancel {
-    fn drop(&mut self) {
-        let _ = Command::new("scancel").args(&self.0).status();
-    }
-}
+use common::lab::{
+    lab, prometheus_tools, start_stats_server, submit, wait_jobs_gone, wait_until, CancelOnDrop,
+    Prometheus,
+};
+use common::{ensure_tools, runnable, start_exporter};
 
 fn chromium() -> Result<(), String> {
     ensure_tools(
@@ -227,39 +222,11 @@ fn a_sleeping_job_gets_the_cpu_finding_and_its_report_renders_in_a_browser() {
         "alice",
         "-J report-burn -c 2 --mem=200M --time=10 --wrap 'python3 /tmp/ceems-report-burn.py 25 & python3 /tmp/ceems-report-burn.py 25; wait'",
     );
-    let _cancel = Cancel(vec![sleeper.clone(), burner.clone()]);
+    let _cancel = CancelOnDrop(vec![sleeper.clone(), burner.clone()]);
     let ids = [sleeper.clone(), burner.clone()];
-    wait_until("both jobs to end", Duration::from_secs(180), || {
-        let out = Command::new("squeue")
-            .args(["-h", "-o", "%i"])
-            .output()
-            .expect("squeue");
-        let queued = String::from_utf8_lossy(&out.stdout);
-        !queued.lines().any(|l| ids.contains(&l.trim().to_owned()))
-    });
+    wait_jobs_gone(&ids, Duration::from_secs(180));
 
-    let data = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        data.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .unwrap();
-    let server = start_subcommand(
-        "stats-server",
-        data.path(),
-        &[
-            &format!("--storage.data.path={}", data.path().join("db").display()),
-            &format!("--prometheus.url={}", prom.url()),
-            "--storage.update-interval=2s",
-            "--storage.first-window=1h",
-            "--prometheus.cutoff=5s",
-            "--prometheus.scrape-interval=1s",
-            "--slurm.cluster-id=lab",
-            "--slurm.run-as-user=slurm",
-            "--web.admin-users=root",
-        ],
-        &[],
-    );
+    let (server, _data) = start_stats_server(&prom.url());
     wait_until("findings of both jobs", Duration::from_secs(60), || {
         let done = |job: &str| {
             let (_, body) = get(

@@ -9,17 +9,11 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::lab::{lab, prometheus_tools, submit, wait_until, Prometheus};
-use common::{runnable, start_exporter, start_subcommand};
-
-/// Cancels the jobs when dropped, so a failing test leaves no burner behind.
-struct Cancel(Vec<String>);
-
-impl Drop for Cancel {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("scancel").args(&self.0).status();
-    }
-}
+use common::lab::{
+    lab, prometheus_tools, start_stats_server, submit, wait_jobs_gone, wait_until, CancelOnDrop,
+    Prometheus,
+};
+use common::{runnable, start_exporter};
 
 fn api(server: &common::Running, path: &str, user: &str) -> serde_json::Value {
     let body = ureq::get(&server.url(path))
@@ -59,16 +53,9 @@ fn real_jobs_get_cpu_usage_from_prometheus_and_each_user_sees_only_their_own() {
     let a1 = submit("alice", &format!("-J e2e-a1 {burn}"));
     let a2 = submit("alice", &format!("-J e2e-a2 {burn}"));
     let b1 = submit("bob", &format!("-J e2e-b1 {burn}"));
-    let _cancel = Cancel(vec![a1.clone(), a2.clone(), b1.clone()]);
+    let _cancel = CancelOnDrop(vec![a1.clone(), a2.clone(), b1.clone()]);
     let ids = [a1.clone(), a2.clone(), b1.clone()];
-    wait_until("the three jobs to end", Duration::from_secs(120), || {
-        let out = std::process::Command::new("squeue")
-            .args(["-h", "-o", "%i"])
-            .output()
-            .expect("squeue");
-        let queued = String::from_utf8_lossy(&out.stdout);
-        !queued.lines().any(|l| ids.contains(&l.trim().to_owned()))
-    });
+    wait_jobs_gone(&ids, Duration::from_secs(180));
     // Prometheus saw each job's CPU time (the series are stale once a job ends).
     for id in &ids {
         let q = format!(
@@ -80,28 +67,7 @@ fn real_jobs_get_cpu_usage_from_prometheus_and_each_user_sees_only_their_own() {
         );
     }
 
-    let data = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        data.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .unwrap();
-    let server = start_subcommand(
-        "stats-server",
-        data.path(),
-        &[
-            &format!("--storage.data.path={}", data.path().join("db").display()),
-            &format!("--prometheus.url={}", prom.url()),
-            "--storage.update-interval=2s",
-            "--storage.first-window=1h",
-            "--prometheus.cutoff=5s",
-            "--prometheus.scrape-interval=1s",
-            "--slurm.cluster-id=lab",
-            "--slurm.run-as-user=slurm",
-            "--web.admin-users=root",
-        ],
-        &[],
-    );
+    let (server, _data) = start_stats_server(&prom.url());
 
     let window = "/api/v1/units?from=0&field=uuid&field=user&field=state&field=total_cpu_seconds&field=avg_cpu_usage&field=aggregates_status";
     let mut units = serde_json::Value::Null;

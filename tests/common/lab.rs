@@ -169,3 +169,54 @@ impl Prometheus {
         Ok(())
     }
 }
+
+/// Cancels the jobs when dropped, so a failing test leaves no job behind.
+pub struct CancelOnDrop(pub Vec<String>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("scancel").args(&self.0).status();
+    }
+}
+
+/// Waits until none of `ids` is queued or running.
+pub fn wait_jobs_gone(ids: &[String], timeout: Duration) {
+    wait_until("the jobs to end", timeout, || {
+        let out = Command::new("squeue")
+            .args(["-h", "-o", "%i"])
+            .output()
+            .expect("squeue");
+        let queued = String::from_utf8_lossy(&out.stdout);
+        !queued.lines().any(|l| ids.contains(&l.trim().to_owned()))
+    });
+}
+
+/// The stats-server on the lab's cluster `lab`: the real sacct and sacctmgr run as the slurm
+/// user, aggregates from `prometheus_url`, an update every 2 s over the last hour, root an
+/// admin. The data directory lives as long as the returned guard.
+pub fn start_stats_server(prometheus_url: &str) -> (super::Running, tempfile::TempDir) {
+    let data = tempfile::tempdir().expect("tempdir");
+    // The server drops to nobody before it creates its database.
+    std::fs::set_permissions(
+        data.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .expect("chmod");
+    let server = super::start_subcommand(
+        "stats-server",
+        data.path(),
+        &[
+            &format!("--storage.data.path={}", data.path().join("db").display()),
+            &format!("--prometheus.url={prometheus_url}"),
+            "--storage.update-interval=2s",
+            "--storage.first-window=1h",
+            "--prometheus.cutoff=5s",
+            "--prometheus.scrape-interval=1s",
+            "--slurm.cluster-id=lab",
+            "--slurm.run-as-user=slurm",
+            "--web.admin-users=root",
+        ],
+        &[],
+    );
+    (server, data)
+}
