@@ -232,6 +232,30 @@ fn config_layers_defaults_file_env_flags() {
 }
 
 #[test]
+fn a_malformed_gpu_order_map_stops_start_up_with_one_clear_line() {
+    let out = Command::new(BIN)
+        .args([
+            "exporter",
+            "--web.listen-address=127.0.0.1:1",
+            "--security.drop-privileges=false",
+            "--collector.slurm",
+            "--collector.slurm.gpu-order-map=0:0,1:x",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("ceems: error:"))
+        .unwrap_or_else(|| panic!("no error line: {err}"));
+    assert_eq!(
+        line,
+        "ceems: error: collector slurm could not start: --collector.slurm.gpu-order-map: `1:x` in the GPU order map is not <slurm index>:<minor>[.<gpu instance id>]"
+    );
+}
+
+#[test]
 fn bad_config_is_an_error_naming_key_and_file() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bad.toml");

@@ -254,7 +254,7 @@ pub fn options() -> Vec<Opt> {
 pub enum RegistryError {
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
-    #[error("collector {name} could not start: {source}")]
+    #[error("collector {name} could not start")]
     Build {
         name: &'static str,
         source: CollectError,
