@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use common::bmc::{Flavor, PowerModel, StandinBmc};
 use common::lab::{
-    lab, prometheus_tools, start_stats_server, submit, wait_jobs_gone, wait_until, CancelOnDrop,
-    Prometheus,
+    lab, prometheus_scraping, prometheus_tools, start_stats_server, submit, wait_jobs_gone,
+    wait_until, write_burner, CancelOnDrop, BURNER,
 };
 use common::{ensure_tools, runnable, start_exporter};
 
@@ -200,27 +200,16 @@ fn a_sleeping_job_gets_the_cpu_finding_and_its_report_renders_in_a_browser() {
             &format!("--collector.redfish.web-config={}", redfish.display()),
         ],
     );
-    let rules = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples/prometheus/rules/ceems-host-power.rules.yml");
-    let prom = Prometheus::start(&[exporter.port], &[&rules]);
-    wait_until(
-        "Prometheus scraping the exporter",
-        Duration::from_secs(60),
-        || prom.targets_up().is_ok(),
-    );
+    let prom = prometheus_scraping(exporter.port);
 
-    std::fs::write(
-        "/tmp/ceems-report-burn.py",
-        "import sys, time\nt = time.time()\nwhile time.time() - t < float(sys.argv[1]):\n    pass\n",
-    )
-    .unwrap();
+    write_burner();
     let sleeper = submit(
         "alice",
         "-J report-sleep -c 2 --mem=200M --time=10 --wrap 'sleep 25'",
     );
     let burner = submit(
         "alice",
-        "-J report-burn -c 2 --mem=200M --time=10 --wrap 'python3 /tmp/ceems-report-burn.py 25 & python3 /tmp/ceems-report-burn.py 25; wait'",
+        &format!("-J report-burn -c 2 --mem=200M --time=10 --wrap 'python3 {BURNER} 25 & python3 {BURNER} 25; wait'"),
     );
     let _cancel = CancelOnDrop(vec![sleeper.clone(), burner.clone()]);
     let ids = [sleeper.clone(), burner.clone()];

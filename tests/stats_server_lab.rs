@@ -10,8 +10,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::lab::{
-    lab, prometheus_tools, start_stats_server, submit, wait_jobs_gone, wait_until, CancelOnDrop,
-    Prometheus,
+    lab, prometheus_scraping, prometheus_tools, start_stats_server, submit, wait_jobs_gone,
+    wait_until, write_burner, CancelOnDrop, BURNER,
 };
 use common::{runnable, start_exporter};
 
@@ -35,21 +35,10 @@ fn real_jobs_get_cpu_usage_from_prometheus_and_each_user_sees_only_their_own() {
         return;
     }
     let exporter = start_exporter(Path::new("/"), &["--collector.slurm"]);
-    let rules = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples/prometheus/rules/ceems-host-power.rules.yml");
-    let prom = Prometheus::start(&[exporter.port], &[&rules]);
-    wait_until(
-        "Prometheus scraping the exporter",
-        Duration::from_secs(60),
-        || prom.targets_up().is_ok(),
-    );
+    let prom = prometheus_scraping(exporter.port);
 
-    std::fs::write(
-        "/tmp/ceems-e2e-burn.py",
-        "import sys, time\nt = time.time()\nwhile time.time() - t < float(sys.argv[1]):\n    pass\n",
-    )
-    .unwrap();
-    let burn = "-c 1 --mem=200M --wrap 'python3 /tmp/ceems-e2e-burn.py 12'";
+    write_burner();
+    let burn = format!("-c 1 --mem=200M --wrap 'python3 {BURNER} 12'");
     let a1 = submit("alice", &format!("-J e2e-a1 {burn}"));
     let a2 = submit("alice", &format!("-J e2e-a2 {burn}"));
     let b1 = submit("bob", &format!("-J e2e-b1 {burn}"));

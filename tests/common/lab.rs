@@ -220,3 +220,28 @@ pub fn start_stats_server(prometheus_url: &str) -> (super::Running, tempfile::Te
     );
     (server, data)
 }
+
+/// Debian's Prometheus scraping the exporter on `port` every second, with the project's
+/// recording rules, once it has scraped it.
+pub fn prometheus_scraping(port: u16) -> Prometheus {
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/prometheus/rules/ceems-host-power.rules.yml");
+    let prom = Prometheus::start(&[port], &[&rules]);
+    wait_until(
+        "Prometheus scraping the exporter",
+        Duration::from_secs(60),
+        || prom.targets_up().is_ok(),
+    );
+    prom
+}
+
+/// A Python script that keeps one core busy for its first argument's seconds.
+pub const BURNER: &str = "/tmp/ceems-lab-burn.py";
+
+pub fn write_burner() {
+    std::fs::write(
+        BURNER,
+        "import sys, time\nt = time.time()\nwhile time.time() - t < float(sys.argv[1]):\n    pass\n",
+    )
+    .expect("write the burner");
+}
