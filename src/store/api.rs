@@ -251,6 +251,16 @@ fn push_in<'a>(q: &mut sqlx::QueryBuilder<'a, sqlx::Sqlite>, col: &str, values: 
 }
 
 /// Time window of a request: `[from, to]`, by default the last day.
+/// Jobs whose life overlaps `from`..`to`: ended after `from`, or still running, and started
+/// before `to`.
+fn push_overlap(q: &mut sqlx::QueryBuilder<'_, sqlx::Sqlite>, from: i64, to: i64) {
+    q.push("(ended_at >= ").push_bind(from);
+    q.push(" AND started_at <= ").push_bind(to);
+    q.push(") OR (ended_at IS NULL AND started_at <= ")
+        .push_bind(to)
+        .push(")");
+}
+
 fn window(p: &Params, now: i64) -> Result<(i64, i64), Answer> {
     let to = p.time("to")?.unwrap_or(now);
     let from = p.time("from")?.unwrap_or(to - DEFAULT_WINDOW_SECONDS);
@@ -501,11 +511,8 @@ impl Api {
         push_in(&mut q, "project", p.all("project"));
         push_in(&mut q, "cluster_id", p.all("cluster_id"));
         // Jobs whose life overlaps the window; with `running`, also every job still running.
-        q.push(" AND ((ended_at >= ").push_bind(from);
-        q.push(" AND started_at <= ").push_bind(to);
-        q.push(") OR (ended_at IS NULL AND started_at <= ")
-            .push_bind(to)
-            .push(")");
+        q.push(" AND (");
+        push_overlap(&mut q, from, to);
         if running {
             q.push(" OR (ended_at IS NULL AND state = 'RUNNING')");
         }
@@ -575,59 +582,50 @@ impl Api {
         now: i64,
     ) -> Result<Answer, Answer> {
         p.only(&["from", "to", "cluster_id", "project", "user", "groupby"])?;
-        if scope.is_some() && !p.all("user").is_empty() {
-            return Err(Answer::bad("`user` is for /usage/current/admin"));
-        }
-        let groups = Self::group_columns(p)?;
-        let (from, to) = window(p, now)?;
-        let mut q = sqlx::QueryBuilder::new("SELECT ");
-        let cols: Vec<&str> = groups.iter().map(|g| g.1).collect();
-        q.push(cols.join(", "));
-        let sums = usage_columns(false);
-        for (_, sql) in &sums {
-            q.push(", ").push(sql.as_str());
-        }
-        q.push(" FROM units WHERE started_at > 0");
-        let users: Vec<String> = scope
-            .map(|u| vec![u.to_owned()])
-            .unwrap_or_else(|| p.all("user").to_vec());
-        push_in(&mut q, "usr", &users);
-        push_in(&mut q, "project", p.all("project"));
-        push_in(&mut q, "cluster_id", p.all("cluster_id"));
-        q.push(" AND ((ended_at >= ").push_bind(from);
-        q.push(" AND started_at <= ").push_bind(to);
-        q.push(") OR (ended_at IS NULL AND started_at <= ")
-            .push_bind(to)
-            .push("))");
-        q.push(format!(
-            " GROUP BY {} ORDER BY {}",
-            cols.join(", "),
-            cols.join(", ")
-        ));
-        let rows = self.fetch(q).await?;
-        Ok(Answer::data(Self::usage_rows(&rows, &groups, &sums)))
+        let window = window(p, now)?;
+        self.usage(p, scope, "/usage/current", Some(window)).await
     }
 
     async fn usage_global(&self, p: &Params, scope: Option<&str>) -> Result<Answer, Answer> {
         p.only(&["cluster_id", "project", "user", "groupby"])?;
+        self.usage(p, scope, "/usage/global", None).await
+    }
+
+    /// Usage sums per group: over the jobs that overlap `window`, or, without one, over the
+    /// pre-aggregated `usage` table (all time).
+    async fn usage(
+        &self,
+        p: &Params,
+        scope: Option<&str>,
+        route: &str,
+        window: Option<(i64, i64)>,
+    ) -> Result<Answer, Answer> {
         if scope.is_some() && !p.all("user").is_empty() {
-            return Err(Answer::bad("`user` is for /usage/global/admin"));
+            return Err(Answer::bad(format!("`user` is for {route}/admin")));
         }
         let groups = Self::group_columns(p)?;
         let cols: Vec<&str> = groups.iter().map(|g| g.1).collect();
         let mut q = sqlx::QueryBuilder::new("SELECT ");
         q.push(cols.join(", "));
-        let sums = usage_columns(true);
+        let sums = usage_columns(window.is_none());
         for (_, sql) in &sums {
             q.push(", ").push(sql.as_str());
         }
-        q.push(" FROM usage WHERE 1 = 1");
+        q.push(match window {
+            Some(_) => " FROM units WHERE started_at > 0",
+            None => " FROM usage WHERE 1 = 1",
+        });
         let users: Vec<String> = scope
             .map(|u| vec![u.to_owned()])
             .unwrap_or_else(|| p.all("user").to_vec());
         push_in(&mut q, "usr", &users);
         push_in(&mut q, "project", p.all("project"));
         push_in(&mut q, "cluster_id", p.all("cluster_id"));
+        if let Some((from, to)) = window {
+            q.push(" AND (");
+            push_overlap(&mut q, from, to);
+            q.push(")");
+        }
         q.push(format!(
             " GROUP BY {} ORDER BY {}",
             cols.join(", "),
