@@ -431,11 +431,14 @@ impl SlurmCollector {
     /// A job's GPUs: the prolog's files, else the environment of its processes whose
     /// `SLURM_JOB_ID` is the job's (one with `SLURM_JOB_GPUS` before one with only
     /// `SLURM_STEP_GPUS`).
-    fn job_gpus(&self, mapping: &GpuMapping, job: &JobCgroup) -> Vec<(u32, f64)> {
-        if let Some(dir) = &mapping.job_map_dir {
-            if let Some(gpus) = jobs::read_job_map(dir).remove(&job.uuid) {
-                return gpus.into_iter().map(|g| (g, 1.0)).collect();
-            }
+    fn job_gpus(
+        &self,
+        mapping: &GpuMapping,
+        job: &JobCgroup,
+        from_prolog: &HashMap<String, Vec<u32>>,
+    ) -> Vec<(u32, f64)> {
+        if let Some(gpus) = from_prolog.get(&job.uuid) {
+            return gpus.iter().map(|g| (*g, 1.0)).collect();
         }
         // Other users' environ files need CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH.
         let env = crate::security::with_capabilities(SPEC.capabilities, || {
@@ -482,11 +485,20 @@ impl SlurmCollector {
         let present: HashSet<&str> = found.iter().map(|j| j.uuid.as_str()).collect();
         cache.retain(|k, _| present.contains(k.as_str()));
         let mut published = Vec::new();
+        // The prolog's files, read once a scrape and only when a job needs them.
+        let mut from_prolog: Option<HashMap<String, Vec<u32>>> = None;
         for job in found {
             let held = match cache.get(&job.uuid) {
                 Some(g) if !g.is_empty() => g.clone(),
                 _ => {
-                    let g = self.job_gpus(mapping, job);
+                    let files = from_prolog.get_or_insert_with(|| {
+                        mapping
+                            .job_map_dir
+                            .as_deref()
+                            .map(jobs::read_job_map)
+                            .unwrap_or_default()
+                    });
+                    let g = self.job_gpus(mapping, job, files);
                     cache.insert(job.uuid.clone(), g.clone());
                     g
                 }

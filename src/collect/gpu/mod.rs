@@ -124,7 +124,9 @@ pub fn discover(settings: &GpuSettings, sysfs: &Path) -> Result<Vec<GpuDevice>, 
         Vendor::None => Ok(Vec::new()),
         Vendor::Nvidia => {
             match nvml::RealNvml::load() {
-                Ok(lib) => return nvml::devices(&lib).map_err(|e| GpuError::Other(e.to_string())),
+                Ok(lib) => {
+                    return nvml::Nvml::devices(&lib).map_err(|e| GpuError::Other(e.to_string()))
+                }
                 Err(e) => tracing::info!(error = %e, "NVML not loaded; asking nvidia-smi"),
             }
             let path = tool_path(&settings.nvidia_smi_path, "nvidia-smi").ok_or_else(|| {

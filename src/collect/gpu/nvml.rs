@@ -54,11 +54,6 @@ pub trait Nvml: Send + Sync {
     fn read(&self, device: &GpuDevice) -> Result<GpuReading, NvmlError>;
 }
 
-/// The devices of an NVML instance.
-pub fn devices(nvml: &dyn Nvml) -> Result<Vec<GpuDevice>, NvmlError> {
-    nvml.devices()
-}
-
 /// The system's NVML.
 pub struct RealNvml {
     lib: nvml_wrapper::Nvml,
