@@ -12,6 +12,7 @@ use serde_json::{json, Map, Value};
 use sqlx::Row;
 
 use super::db::Store;
+use super::unit_cache::{self, JobSpan, Rendered, UnitCache, UserSpans};
 
 /// A field of `/units`: its name in the API, its SQL expression, and its type.
 struct UnitField {
@@ -68,6 +69,55 @@ const UNIT_FIELDS: &[UnitField] = &[
     UnitField { name: "findings", sql: "json(coalesce(findings, '[]'))" },
 ];
 
+/// The fields a `/units` request asks for, as a set over `UNIT_FIELDS` (rendered in that
+/// order, each once).
+#[derive(Clone, Copy)]
+struct FieldSet(u64);
+
+const _: () = assert!(UNIT_FIELDS.len() <= 64, "FieldSet holds one bit per field");
+
+impl FieldSet {
+    const ALL: FieldSet = FieldSet(u64::MAX >> (64 - UNIT_FIELDS.len()));
+
+    fn parse(names: &[String]) -> Result<FieldSet, Answer> {
+        if names.is_empty() {
+            return Ok(FieldSet::ALL);
+        }
+        let mut set = 0u64;
+        for name in names {
+            let i = UNIT_FIELDS
+                .iter()
+                .position(|u| u.name == name)
+                .ok_or_else(|| {
+                    Answer::bad(format!(
+                        "unknown field `{name}` (known: {})",
+                        UNIT_FIELDS
+                            .iter()
+                            .map(|u| u.name)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))
+                })?;
+            set |= 1 << i;
+        }
+        Ok(FieldSet(set))
+    }
+
+    /// `'name', expr, …` for SQLite's `json_object`.
+    fn json_pairs(self) -> String {
+        UNIT_FIELDS
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.0 & (1 << i) != 0)
+            .map(|(_, f)| format!("'{}', {}", f.name, f.sql))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Jobs per `RENDER_CHUNK` rendered by one query, under SQLite's bound-variable limit.
+const RENDER_CHUNK: usize = 4096;
+
 /// Summed usage columns: name, column (the same in `units` and `usage`), and a scale.
 const USAGE_SUMS: &[(&str, &str, &str)] = &[
     ("total_elapsed_seconds", "elapsed_seconds", ""),
@@ -119,26 +169,40 @@ pub const DEFAULT_WINDOW_SECONDS: i64 = 24 * 3600;
 /// Most rows one `/units` answer holds.
 pub const MAX_UNITS: i64 = 100_000;
 
-/// An API answer: status and JSON body.
+/// The start of a successful answer, up to its data.
+const SUCCESS_HEAD: &str = r#"{"status":"success","data":"#;
+
+/// An API answer: status and JSON body, shared (not copied) by the cache and the response.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
     pub status: StatusCode,
-    pub body: String,
+    pub body: bytes::Bytes,
 }
 
 impl Answer {
     fn data(data: Value) -> Answer {
         Answer {
             status: StatusCode::OK,
-            body: json!({"status": "success", "data": data}).to_string(),
+            body: json!({"status": "success", "data": data})
+                .to_string()
+                .into(),
         }
     }
 
     /// `data` already serialized (by SQLite's JSON functions).
     fn raw_data(data: &str) -> Answer {
+        let mut body = String::with_capacity(SUCCESS_HEAD.len() + data.len() + 1);
+        body.push_str(SUCCESS_HEAD);
+        body.push_str(data);
+        Answer::success_body(body)
+    }
+
+    /// `body` is `SUCCESS_HEAD`, the data, and an open brace to close.
+    fn success_body(mut body: String) -> Answer {
+        body.push('}');
         Answer {
             status: StatusCode::OK,
-            body: format!(r#"{{"status":"success","data":{data}}}"#),
+            body: body.into(),
         }
     }
 
@@ -146,13 +210,19 @@ impl Answer {
         Answer {
             status,
             body: json!({"status": "error", "errorType": kind, "error": message.into()})
-                .to_string(),
+                .to_string()
+                .into(),
         }
+    }
+
+    /// The body as text (it is always JSON, so UTF-8).
+    pub fn text(&self) -> &str {
+        std::str::from_utf8(&self.body).unwrap_or_default()
     }
 
     /// The body parsed, for tests and tools.
     pub fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or(Value::Null)
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
     }
 
     fn bad(message: impl Into<String>) -> Answer {
@@ -179,6 +249,7 @@ pub struct Api {
     store: std::sync::Arc<Store>,
     pub user_header: String,
     cache: std::sync::Mutex<Cache>,
+    units: UnitCache,
 }
 
 /// Query parameters, each possibly repeated.
@@ -237,30 +308,92 @@ impl Params {
     }
 }
 
-/// `col IN (?, ?, …)` with the values bound, or nothing for no values.
-fn push_in<'a>(q: &mut sqlx::QueryBuilder<'a, sqlx::Sqlite>, col: &str, values: &'a [String]) {
-    if values.is_empty() {
-        return;
+/// A value bound to a `?` of a query.
+#[derive(Debug, Clone)]
+enum Arg {
+    Int(i64),
+    Text(String),
+}
+
+impl From<i64> for Arg {
+    fn from(v: i64) -> Arg {
+        Arg::Int(v)
     }
-    q.push(format!(" AND {col} IN ("));
-    let mut list = q.separated(", ");
-    for v in values {
-        list.push_bind(v.as_str());
+}
+
+impl From<&str> for Arg {
+    fn from(v: &str) -> Arg {
+        Arg::Text(v.to_owned())
     }
-    list.push_unseparated(")");
+}
+
+/// SQL text with `?` placeholders and the values bound to them, in order.
+#[derive(Debug, Default)]
+struct Sql {
+    text: String,
+    args: Vec<Arg>,
+}
+
+/// The end time of a job that has not ended, in the index `units_by_user_end` (migration 0005):
+/// the query must spell the same expression for SQLite to search that index by range.
+const OPEN_END: &str = "coalesce(ended_at, 9223372036854775807)";
+
+impl Sql {
+    fn new(text: &str) -> Sql {
+        Sql {
+            text: text.to_owned(),
+            args: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, text: &str) -> &mut Sql {
+        self.text.push_str(text);
+        self
+    }
+
+    fn bind(&mut self, value: impl Into<Arg>) -> &mut Sql {
+        self.text.push('?');
+        self.args.push(value.into());
+        self
+    }
+
+    /// ` AND col IN (?, ?, …)` with the values bound, or nothing for no values.
+    fn push_in(&mut self, col: &str, values: &[String]) -> &mut Sql {
+        if let Some((first, rest)) = values.split_first() {
+            self.push(" AND ")
+                .push(col)
+                .push(" IN (")
+                .bind(first.as_str());
+            for v in rest {
+                self.push(", ").bind(v.as_str());
+            }
+            self.push(")");
+        }
+        self
+    }
+
+    /// ` AND` jobs whose life overlaps `from`..`to`: ended after `from`, or still running, and
+    /// started before `to`; with `running`, also every job still running whenever it started.
+    fn push_overlap(&mut self, from: i64, to: i64, running: bool) -> &mut Sql {
+        self.push(" AND ").push(OPEN_END).push(" >= ").bind(from);
+        self.push(" AND (started_at <= ").bind(to);
+        if running {
+            self.push(" OR (ended_at IS NULL AND state = 'RUNNING')");
+        }
+        self.push(")")
+    }
+}
+
+fn query_failed(e: impl std::fmt::Display) -> Answer {
+    tracing::warn!(error = %e, "API query failed");
+    Answer::error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "database query failed",
+    )
 }
 
 /// Time window of a request: `[from, to]`, by default the last day.
-/// Jobs whose life overlaps `from`..`to`: ended after `from`, or still running, and started
-/// before `to`.
-fn push_overlap(q: &mut sqlx::QueryBuilder<'_, sqlx::Sqlite>, from: i64, to: i64) {
-    q.push("(ended_at >= ").push_bind(from);
-    q.push(" AND started_at <= ").push_bind(to);
-    q.push(") OR (ended_at IS NULL AND started_at <= ")
-        .push_bind(to)
-        .push(")");
-}
-
 fn window(p: &Params, now: i64) -> Result<(i64, i64), Answer> {
     let to = p.time("to")?.unwrap_or(now);
     let from = p.time("from")?.unwrap_or(to - DEFAULT_WINDOW_SECONDS);
@@ -297,6 +430,7 @@ impl Api {
             store,
             user_header: user_header.to_owned(),
             cache: Default::default(),
+            units: Default::default(),
         }
     }
 
@@ -430,18 +564,72 @@ impl Api {
         answer
     }
 
-    async fn fetch(
-        &self,
-        mut q: sqlx::QueryBuilder<'_, sqlx::Sqlite>,
-    ) -> Result<Vec<sqlx::sqlite::SqliteRow>, Answer> {
-        q.build().fetch_all(self.store.pool()).await.map_err(|e| {
-            tracing::warn!(error = %e, "API query failed");
-            Answer::error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "database query failed",
+    async fn fetch(&self, sql: Sql) -> Result<Vec<sqlx::sqlite::SqliteRow>, Answer> {
+        let mut q = sqlx::query(&sql.text);
+        for arg in &sql.args {
+            q = match arg {
+                Arg::Int(v) => q.bind(*v),
+                Arg::Text(v) => q.bind(v.as_str()),
+            };
+        }
+        q.fetch_all(self.store.pool()).await.map_err(query_failed)
+    }
+
+    /// A user's jobs as spans, from the cache or read once per generation.
+    async fn user_spans(&self, generation: u64, user: &str) -> Result<UserSpans, Answer> {
+        if let Some(spans) = self.units.spans(generation, user) {
+            return Ok(spans);
+        }
+        let mut q = Sql::new("SELECT id, started_at, ");
+        q.push(OPEN_END)
+            .push(", ended_at IS NULL AND state = 'RUNNING' FROM units WHERE usr = ")
+            .bind(user)
+            .push(" LIMIT ")
+            .bind(unit_cache::MAX_SPANS_PER_USER as i64 + 1);
+        let rows = self.fetch(q).await?;
+        let spans = if rows.len() > unit_cache::MAX_SPANS_PER_USER {
+            UserSpans::TooMany
+        } else {
+            UserSpans::Kept(
+                rows.iter()
+                    .filter_map(|r| {
+                        Some(JobSpan {
+                            id: r.try_get(0).ok()?,
+                            started_at: r.try_get(1).ok()?,
+                            ended_at: r.try_get(2).ok()?,
+                            running: r.try_get(3).ok()?,
+                        })
+                    })
+                    .collect(),
             )
-        })
+        };
+        self.units.keep_spans(generation, user, spans.clone());
+        Ok(spans)
+    }
+
+    /// The ids of the jobs of `users` in the window, from their spans; `None` where a user
+    /// has too many jobs to keep.
+    async fn ids_from_spans(
+        &self,
+        generation: u64,
+        users: &[String],
+        (from, to): (i64, i64),
+        running: bool,
+    ) -> Result<Option<Vec<i64>>, Answer> {
+        let mut all = Vec::with_capacity(users.len());
+        for user in users {
+            match self.user_spans(generation, user).await? {
+                UserSpans::Kept(spans) => all.push(spans),
+                UserSpans::TooMany => return Ok(None),
+            }
+        }
+        Ok(Some(unit_cache::select(
+            all.iter().flat_map(|s| s.iter()),
+            from,
+            to,
+            running,
+            MAX_UNITS as usize,
+        )))
     }
 
     async fn units(&self, p: &Params, scope: Option<&str>, now: i64) -> Result<Answer, Answer> {
@@ -458,73 +646,109 @@ impl Api {
         if scope.is_some() && !p.all("user").is_empty() {
             return Err(Answer::bad("`user` is for /units/admin"));
         }
-        let fields: Vec<&UnitField> = if p.all("field").is_empty() {
-            UNIT_FIELDS.iter().collect()
-        } else {
-            p.all("field")
-                .iter()
-                .map(|f| {
-                    UNIT_FIELDS.iter().find(|u| u.name == f).ok_or_else(|| {
-                        Answer::bad(format!(
-                            "unknown field `{f}` (known: {})",
-                            UNIT_FIELDS
-                                .iter()
-                                .map(|u| u.name)
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ))
-                    })
-                })
-                .collect::<Result<_, _>>()?
-        };
+        let fields = FieldSet::parse(p.all("field"))?;
         let (from, to) = window(p, now)?;
         let running = p.flag("running")?;
-        // SQLite writes the JSON: decoding each cell through sqlx costs four times more.
-        let mut q = sqlx::QueryBuilder::new("SELECT coalesce(json_group_array(json_object(");
-        let pairs: Vec<String> = fields
-            .iter()
-            .enumerate()
-            // JSON loses its subtype through the subquery: parse it again.
-            .map(|(i, f)| {
-                if f.sql.starts_with("json(") {
-                    format!("'{}', json(c{i})", f.name)
-                } else {
-                    format!("'{}', c{i}", f.name)
-                }
-            })
-            .collect();
-        q.push(pairs.join(", "));
-        q.push(")), '[]') FROM (SELECT ");
-        let cols: Vec<String> = fields
-            .iter()
-            .enumerate()
-            .map(|(i, f)| format!("{} AS c{i}", f.sql))
-            .collect();
-        q.push(cols.join(", "));
-        q.push(" FROM units WHERE 1 = 1");
-        let users: Vec<String> = match scope {
+        // Read before the query: rows rendered from data newer than this are dropped with it.
+        let generation = self.store.generation();
+        let mut users: Vec<String> = match scope {
             Some(u) => vec![u.to_owned()],
             None => p.all("user").to_vec(),
         };
-        push_in(&mut q, "usr", &users);
-        push_in(&mut q, "uuid", p.all("uuid"));
-        push_in(&mut q, "project", p.all("project"));
-        push_in(&mut q, "cluster_id", p.all("cluster_id"));
-        // Jobs whose life overlaps the window; with `running`, also every job still running.
-        q.push(" AND (");
-        push_overlap(&mut q, from, to);
-        if running {
-            q.push(" OR (ended_at IS NULL AND state = 'RUNNING')");
+        users.sort_unstable();
+        users.dedup();
+        let by_user_only = !users.is_empty()
+            && ["uuid", "project", "cluster_id"]
+                .iter()
+                .all(|k| p.all(k).is_empty());
+        let spans = match by_user_only {
+            true => {
+                self.ids_from_spans(generation, &users, (from, to), running)
+                    .await?
+            }
+            false => None,
+        };
+        let ids = match spans {
+            Some(ids) => ids,
+            None => {
+                let mut q = Sql::new(
+                    "SELECT group_concat(id, ',' ORDER BY started_at DESC, id DESC) \
+                     FROM (SELECT id, started_at FROM units WHERE 1 = 1",
+                );
+                q.push_in("usr", &users)
+                    .push_in("uuid", p.all("uuid"))
+                    .push_in("project", p.all("project"))
+                    .push_in("cluster_id", p.all("cluster_id"))
+                    .push_overlap(from, to, running)
+                    .push(" ORDER BY started_at DESC, id DESC LIMIT ")
+                    .bind(MAX_UNITS)
+                    .push(")");
+                // The ids in one row: sqlx hands each row over from its thread on its own.
+                self.fetch(q)
+                    .await?
+                    .first()
+                    .and_then(|r| r.try_get::<Option<String>, _>(0).ok().flatten())
+                    .map(|list| list.split(',').filter_map(|id| id.parse().ok()).collect())
+                    .unwrap_or_default()
+            }
+        };
+        if let Some(body) = self.units.answer(generation, fields.0, &ids) {
+            return Ok(Answer {
+                status: StatusCode::OK,
+                body,
+            });
         }
-        q.push(") ORDER BY started_at DESC, id DESC LIMIT ")
-            .push_bind(MAX_UNITS);
-        q.push(")");
-        let rows = self.fetch(q).await?;
-        let json: String = rows
-            .first()
-            .and_then(|r| r.try_get(0).ok())
-            .unwrap_or_else(|| "[]".to_owned());
-        Ok(Answer::raw_data(&json))
+        let mut rendered = self.units.rows(generation, fields.0, &ids);
+        let missing: Vec<i64> = ids
+            .iter()
+            .zip(&rendered)
+            .filter(|(_, json)| json.is_none())
+            .map(|(id, _)| *id)
+            .collect();
+        let mut fresh = std::collections::HashMap::with_capacity(missing.len());
+        for chunk in missing.chunks(RENDER_CHUNK) {
+            let mut q = Sql::new("SELECT id, json_object(");
+            q.push(&fields.json_pairs())
+                .push(") FROM units WHERE id IN (");
+            for (i, id) in chunk.iter().enumerate() {
+                q.push(if i == 0 { "" } else { ", " }).bind(*id);
+            }
+            q.push(")");
+            for row in self.fetch(q).await? {
+                if let (Ok(id), Ok(json)) = (row.try_get::<i64, _>(0), row.try_get::<String, _>(1))
+                {
+                    fresh.insert(id, Rendered::from(json));
+                }
+            }
+        }
+        for (id, json) in ids.iter().zip(rendered.iter_mut()) {
+            if json.is_none() {
+                // A job deleted between the two queries (retention) is left out.
+                *json = fresh.get(id).cloned();
+            }
+        }
+        let mut body = String::with_capacity(
+            SUCCESS_HEAD.len()
+                + 3
+                + rendered
+                    .iter()
+                    .flatten()
+                    .map(|j| j.len() + 1)
+                    .sum::<usize>(),
+        );
+        body.push_str(SUCCESS_HEAD);
+        body.push('[');
+        for (i, json) in rendered.iter().flatten().enumerate() {
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str(json);
+        }
+        body.push(']');
+        let answer = Answer::success_body(body);
+        self.units
+            .keep_answer(generation, fields.0, &fresh, ids, &answer.body);
+        Ok(answer)
     }
 
     /// `groupby`: `user` and/or `project` (default both), always within a cluster.
@@ -605,11 +829,11 @@ impl Api {
         }
         let groups = Self::group_columns(p)?;
         let cols: Vec<&str> = groups.iter().map(|g| g.1).collect();
-        let mut q = sqlx::QueryBuilder::new("SELECT ");
-        q.push(cols.join(", "));
+        let mut q = Sql::new("SELECT ");
+        q.push(&cols.join(", "));
         let sums = usage_columns(window.is_none());
         for (_, sql) in &sums {
-            q.push(", ").push(sql.as_str());
+            q.push(", ").push(sql);
         }
         q.push(match window {
             Some(_) => " FROM units WHERE started_at > 0",
@@ -618,15 +842,13 @@ impl Api {
         let users: Vec<String> = scope
             .map(|u| vec![u.to_owned()])
             .unwrap_or_else(|| p.all("user").to_vec());
-        push_in(&mut q, "usr", &users);
-        push_in(&mut q, "project", p.all("project"));
-        push_in(&mut q, "cluster_id", p.all("cluster_id"));
+        q.push_in("usr", &users)
+            .push_in("project", p.all("project"))
+            .push_in("cluster_id", p.all("cluster_id"));
         if let Some((from, to)) = window {
-            q.push(" AND (");
-            push_overlap(&mut q, from, to);
-            q.push(")");
+            q.push_overlap(from, to, false);
         }
-        q.push(format!(
+        q.push(&format!(
             " GROUP BY {} ORDER BY {}",
             cols.join(", "),
             cols.join(", ")
@@ -639,17 +861,17 @@ impl Api {
     /// as a member.
     async fn projects(&self, p: &Params, scope: Option<&str>) -> Result<Answer, Answer> {
         p.only(&["cluster_id", "project"])?;
-        let mut q = sqlx::QueryBuilder::new(
+        let mut q = Sql::new(
             "SELECT p.cluster_id, p.name, a.usr FROM projects p
              LEFT JOIN associations a ON a.cluster_id = p.cluster_id AND a.project = p.name
              WHERE 1 = 1",
         );
         if let Some(u) = scope {
-            q.push(" AND a.usr = ").push_bind(u);
+            q.push(" AND a.usr = ").bind(u);
         }
-        push_in(&mut q, "p.cluster_id", p.all("cluster_id"));
-        push_in(&mut q, "p.name", p.all("project"));
-        q.push(" ORDER BY p.cluster_id, p.name, a.usr");
+        q.push_in("p.cluster_id", p.all("cluster_id"))
+            .push_in("p.name", p.all("project"))
+            .push(" ORDER BY p.cluster_id, p.name, a.usr");
         let rows = self.fetch(q).await?;
         Ok(Answer::data(grouped(&rows, "name", "users")))
     }
@@ -660,7 +882,7 @@ impl Api {
         if scope.is_some() && !p.all("user").is_empty() {
             return Err(Answer::bad("`user` is for /users/admin"));
         }
-        let mut q = sqlx::QueryBuilder::new(
+        let mut q = Sql::new(
             "SELECT u.cluster_id, u.name, a.project FROM users u
              LEFT JOIN associations a ON a.cluster_id = u.cluster_id AND a.usr = u.name
              WHERE 1 = 1",
@@ -668,9 +890,9 @@ impl Api {
         let users: Vec<String> = scope
             .map(|u| vec![u.to_owned()])
             .unwrap_or_else(|| p.all("user").to_vec());
-        push_in(&mut q, "u.name", &users);
-        push_in(&mut q, "u.cluster_id", p.all("cluster_id"));
-        q.push(" ORDER BY u.cluster_id, u.name, a.project");
+        q.push_in("u.name", &users)
+            .push_in("u.cluster_id", p.all("cluster_id"))
+            .push(" ORDER BY u.cluster_id, u.name, a.project");
         let rows = self.fetch(q).await?;
         Ok(Answer::data(grouped(&rows, "name", "projects")))
     }
@@ -710,13 +932,10 @@ impl Api {
 
     /// Every unit field of the row `id`, as a JSON object.
     pub async fn unit(&self, id: i64) -> Result<Value, Answer> {
-        let mut q = sqlx::QueryBuilder::new("SELECT json_object(");
-        let pairs: Vec<String> = UNIT_FIELDS
-            .iter()
-            .map(|f| format!("'{}', {}", f.name, f.sql))
-            .collect();
-        q.push(pairs.join(", "));
-        q.push(") FROM units WHERE id = ").push_bind(id);
+        let mut q = Sql::new("SELECT json_object(");
+        q.push(&FieldSet::ALL.json_pairs())
+            .push(") FROM units WHERE id = ")
+            .bind(id);
         let rows = self.fetch(q).await?;
         let json: String = rows
             .first()
@@ -729,14 +948,11 @@ impl Api {
 
     async fn job_findings(&self, cluster: &str, job: &str, user: &str) -> Result<Answer, Answer> {
         let row = self.authorize_job(cluster, job, user).await?;
-        let q = {
-            let mut q = sqlx::QueryBuilder::new(
-                "SELECT json_object('cluster_id', cluster_id, 'uuid', uuid, 'user', usr,
-                    'findings', json(coalesce(findings, '[]'))) FROM units WHERE id = ",
-            );
-            q.push_bind(row);
-            q
-        };
+        let mut q = Sql::new(
+            "SELECT json_object('cluster_id', cluster_id, 'uuid', uuid, 'user', usr,
+                'findings', json(coalesce(findings, '[]'))) FROM units WHERE id = ",
+        );
+        q.bind(row);
         let rows = self.fetch(q).await?;
         let json: String = rows
             .first()
@@ -749,16 +965,18 @@ impl Api {
     async fn findings_summary(&self, p: &Params, now: i64) -> Result<Answer, Answer> {
         p.only(&["from", "to", "cluster_id", "project"])?;
         let (from, to) = window(p, now)?;
-        let mut q = sqlx::QueryBuilder::new(
+        let mut q = Sql::new(
             "SELECT cluster_id, project, json_extract(f.value, '$.id') AS finding, count(*) AS n,
                     count(DISTINCT usr)
              FROM units, json_each(units.findings) AS f
              WHERE findings IS NOT NULL AND ended_at >= ",
         );
-        q.push_bind(from).push(" AND ended_at <= ").push_bind(to);
-        push_in(&mut q, "cluster_id", p.all("cluster_id"));
-        push_in(&mut q, "project", p.all("project"));
-        q.push(" GROUP BY cluster_id, project, finding ORDER BY n DESC, cluster_id, project, finding LIMIT 1000");
+        q.bind(from)
+            .push(" AND ended_at <= ")
+            .bind(to)
+            .push_in("cluster_id", p.all("cluster_id"))
+            .push_in("project", p.all("project"))
+            .push(" GROUP BY cluster_id, project, finding ORDER BY n DESC, cluster_id, project, finding LIMIT 1000");
         let rows = self.fetch(q).await?;
         let data: Vec<Value> = rows
             .iter()
@@ -777,7 +995,7 @@ impl Api {
 
     async fn clusters(&self, p: &Params) -> Result<Answer, Answer> {
         p.only(&[])?;
-        let q = sqlx::QueryBuilder::new(
+        let q = Sql::new(
             "SELECT u.cluster_id, count(*), min(NULLIF(u.started_at, 0)), max(u.last_updated_at),
                     (SELECT window_start FROM ingest_state s WHERE s.cluster_id = u.cluster_id)
              FROM units u GROUP BY u.cluster_id ORDER BY u.cluster_id",
@@ -873,7 +1091,7 @@ pub(crate) mod tests {
     }
 
     fn data(a: &Answer) -> Vec<Value> {
-        assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+        assert_eq!(a.status, StatusCode::OK, "{}", a.text());
         a.json()["data"].as_array().expect("data array").clone()
     }
 
@@ -931,13 +1149,13 @@ pub(crate) mod tests {
             } else {
                 StatusCode::OK
             };
-            assert_eq!(alice.status, expected, "{route} as alice: {}", alice.body);
+            assert_eq!(alice.status, expected, "{route} as alice: {}", alice.text());
             let root = api.handle(&path, None, Some("root"), NOW).await;
             assert_eq!(
                 root.status,
                 StatusCode::OK,
                 "{route} as root: {}",
-                root.body
+                root.text()
             );
             assert_eq!(root.json()["status"], "success");
         }
@@ -968,7 +1186,7 @@ pub(crate) mod tests {
             async move { api.handle(path, query, user, NOW).await }
         };
         let own = get("/api/v1/units/lab/1/findings", Some("alice")).await;
-        assert_eq!(own.status, StatusCode::OK, "{}", own.body);
+        assert_eq!(own.status, StatusCode::OK, "{}", own.text());
         let f = &own.json()["data"];
         assert_eq!((&f["uuid"], &f["user"]), (&json!("1"), &json!("alice")));
         assert_eq!(f["findings"][0]["id"], "job_failed");
@@ -1009,7 +1227,7 @@ pub(crate) mod tests {
             ),
         ] {
             let a = get(path, user).await;
-            assert_eq!(a.status, status, "{path} as {user:?}: {}", a.body);
+            assert_eq!(a.status, status, "{path} as {user:?}: {}", a.text());
         }
         // The `findings` field on /units.
         let units = get("/api/v1/units?field=uuid&field=findings", Some("alice")).await;
@@ -1073,7 +1291,7 @@ pub(crate) mod tests {
             assert!(
                 a.json()["error"].as_str().unwrap().contains(says),
                 "{query}: {}",
-                a.body
+                a.text()
             );
         }
         // A quote in a value is data, not SQL.
@@ -1159,6 +1377,63 @@ pub(crate) mod tests {
                 .await
                 .status,
             StatusCode::FORBIDDEN
+        );
+    }
+
+    /// A job's rendering is shared by requests for other windows and field sets only while
+    /// nothing was written: a job that ended since is shown ended, whatever the window.
+    #[tokio::test]
+    async fn rendered_jobs_are_reused_across_windows_only_until_a_write() {
+        let (api, _tmp) = api_with(&sample(), &["root"]).await;
+        let units = |from: i64, fields: &str| {
+            let query = format!("from={from}{fields}");
+            let api = &api;
+            async move {
+                data(
+                    &api.handle("/api/v1/units", Some(&query), Some("bob"), NOW)
+                        .await,
+                )
+            }
+        };
+        let running = units(NOW - 7200, "").await;
+        assert_eq!(running.len(), 1);
+        assert_eq!(running[0]["state"], "RUNNING");
+        assert_eq!(running[0]["ended_at_ts"], Value::Null);
+        assert_eq!(running[0].as_object().unwrap().len(), UNIT_FIELDS.len());
+        // The same job for another window, then with one field: each set of fields its own.
+        let one_field = units(NOW - 7201, "&field=uuid").await;
+        assert_eq!(one_field, vec![json!({"uuid": "2"})]);
+        assert_eq!(units(NOW - 7202, "").await, running);
+        // The job ends: the next answer, for yet another window, says so.
+        let (jobs, _) =
+            sacct::parse_output(&line(2, "bob", "chemistry", NOW - 3600, Some(NOW - 60)));
+        api.store.ingest("lab", &jobs, 0, NOW).await.unwrap();
+        let ended = units(NOW - 7203, "").await;
+        assert_eq!(ended.len(), 1);
+        assert_eq!(ended[0]["state"], "COMPLETED");
+        assert_eq!(ended[0]["ended_at_ts"], NOW - 60);
+    }
+
+    /// A user's window in SQL is one range of the index `units_by_user_end`: were the query
+    /// and the index to spell the end differently, every request with a filter besides the
+    /// user would read all of the user's jobs.
+    #[tokio::test]
+    async fn a_users_window_is_searched_as_a_range_of_the_index() {
+        let (api, _tmp) = api_with(&sample(), &[]).await;
+        let mut q = Sql::new("EXPLAIN QUERY PLAN SELECT id, started_at FROM units WHERE 1 = 1");
+        q.push_in("usr", &["alice".to_owned()])
+            .push_overlap(NOW - 86400, NOW, false);
+        let plan: Vec<String> = api
+            .fetch(q)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<String, _>(3))
+            .collect();
+        assert!(
+            plan.iter()
+                .any(|p| p.contains("INDEX units_by_user_end (usr=? AND <expr>>?)")),
+            "{plan:?}"
         );
     }
 
@@ -1261,8 +1536,8 @@ pub(crate) mod tests {
                     let mine = owner.iter().filter(|o| **o == me).count();
                     for (path, query) in asks {
                         let a = api.handle(path, Some(&query), Some(me), NOW).await;
-                        prop_assert_eq!(a.status, StatusCode::OK, "{} {}", path, a.body);
-                        let text = a.body.clone();
+                        prop_assert_eq!(a.status, StatusCode::OK, "{} {}", path, a.text());
+                        let text = a.text().to_owned();
                         for other in USERS.iter().filter(|u| **u != me) {
                             prop_assert!(!text.contains(&format!("\"{other}\"")), "{} {} shows {}: {}", path, query, other, text);
                         }
@@ -1278,6 +1553,44 @@ pub(crate) mod tests {
                     // The admin sees them all.
                     let a = api.handle("/api/v1/units/admin", Some(&format!("{wide}&running")), Some("root"), NOW).await;
                     prop_assert_eq!(a.json()["data"].as_array().unwrap().len(), jobs.len());
+                    Ok(())
+                })?;
+            }
+
+            /// A user's window answered from the cached spans selects the same jobs, in the
+            /// same order, as SQL does (a filter on the cluster sends a request to SQL).
+            #[test]
+            fn spans_select_what_sql_selects(
+                jobs in proptest::collection::vec((0usize..2, 0i64..48, proptest::option::of(0i64..12)), 1..40),
+                windows in proptest::collection::vec((0i64..48, 0i64..24, any::<bool>()), 1..6),
+            ) {
+                let lines: Vec<String> = jobs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (u, start_h, len_h))| {
+                        let start = NOW - start_h * 1800;
+                        line(i as u32 + 1, USERS[*u], "physics", start, len_h.map(|l| (start + l * 1800).min(NOW)))
+                    })
+                    .collect();
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                rt.block_on(async {
+                    let (api, _tmp) = api_with(&lines, &["root"]).await;
+                    let uuids = |a: Answer| -> Vec<String> {
+                        a.json()["data"].as_array().unwrap().iter()
+                            .map(|u| u["uuid"].as_str().unwrap().to_owned()).collect()
+                    };
+                    for (from_h, len_h, running) in windows {
+                        let from = NOW - from_h * 1800;
+                        let to = from + len_h * 1800;
+                        let window = format!("from={from}&to={to}&field=uuid{}", if running { "&running" } else { "" });
+                        for me in ["alice", "bob"] {
+                            let spans = uuids(api.handle("/api/v1/units", Some(&window), Some(me), NOW).await);
+                            let sql = uuids(api.handle("/api/v1/units", Some(&format!("{window}&cluster_id=lab")), Some(me), NOW).await);
+                            prop_assert_eq!(&spans, &sql, "{} {}", me, window);
+                            let admin = uuids(api.handle("/api/v1/units/admin", Some(&format!("{window}&user={me}")), Some("root"), NOW).await);
+                            prop_assert_eq!(&admin, &sql, "root for {} {}", me, window);
+                        }
+                    }
                     Ok(())
                 })?;
             }

@@ -8,3 +8,4 @@ pub mod ingest;
 pub mod report;
 pub mod runner;
 pub mod sacct;
+pub mod unit_cache;

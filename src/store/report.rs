@@ -191,7 +191,7 @@ impl Page {
             return Page {
                 status: a.status,
                 content_type: "application/json",
-                body: a.body,
+                body: a.text().to_owned(),
             };
         }
         let message = a.json()["error"].as_str().unwrap_or("error").to_owned();

@@ -102,7 +102,12 @@ pub fn accepts_gzip<B>(req: &Request<B>) -> bool {
 }
 
 /// A 200 response with `body`, gzip-compressed when `gzip` is set.
-pub fn body_response(body: String, content_type: &'static str, gzip: bool) -> Response<Body> {
+pub fn body_response(
+    body: impl Into<Bytes>,
+    content_type: &'static str,
+    gzip: bool,
+) -> Response<Body> {
+    let body: Bytes = body.into();
     let mut headers = Vec::with_capacity(3);
     headers.push((CONTENT_TYPE, HeaderValue::from_static(content_type)));
     let bytes = if gzip {
@@ -110,15 +115,15 @@ pub fn body_response(body: String, content_type: &'static str, gzip: bool) -> Re
             Vec::with_capacity(body.len() / 4),
             flate2::Compression::fast(),
         );
-        match enc.write_all(body.as_bytes()).and_then(|_| enc.finish()) {
+        match enc.write_all(&body).and_then(|_| enc.finish()) {
             Ok(z) => {
                 headers.push((CONTENT_ENCODING, HeaderValue::from_static("gzip")));
                 Bytes::from(z)
             }
-            Err(_) => Bytes::from(body),
+            Err(_) => body,
         }
     } else {
-        Bytes::from(body)
+        body
     };
     headers.push((VARY, HeaderValue::from_static("Accept-Encoding")));
     let mut resp = Response::new(Full::new(bytes));

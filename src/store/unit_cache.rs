@@ -1,0 +1,250 @@
+//! What `/api/v1/units` keeps between requests, valid while the store's generation is
+//! unchanged (every write bumps it): each user's jobs as time spans, each job rendered as
+//! JSON, and whole answers by the jobs in them.
+//!
+//! Grafana moves `from`/`to` at every refresh, so requests rarely repeat while the jobs they
+//! select do. Selecting a user's jobs from these spans costs a scan of a few thousand
+//! integers; SQLite costs a read transaction and a row per job, and rendering far more.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use bytes::Bytes;
+
+/// Most bytes kept (spans, rendered jobs, answers); past it, the cache starts over.
+pub const BUDGET_BYTES: usize = 64 << 20;
+/// A user with more jobs than this is not kept as spans: their windows go to SQLite's index.
+pub const MAX_SPANS_PER_USER: usize = 200_000;
+
+/// A user's jobs as kept.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UserSpans {
+    Kept(Arc<[JobSpan]>),
+    /// More than `MAX_SPANS_PER_USER`.
+    TooMany,
+}
+
+/// A job's life, as `/units` selects by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobSpan {
+    pub id: i64,
+    /// 0 while pending.
+    pub started_at: i64,
+    /// `i64::MAX` while not ended.
+    pub ended_at: i64,
+    /// Not ended and in state RUNNING.
+    pub running: bool,
+}
+
+/// The ids of the jobs among `spans` whose life overlaps `from..=to` (ended at or after
+/// `from`, started at or before `to`), or, with `running`, that are running; newest start
+/// first, at most `limit`. The same selection as the API's SQL (`Sql::push_overlap`).
+pub fn select<'a>(
+    spans: impl IntoIterator<Item = &'a JobSpan>,
+    from: i64,
+    to: i64,
+    running: bool,
+    limit: usize,
+) -> Vec<i64> {
+    let mut hits: Vec<(i64, i64)> = spans
+        .into_iter()
+        .filter(|s| s.ended_at >= from && (s.started_at <= to || (running && s.running)))
+        .map(|s| (s.started_at, s.id))
+        .collect();
+    hits.sort_unstable_by(|a, b| b.cmp(a));
+    hits.truncate(limit);
+    hits.into_iter().map(|(_, id)| id).collect()
+}
+
+/// A job rendered as a JSON object.
+pub type Rendered = Arc<str>;
+
+#[derive(Default)]
+pub struct UnitCache {
+    inner: RwLock<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    generation: u64,
+    bytes: usize,
+    /// Each user's jobs.
+    spans: HashMap<String, UserSpans>,
+    /// Each job's JSON object by field set.
+    rows: HashMap<(u64, i64), Rendered>,
+    /// Whole answers by field set and the ids of their jobs, in order.
+    answers: HashMap<(u64, Box<[i64]>), Bytes>,
+}
+
+impl Inner {
+    /// Makes room for `size` more bytes, starting over past the budget; false when this
+    /// cache is newer than `generation` and must not take what was read before it.
+    fn admit(&mut self, generation: u64, size: usize) -> bool {
+        if generation < self.generation {
+            return false;
+        }
+        if generation > self.generation || self.bytes + size > BUDGET_BYTES {
+            *self = Inner {
+                generation,
+                ..Default::default()
+            };
+        }
+        self.bytes += size;
+        true
+    }
+}
+
+impl UnitCache {
+    fn read(&self, generation: u64) -> Option<std::sync::RwLockReadGuard<'_, Inner>> {
+        self.inner
+            .read()
+            .ok()
+            .filter(|inner| inner.generation == generation)
+    }
+
+    pub fn spans(&self, generation: u64, user: &str) -> Option<UserSpans> {
+        self.read(generation)?.spans.get(user).cloned()
+    }
+
+    pub fn keep_spans(&self, generation: u64, user: &str, spans: UserSpans) {
+        let size = user.len()
+            + match &spans {
+                UserSpans::Kept(s) => std::mem::size_of_val(&**s),
+                UserSpans::TooMany => 0,
+            };
+        if let Ok(mut inner) = self.inner.write() {
+            if inner.admit(generation, size) {
+                inner.spans.insert(user.to_owned(), spans);
+            }
+        }
+    }
+
+    pub fn answer(&self, generation: u64, fields: u64, ids: &[i64]) -> Option<Bytes> {
+        self.read(generation)?
+            .answers
+            .get(&(fields, Box::from(ids)))
+            .cloned()
+    }
+
+    /// The rendered jobs of `ids`, in order, `None` where not kept.
+    pub fn rows(&self, generation: u64, fields: u64, ids: &[i64]) -> Vec<Option<Rendered>> {
+        match self.read(generation) {
+            Some(inner) => ids
+                .iter()
+                .map(|id| inner.rows.get(&(fields, *id)).cloned())
+                .collect(),
+            None => vec![None; ids.len()],
+        }
+    }
+
+    /// Keeps newly rendered jobs and the answer made of `ids`.
+    pub fn keep_answer(
+        &self,
+        generation: u64,
+        fields: u64,
+        rendered: &HashMap<i64, Rendered>,
+        ids: Vec<i64>,
+        answer: &Bytes,
+    ) {
+        let Ok(mut inner) = self.inner.write() else {
+            return;
+        };
+        for (id, json) in rendered {
+            if inner.admit(generation, json.len()) {
+                inner.rows.insert((fields, *id), json.clone());
+            }
+        }
+        let size = answer.len() + ids.len() * 8;
+        if size <= BUDGET_BYTES / 4 && inner.admit(generation, size) {
+            inner
+                .answers
+                .insert((fields, ids.into_boxed_slice()), answer.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(id: i64, started_at: i64, ended_at: Option<i64>, running: bool) -> JobSpan {
+        JobSpan {
+            id,
+            started_at,
+            ended_at: ended_at.unwrap_or(i64::MAX),
+            running,
+        }
+    }
+
+    #[test]
+    fn a_window_selects_overlapping_jobs_newest_first() {
+        let spans = [
+            span(1, 100, Some(200), false),
+            span(2, 150, None, true),
+            span(3, 300, Some(400), false),
+            span(4, 0, None, false),  // pending
+            span(5, 500, None, true), // started after the window
+        ];
+        // Both ends count: a job that ended as the window begins is in it.
+        assert_eq!(select(&spans, 200, 350, false, 10), vec![3, 2, 1, 4]);
+        assert_eq!(select(&spans, 201, 350, false, 10), vec![3, 2, 4]);
+        assert_eq!(select(&spans, 0, 100, false, 10), vec![1, 4]);
+        assert_eq!(select(&spans, 0, 99, false, 10), vec![4]);
+        assert_eq!(select(&spans, 401, 450, false, 10), vec![2, 4]);
+        // `running` adds the running jobs whenever they started.
+        assert_eq!(select(&spans, 401, 450, true, 10), vec![5, 2, 4]);
+        assert_eq!(select(&spans, 0, 1000, false, 2), vec![5, 3]);
+    }
+
+    #[test]
+    fn a_write_empties_the_cache_and_an_older_read_does_not_refill_it() {
+        let cache = UnitCache::default();
+        let spans = UserSpans::Kept(Arc::from(vec![span(1, 1, None, true)]));
+        cache.keep_spans(1, "alice", spans.clone());
+        assert_eq!(cache.spans(1, "alice"), Some(spans.clone()));
+        assert!(cache.spans(2, "alice").is_none());
+        cache.keep_spans(2, "bob", spans.clone());
+        assert!(
+            cache.spans(2, "alice").is_none(),
+            "generation 1 survived a write"
+        );
+        // A request that read at generation 1 finishes after generation 2 was kept.
+        cache.keep_spans(1, "carol", spans.clone());
+        assert!(cache.spans(1, "carol").is_none());
+        assert!(cache.spans(2, "bob").is_some());
+    }
+
+    #[test]
+    fn answers_are_told_apart_by_fields_and_jobs() {
+        let cache = UnitCache::default();
+        let rendered = HashMap::from([(7, Rendered::from(r#"{"uuid":"7"}"#))]);
+        cache.keep_answer(3, 0b1, &rendered, vec![7], &Bytes::from_static(b"seven"));
+        assert_eq!(
+            cache.answer(3, 0b1, &[7]),
+            Some(Bytes::from_static(b"seven"))
+        );
+        assert_eq!(cache.answer(3, 0b11, &[7]), None);
+        assert_eq!(cache.answer(3, 0b1, &[7, 8]), None);
+        assert_eq!(
+            cache.rows(3, 0b1, &[8, 7]),
+            vec![None, rendered.get(&7).cloned()]
+        );
+        assert_eq!(cache.rows(3, 0b10, &[7]), vec![None]);
+    }
+
+    #[test]
+    fn past_the_budget_the_cache_starts_over() {
+        let cache = UnitCache::default();
+        let big = Bytes::from(vec![b'x'; BUDGET_BYTES / 4 - 64]);
+        for ids in 0..5 {
+            cache.keep_answer(1, 1, &HashMap::new(), vec![ids], &big);
+        }
+        let kept = (0..5)
+            .filter(|i| cache.answer(1, 1, &[*i]).is_some())
+            .count();
+        assert!(
+            kept < 5 && cache.answer(1, 1, &[4]).is_some(),
+            "{kept} kept"
+        );
+    }
+}
