@@ -47,8 +47,11 @@ impl Store {
             .busy_timeout(Duration::from_secs(10))
             // Index pages of a large batch stay in memory (the default is 2 MiB).
             .pragma("cache_size", "-32768")
-            // Fewer, larger checkpoints during a big ingestion (40 MB of WAL instead of 4).
-            .pragma("wal_autocheckpoint", "10000")
+            // Fewer, larger checkpoints during a big ingestion (160 MB of WAL instead of 4):
+            // each copies pages back on the writer's thread (1M jobs: 95k -> 103k rows/s).
+            .pragma("wal_autocheckpoint", "40000")
+            // The WAL file shrinks back after a checkpoint has emptied it.
+            .pragma("journal_size_limit", "67108864")
             .foreign_keys(true);
         let pool = SqlitePoolOptions::new()
             // WAL lets readers run beside the writer; API requests take the rest.
