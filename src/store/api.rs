@@ -590,18 +590,19 @@ impl Api {
         let spans = if rows.len() > unit_cache::MAX_SPANS_PER_USER {
             UserSpans::TooMany
         } else {
-            UserSpans::Kept(
-                rows.iter()
-                    .filter_map(|r| {
-                        Some(JobSpan {
-                            id: r.try_get(0).ok()?,
-                            started_at: r.try_get(1).ok()?,
-                            ended_at: r.try_get(2).ok()?,
-                            running: r.try_get(3).ok()?,
-                        })
+            // A row that cannot be read is an error, not a job left out of every answer.
+            let spans: Result<Vec<JobSpan>, sqlx::Error> = rows
+                .iter()
+                .map(|r| {
+                    Ok(JobSpan {
+                        id: r.try_get(0)?,
+                        started_at: r.try_get(1)?,
+                        ended_at: r.try_get(2)?,
+                        running: r.try_get(3)?,
                     })
-                    .collect(),
-            )
+                })
+                .collect();
+            UserSpans::Kept(spans.map_err(query_failed)?.into())
         };
         self.units.keep_spans(generation, user, spans.clone());
         Ok(spans)
