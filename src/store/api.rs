@@ -446,6 +446,10 @@ impl Api {
         let Ok(mut cache) = self.cache.lock() else {
             return;
         };
+        // A request that read before a write must not evict answers made after it.
+        if generation < cache.generation {
+            return;
+        }
         let size = key.len() + answer.body.len();
         if cache.generation != generation
             || cache.answers.len() >= CACHE_ENTRIES
@@ -1379,6 +1383,22 @@ pub(crate) mod tests {
                 .status,
             StatusCode::FORBIDDEN
         );
+    }
+
+    /// An answer read before a write, and kept after a newer one, neither stands nor evicts it.
+    #[tokio::test]
+    async fn a_late_answer_from_before_a_write_does_not_evict_newer_ones() {
+        let (api, _tmp) = api_with(&sample(), &[]).await;
+        let answer = |text: &'static str| Answer {
+            status: StatusCode::OK,
+            body: bytes::Bytes::from_static(text.as_bytes()),
+        };
+        api.remember("new".into(), 2, &answer("new"));
+        api.remember("old".into(), 1, &answer("old"));
+        let cache = api.cache.lock().unwrap();
+        assert_eq!(cache.generation, 2);
+        assert_eq!(cache.answers.get("new"), Some(&answer("new")));
+        assert!(!cache.answers.contains_key("old"));
     }
 
     /// A job's rendering is shared by requests for other windows and field sets only while
