@@ -2,7 +2,7 @@
 //! each Slurm job, for Alloy's Pyroscope eBPF profiler. Optionally only the processes whose
 //! environment sets one of `--discoverer.alloy-targets.env-var` (users opting in).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -103,43 +103,35 @@ impl AlloyTargets {
         }))
     }
 
-    fn wanted(&self, pid: u32) -> bool {
-        let dir = self.procfs.join(pid.to_string());
-        if !dir.is_dir() {
-            // Listed by the cgroup but already gone.
-            return false;
-        }
-        if self.env_vars.is_empty() {
-            return true;
-        }
-        let Ok(environ) = std::fs::read(dir.join("environ")) else {
-            return false;
-        };
-        self.env_vars
-            .iter()
-            .any(|v| procfs::environ_var(&environ, v).is_some())
-    }
-
     /// The current targets, by job then pid.
     pub fn targets(&self) -> Result<Vec<Target>, CollectError> {
         let mut faults = Vec::new();
-        let jobs = self.jobs.discover(&mut faults)?;
+        let jobs: Vec<(String, Vec<u32>)> = self
+            .jobs
+            .discover(&mut faults)?
+            .into_iter()
+            .map(|job| {
+                let mut pids = processes::subtree_pids(&job.dir);
+                pids.sort_unstable();
+                pids.dedup();
+                (job.uuid, pids)
+            })
+            .collect();
+        let procfs = self.procfs.clone();
+        let env_vars = self.env_vars.clone();
         // Reading other users' environ (the opt-in variables) needs the slurm collector's
         // capabilities.
-        Ok(crate::security::with_capabilities(
+        Ok(crate::security::privileged(
             super::slurm::SPEC.capabilities,
-            || {
+            move || {
                 let mut out = Vec::new();
-                for job in &jobs {
-                    let mut pids = processes::subtree_pids(&job.dir);
-                    pids.sort_unstable();
-                    pids.dedup();
-                    for pid in pids.into_iter().filter(|p| self.wanted(*p)) {
+                for (uuid, pids) in jobs {
+                    for pid in pids.into_iter().filter(|p| wanted(&procfs, &env_vars, *p)) {
                         out.push(Target {
-                            targets: vec![job.uuid.clone()],
+                            targets: vec![uuid.clone()],
                             labels: TargetLabels {
                                 process_pid: pid.to_string(),
-                                service_name: job.uuid.clone(),
+                                service_name: uuid.clone(),
                             },
                         });
                     }
@@ -148,4 +140,22 @@ impl AlloyTargets {
             },
         ))
     }
+}
+
+/// Whether process `pid` is still there and, when `env_vars` names some, sets one of them.
+fn wanted(procfs: &Path, env_vars: &[String], pid: u32) -> bool {
+    let dir = procfs.join(pid.to_string());
+    if !dir.is_dir() {
+        // Listed by the cgroup but already gone.
+        return false;
+    }
+    if env_vars.is_empty() {
+        return true;
+    }
+    let Ok(environ) = std::fs::read(dir.join("environ")) else {
+        return false;
+    };
+    env_vars
+        .iter()
+        .any(|v| procfs::environ_var(&environ, v).is_some())
 }

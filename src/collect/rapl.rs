@@ -202,8 +202,9 @@ impl Collector for RaplCollector {
 
     fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
         // energy_uj is root's since Linux 5.10.
+        let powercap = self.powercap.clone();
         let (zones, faults) =
-            crate::security::with_capabilities(SPEC.capabilities, || read_zones(&self.powercap))?;
+            crate::security::privileged(SPEC.capabilities, move || read_zones(&powercap))?;
         for fault in &faults {
             tracing::warn!(collector = "rapl", error = %fault, "skipping RAPL zone");
         }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use caps::Capability;
 use serde::Serialize;
 
-use super::{with_capabilities, FileCaps, ProcessCaps};
+use super::{privileged, with_capabilities, FileCaps, ProcessCaps};
 
 /// The outcome of one real operation.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -156,7 +156,8 @@ pub fn test_rapl(sysfs: &Path, caps: &[Capability]) -> OperationTest {
         },
         Some(z) => {
             let file = z.join("energy_uj");
-            let result = with_capabilities(caps, || std::fs::read(&file).map(drop));
+            let path = file.clone();
+            let result = privileged(caps, move || std::fs::read(path).map(drop));
             OperationTest::from_io(format!("read {}", file.display()), result)
         }
     }
@@ -209,7 +210,8 @@ pub fn test_foreign_environ(procfs: &Path, caps: &[Capability]) -> OperationTest
         },
         Some((pid, uid)) => {
             let file = procfs.join(pid.to_string()).join("environ");
-            let result = with_capabilities(caps, || std::fs::read(&file).map(drop));
+            let path = file.clone();
+            let result = privileged(caps, move || std::fs::read(path).map(drop));
             OperationTest::from_io(format!("read {} (uid {uid})", file.display()), result)
         }
     }
@@ -224,11 +226,12 @@ pub fn test_ipmi_device(devices: &[&str], caps: &[Capability]) -> OperationTest 
             error: Some("no OpenIPMI device on this node".into()),
         },
         Some(d) => {
-            let result = with_capabilities(caps, || {
+            let device = d.to_owned();
+            let result = privileged(caps, move || {
                 std::fs::OpenOptions::new()
                     .read(true)
                     .write(true)
-                    .open(d)
+                    .open(device)
                     .map(drop)
             });
             OperationTest::from_io(format!("open {}", d.display()), result)

@@ -1,11 +1,14 @@
 //! The privilege helper. Started as root (or with file or ambient capabilities), a daemon keeps
-//! only the capabilities its enabled parts declare, in the permitted set, runs as an
-//! unprivileged user with an empty effective set, and raises a capability only on a short-lived
-//! thread for the one operation that needs it. Capabilities are per thread, so no async worker
-//! ever holds one.
+//! only the capabilities its enabled parts declare, in the permitted set, and runs as an
+//! unprivileged user with an empty effective set. Capabilities are per thread, so no async
+//! worker ever holds one: an operation that needs one runs on a thread that raised it, either a
+//! long-lived worker per capability set ([`privileged`], for reads and opens) or a short-lived
+//! thread ([`with_capabilities`], for starting a program, so that no long-lived thread forks
+//! with a capability raised).
 
 use std::collections::HashSet;
 use std::io;
+use std::sync::{mpsc, Mutex};
 
 pub mod check;
 
@@ -185,9 +188,10 @@ pub fn drop_privileges(
 }
 
 /// Runs `f` with `needed` raised in the effective set. When this thread lacks them but holds
-/// them in its permitted set, `f` runs on a new OS thread that raises them and exits, so they
-/// are never raised on a thread that lives on. Otherwise (root without dropping, or no
-/// permission at all) `f` runs here and meets whatever the OS says.
+/// them in its permitted set, `f` runs on a new OS thread that raises them and exits: for
+/// starting a program (as another user, say). Reads and opens go through [`privileged`].
+/// Otherwise (root without dropping, or no permission at all) `f` runs here and meets whatever
+/// the OS says.
 pub fn with_capabilities<T: Send>(needed: &[Capability], f: impl FnOnce() -> T + Send) -> T {
     with_raised(needed, false, f)
 }
@@ -201,7 +205,9 @@ pub fn with_capabilities_for_child<T: Send>(
     with_raised(needed, true, f)
 }
 
-fn with_raised<T: Send>(needed: &[Capability], ambient: bool, f: impl FnOnce() -> T + Send) -> T {
+/// The permitted set when this thread lacks some of `needed` and may raise at least one of them;
+/// None when `f` should simply run here (root without dropping, or no permission at all).
+fn raisable(needed: &[Capability], ambient: bool) -> Option<CapsHashSet> {
     let effective = caps::read(None, CapSet::Effective).unwrap_or_default();
     let permitted = caps::read(None, CapSet::Permitted).unwrap_or_default();
     let have_all = needed.iter().all(|c| effective.contains(c));
@@ -209,24 +215,36 @@ fn with_raised<T: Send>(needed: &[Capability], ambient: bool, f: impl FnOnce() -
         .iter()
         .any(|c| permitted.contains(c) && !effective.contains(c));
     if needed.is_empty() || (have_all && !ambient) || !can_raise {
-        return f();
+        return None;
     }
+    Some(permitted)
+}
+
+/// Raises those of `needed` that are permitted on the calling thread.
+fn raise(needed: &[Capability], permitted: &CapsHashSet, ambient: bool) {
+    for c in needed {
+        if !permitted.contains(c) {
+            continue;
+        }
+        if let Err(e) = caps::raise(None, CapSet::Effective, *c) {
+            tracing::debug!(capability = %c, error = %e, "cannot raise capability");
+        }
+        if ambient {
+            let _ = caps::raise(None, CapSet::Inheritable, *c);
+            if let Err(e) = caps::raise(None, CapSet::Ambient, *c) {
+                tracing::debug!(capability = %c, error = %e, "cannot raise ambient capability");
+            }
+        }
+    }
+}
+
+fn with_raised<T: Send>(needed: &[Capability], ambient: bool, f: impl FnOnce() -> T + Send) -> T {
+    let Some(permitted) = raisable(needed, ambient) else {
+        return f();
+    };
     std::thread::scope(|s| {
         let worker = s.spawn(|| {
-            for c in needed {
-                if !permitted.contains(c) {
-                    continue;
-                }
-                if let Err(e) = caps::raise(None, CapSet::Effective, *c) {
-                    tracing::debug!(capability = %c, error = %e, "cannot raise capability");
-                }
-                if ambient {
-                    let _ = caps::raise(None, CapSet::Inheritable, *c);
-                    if let Err(e) = caps::raise(None, CapSet::Ambient, *c) {
-                        tracing::debug!(capability = %c, error = %e, "cannot raise ambient capability");
-                    }
-                }
-            }
+            raise(needed, &permitted, ambient);
             f()
         });
         match worker.join() {
@@ -234,6 +252,64 @@ fn with_raised<T: Send>(needed: &[Capability], ambient: bool, f: impl FnOnce() -
             Err(panic) => std::panic::resume_unwind(panic),
         }
     })
+}
+
+type Task = Box<dyn FnOnce() + Send>;
+
+/// The long-lived privileged threads, one per capability set, started on first use.
+static WORKERS: Mutex<Vec<(Vec<Capability>, mpsc::Sender<Task>)>> = Mutex::new(Vec::new());
+
+fn worker_for(needed: &[Capability], permitted: CapsHashSet) -> io::Result<mpsc::Sender<Task>> {
+    let mut workers = WORKERS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, tx)) = workers.iter().find(|(caps, _)| caps.as_slice() == needed) {
+        return Ok(tx.clone());
+    }
+    let (tx, rx) = mpsc::channel::<Task>();
+    let caps = needed.to_vec();
+    std::thread::Builder::new()
+        .name("ceems-privileged".into())
+        .spawn(move || {
+            raise(&caps, &permitted, false);
+            for task in rx {
+                task();
+            }
+        })?;
+    workers.push((needed.to_vec(), tx.clone()));
+    Ok(tx)
+}
+
+/// Runs `f` with `needed` raised in the effective set, on a long-lived thread kept for this
+/// capability set: for reads made at every scrape, where starting a thread per read cost more
+/// than the read. That thread runs nothing but what is sent here. Without anything to raise
+/// (root without dropping, or no permission at all) `f` runs on the calling thread.
+pub fn privileged<T: Send + 'static>(
+    needed: &[Capability],
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let Some(permitted) = raisable(needed, false) else {
+        return f();
+    };
+    let (done_tx, done_rx) = mpsc::sync_channel(1);
+    let task: Task = Box::new(move || {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        let _ = done_tx.send(result);
+    });
+    let sent = match worker_for(needed, permitted) {
+        Ok(tx) => tx.send(task).map_err(|e| e.0),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start the privileged thread; using a short-lived one");
+            Err(task)
+        }
+    };
+    if let Err(task) = sent {
+        with_raised(needed, false, task);
+    }
+    match done_rx.recv() {
+        Ok(Ok(v)) => v,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        // The task ran to the send above or was dropped unrun: only a dead worker drops it.
+        Err(_) => panic!("the privileged thread stopped before running its task"),
+    }
 }
 
 /// The capability sets of this process, for `check-privileges` and logs.
@@ -350,5 +426,43 @@ mod tests {
         let here = std::thread::current().id();
         let ran_on = with_capabilities(&[], || std::thread::current().id());
         assert_eq!(ran_on, here);
+        assert_eq!(privileged(&[], || std::thread::current().id()), here);
+    }
+
+    #[test]
+    fn privileged_reads_run_on_one_long_lived_thread_with_the_capability() {
+        if !nix::unistd::geteuid().is_root() {
+            println!("SKIPPED: needs root to hold capabilities");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "42").unwrap();
+        std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o000))
+            .unwrap();
+        // This test's thread becomes what a dropped daemon's threads are: capabilities
+        // permitted, none effective.
+        let before = caps::read(None, CapSet::Effective).unwrap();
+        caps::clear(None, CapSet::Effective).unwrap();
+        let here = std::fs::read(&secret).map_err(|e| e.kind());
+        let needed = [Capability::CAP_DAC_READ_SEARCH];
+        let read = |path: std::path::PathBuf| {
+            privileged(&needed, move || {
+                (std::thread::current().id(), std::fs::read(path).ok())
+            })
+        };
+        let (first, got) = read(secret.clone());
+        let (second, again) = read(secret.clone());
+        let panicked = std::panic::catch_unwind(|| privileged(&needed, || panic!("in the task")));
+        let (third, _) = read(secret.clone());
+        caps::set(None, CapSet::Effective, &before).unwrap();
+
+        assert_eq!(here, Err(io::ErrorKind::PermissionDenied));
+        assert_eq!(got.as_deref(), Some(&b"42"[..]));
+        assert_eq!(again.as_deref(), Some(&b"42"[..]));
+        assert_ne!(first, std::thread::current().id());
+        assert_eq!(first, second, "one thread serves every read");
+        assert!(panicked.is_err(), "a panic reaches the caller");
+        assert_eq!(third, first, "the thread outlives a panicking task");
     }
 }

@@ -227,8 +227,9 @@ impl IpmiCollector {
                     .map_err(|e| format!("cannot parse output of {}: {e}", program.display()))
             }
             Source::Native { device } => {
-                let mut dev = crate::security::with_capabilities(SPEC.capabilities, || {
-                    native::OpenIpmiDevice::open(device)
+                let path = device.clone();
+                let mut dev = crate::security::privileged(SPEC.capabilities, move || {
+                    native::OpenIpmiDevice::open(&path)
                 })
                 .map_err(|e| format!("cannot open {}: {e}", device.display()))?;
                 let id = self.msgid.fetch_add(1, Ordering::Relaxed);

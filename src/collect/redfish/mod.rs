@@ -455,11 +455,10 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
 fn bmc_address_from_ipmi() -> Option<String> {
     use crate::collect::ipmi::{native, DEVICES};
     let device = DEVICES.iter().map(Path::new).find(|p| p.exists())?;
-    let mut dev =
-        crate::security::with_capabilities(crate::collect::ipmi::SPEC.capabilities, || {
-            native::OpenIpmiDevice::open(device)
-        })
-        .ok()?;
+    let mut dev = crate::security::privileged(crate::collect::ipmi::SPEC.capabilities, move || {
+        native::OpenIpmiDevice::open(device)
+    })
+    .ok()?;
     match native::read_lan_ip(&mut dev, 1, 1, Duration::from_secs(1)) {
         Ok(ip) if !ip.is_unspecified() => {
             tracing::info!(collector = "redfish", %ip, "BMC address from IPMI LAN configuration");
