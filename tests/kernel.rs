@@ -259,3 +259,80 @@ fn scrape_agrees_with_kernel_accounting() {
         1.0
     );
 }
+
+/// What the GPU lookup relies on to skip CPU-only jobs cheaply: on real cgroupfs, a process
+/// joining a job leaves the subtree's shape as it was, and a step coming, going or being
+/// re-created under the same name changes it.
+#[test]
+fn subtree_shape_follows_steps_not_processes() {
+    use ceems::collect::cgroup::subtree;
+    if let Some(reason) = skip_reason() {
+        println!("SKIPPED subtree_shape_follows_steps_not_processes: {reason}");
+        return;
+    }
+    let cpuacct = cpuacct_dir().expect("checked above");
+    let job_dir = cpuacct.join(format!(
+        "slurm/uid_0/job_{}",
+        800_000 + std::process::id() % 100_000
+    ));
+    let task = job_dir.join("step_batch/task_0");
+    let mut job = JobCgroups {
+        dirs: Vec::new(),
+        child: None,
+    };
+    make_dirs(&task, &mut job.dirs, false);
+    let (pids, empty) = subtree(&job_dir, &mut Vec::new());
+    assert!(pids.is_empty());
+
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > '{}/cgroup.procs' && exec sleep 60",
+            task.display()
+        ))
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start sleeper");
+    let pid = child.id();
+    job.child = Some(child);
+    let start = Instant::now();
+    while !fs::read_to_string(task.join("cgroup.procs"))
+        .unwrap_or_default()
+        .contains(&pid.to_string())
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "sleeper never joined"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(empty.unchanged(), "a process joining changed the shape");
+    let (pids, running) = subtree(&job_dir, &mut Vec::new());
+    assert_eq!(pids, [pid]);
+    assert_eq!(running, empty);
+
+    let step = job_dir.join("step_0");
+    fs::create_dir(&step).expect("mkdir step_0");
+    assert!(!running.unchanged(), "a new step did not change the shape");
+    let (_, with_step) = subtree(&job_dir, &mut Vec::new());
+    assert!(with_step.grew_from(&running));
+    assert!(!running.grew_from(&with_step));
+
+    // One step ends and another starts between two scrapes: the link count is the same.
+    fs::remove_dir(&step).expect("rmdir step_0");
+    let next = job_dir.join("step_1");
+    fs::create_dir(&next).expect("mkdir step_1");
+    assert!(
+        !with_step.unchanged(),
+        "a replaced step did not change the shape"
+    );
+    let (_, replaced) = subtree(&job_dir, &mut Vec::new());
+    // Made again under the same name.
+    fs::remove_dir(&next).expect("rmdir step_1");
+    fs::create_dir(&next).expect("mkdir step_1 again");
+    assert!(
+        !replaced.unchanged(),
+        "a re-created step did not change the shape"
+    );
+    fs::remove_dir(&next).expect("rmdir step_1");
+}

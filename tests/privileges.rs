@@ -146,11 +146,7 @@ fn exporter_drops_to_nobody_and_raises_ptrace_only_to_read_a_foreign_environ() {
     assert_eq!(status_field(pid, "CapAmb"), "0000000000000000");
     assert_eq!(status_field(pid, "NoNewPrivs"), "1");
     // Exactly what the enabled collectors (cpu, meminfo, rapl, slurm) declare.
-    let declared: Vec<caps::Capability> = ceems::collect::COLLECTORS
-        .iter()
-        .filter(|s| ["cpu", "meminfo", "rapl", "slurm"].contains(&s.name))
-        .flat_map(|s| s.capabilities.iter().copied())
-        .collect();
+    let declared = declared_by(&["cpu", "meminfo", "rapl", "slurm"]);
     assert_eq!(
         u64::from_str_radix(&status_field(pid, "CapPrm"), 16).unwrap(),
         mask(&declared)
@@ -160,8 +156,41 @@ fn exporter_drops_to_nobody_and_raises_ptrace_only_to_read_a_foreign_environ() {
         body.contains("uuid=\"4242\""),
         "the job of user daemon was not found:\n{body}"
     );
-    // Still no capability in effect after the read.
+    // Still no capability in effect after the read, but on the one privileged thread that
+    // made it, which stays for the next scrape's reads.
     assert_eq!(status_field(pid, "CapEff"), "0000000000000000");
+    exporter.get("/metrics");
+    let mut holders = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .map(|v| v.trim().to_owned())
+                .unwrap_or_default()
+        };
+        if field("CapEff") != "0000000000000000" {
+            holders.push((field("Name"), field("CapEff")));
+        }
+    }
+    // One thread per collector's capability set, each holding that set alone.
+    holders.sort();
+    let mut expected: Vec<(String, String)> = ["rapl", "slurm"]
+        .iter()
+        .map(|c| {
+            let set = format!("{:016x}", mask(&declared_by(&[c])));
+            ("ceems-privilege".to_owned(), set)
+        })
+        .collect();
+    expected.sort();
+    assert_eq!(
+        holders, expected,
+        "threads holding capabilities after two scrapes"
+    );
     drop(exporter);
 
     // The same exporter started as nobody with no capabilities cannot read that environ.
@@ -186,6 +215,14 @@ fn exporter_drops_to_nobody_and_raises_ptrace_only_to_read_a_foreign_environ() {
         "an unprivileged exporter read another user's environ:\n{body}"
     );
     drop(job);
+}
+
+fn declared_by(collectors: &[&str]) -> Vec<caps::Capability> {
+    ceems::collect::COLLECTORS
+        .iter()
+        .filter(|s| collectors.contains(&s.name))
+        .flat_map(|s| s.capabilities.iter().copied())
+        .collect()
 }
 
 fn check_privileges(prefix: &[&str], args: &[&str]) -> (i32, serde_json::Value) {

@@ -20,7 +20,8 @@ use serde::Deserialize;
 
 use super::cgroup::detail::{self, DetailOptions};
 use super::cgroup::{
-    self, names, CgroupReader, CgroupVersion, FileFault, HostMemory, ReadOptions, UnitError,
+    self, names, CgroupReader, CgroupVersion, FileFault, HostMemory, ReadOptions, SubtreeShape,
+    UnitError,
 };
 use super::gpu::jobs::{self, GresShares, JobGpus, OrderMap};
 use super::gpu::{self, GpuDevice};
@@ -163,9 +164,22 @@ pub struct GpuMapping {
     pub order: OrderMap,
     pub gres: GresShares,
     pub job_map_dir: Option<PathBuf>,
-    /// Job id → `(Slurm index, share)`; recomputed only for new jobs and jobs with no GPU
-    /// yet (a job's GPUs do not change while it runs).
-    cache: Mutex<HashMap<String, Vec<(u32, f64)>>>,
+    /// What is known of each present job's GPUs, until the job ends.
+    cache: Mutex<HashMap<String, GpuLookup>>,
+}
+
+/// What is known of one job's GPUs. A job's GPUs do not change while it runs: once found they
+/// are final. "No GPU" is remembered with the processes it was read from and the shape of the
+/// job's cgroup subtree: the job is looked at again only when a directory (a step) comes or
+/// goes, and then only its new processes' environments are read.
+#[derive(Debug, Default)]
+struct GpuLookup {
+    /// `(Slurm index, share)`; empty while no GPU is known.
+    held: Vec<(u32, f64)>,
+    /// The job's processes at the last lookup; their environments were read.
+    pids: HashSet<u32>,
+    /// The subtree when those were read; None before the first lookup.
+    shape: Option<SubtreeShape>,
 }
 
 impl GpuMapping {
@@ -428,83 +442,92 @@ impl SlurmCollector {
         props
     }
 
-    /// A job's GPUs: the prolog's files, else the environment of its processes whose
-    /// `SLURM_JOB_ID` is the job's (one with `SLURM_JOB_GPUS` before one with only
-    /// `SLURM_STEP_GPUS`).
-    fn job_gpus(
-        &self,
-        mapping: &GpuMapping,
-        job: &JobCgroup,
-        from_prolog: &HashMap<String, Vec<u32>>,
-    ) -> Vec<(u32, f64)> {
-        if let Some(gpus) = from_prolog.get(&job.uuid) {
-            return gpus.iter().map(|g| (*g, 1.0)).collect();
-        }
-        // Other users' environ files need CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH.
-        let env = crate::security::with_capabilities(SPEC.capabilities, || {
-            let mut step = None;
-            let mut job_env = None;
-            let mut faults = Vec::new();
-            cgroup::find_pid(&job.dir, &mut faults, &mut |pid| {
-                let path = self.procfs.join(pid.to_string()).join("environ");
-                let Ok(environ) = std::fs::read(&path) else {
-                    return false;
-                };
-                // A process can sit in a job's cgroup and belong to another job (seen in
-                // CEEMS's fixtures): only the job's own processes count.
-                let own = procfs::slurm_job_id(&environ)
-                    .ok()
-                    .flatten()
-                    .is_some_and(|id| id.to_string() == job.uuid);
-                if !own {
-                    return false;
-                }
-                match jobs::from_environ(&environ) {
-                    Some(e) if e.from_job => {
-                        job_env = Some(e);
-                        true
-                    }
-                    Some(e) => {
-                        step.get_or_insert(e);
-                        false
-                    }
-                    None => false,
-                }
-            });
-            job_env.or(step)
-        });
-        let Some(env) = env else {
-            return Vec::new();
-        };
-        let share = jobs::share(&env, mapping.gres, mapping.devices.len());
-        env.gpus.iter().map(|g| (*g, share)).collect()
-    }
-
-    fn emit_gpus(&self, mapping: &GpuMapping, found: &[JobCgroup], out: &mut MetricSet) {
+    /// Updates what is known of each job's GPUs: the prolog's files, else the environment of
+    /// its processes whose `SLURM_JOB_ID` is the job's (one with `SLURM_JOB_GPUS` before one
+    /// with only `SLURM_STEP_GPUS`). Only jobs with no GPU known and a process not seen before
+    /// are looked up, and only those processes' environments are read, in one privileged call.
+    fn lookup_gpus(&self, mapping: &GpuMapping, found: &[JobCgroup]) {
         let mut cache = mapping.cache.lock().unwrap_or_else(|p| p.into_inner());
         let present: HashSet<&str> = found.iter().map(|j| j.uuid.as_str()).collect();
         cache.retain(|k, _| present.contains(k.as_str()));
-        let mut published = Vec::new();
-        // The prolog's files, read once a scrape and only when a job needs them.
-        let mut from_prolog: Option<HashMap<String, Vec<u32>>> = None;
+        // (job, its processes now, those not read before, its subtree now)
+        let mut pending: Vec<(&JobCgroup, Vec<u32>, Vec<u32>, SubtreeShape)> = Vec::new();
+        let mut faults = Vec::new();
         for job in found {
-            let held = match cache.get(&job.uuid) {
-                Some(g) if !g.is_empty() => g.clone(),
-                _ => {
-                    let files = from_prolog.get_or_insert_with(|| {
-                        mapping
-                            .job_map_dir
-                            .as_deref()
-                            .map(jobs::read_job_map)
-                            .unwrap_or_default()
-                    });
-                    let g = self.job_gpus(mapping, job, files);
-                    cache.insert(job.uuid.clone(), g.clone());
-                    g
-                }
-            };
+            let known = cache.entry(job.uuid.clone()).or_default();
+            if !known.held.is_empty() || known.shape.as_ref().is_some_and(|s| s.unchanged()) {
+                continue;
+            }
+            let (pids, shape) = cgroup::subtree(&job.dir, &mut faults);
+            let new: Vec<u32> = pids
+                .iter()
+                .copied()
+                .filter(|p| !known.pids.contains(p))
+                .collect();
+            if !new.is_empty() {
+                pending.push((job, pids, new, shape));
+                continue;
+            }
+            // Gone processes need not be remembered.
+            known.pids.retain(|p| pids.contains(p));
+            // A new step's directory can be made before its processes join it: keep looking
+            // until they have.
+            let grew = known.shape.as_ref().is_none_or(|old| shape.grew_from(old));
+            if !grew {
+                known.shape = Some(shape);
+            }
+        }
+        if pending.is_empty() {
+            return;
+        }
+        let from_prolog = mapping
+            .job_map_dir
+            .as_deref()
+            .map(jobs::read_job_map)
+            .unwrap_or_default();
+        let mut to_read = Vec::new();
+        for (job, pids, new, shape) in pending {
+            let known = cache.entry(job.uuid.clone()).or_default();
+            known.pids = pids.into_iter().collect();
+            known.shape = Some(shape);
+            match from_prolog.get(&job.uuid) {
+                Some(gpus) => known.held = gpus.iter().map(|g| (*g, 1.0)).collect(),
+                None => to_read.push((job.uuid.clone(), new)),
+            }
+        }
+        if to_read.is_empty() {
+            return;
+        }
+        let procfs = self.procfs.clone();
+        // Other users' environ files need CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH.
+        let reads = crate::security::privileged(SPEC.capabilities, move || {
+            to_read
+                .into_iter()
+                .map(|(uuid, pids)| {
+                    let found = job_gpu_environ(&procfs, &uuid, &pids);
+                    (uuid, found)
+                })
+                .collect::<Vec<_>>()
+        });
+        for (uuid, env) in reads {
+            if let (Some(known), Some(env)) = (cache.get_mut(&uuid), env) {
+                let share = jobs::share(&env, mapping.gres, mapping.devices.len());
+                known.held = env.gpus.iter().map(|g| (*g, share)).collect();
+            }
+        }
+    }
+
+    fn emit_gpus(&self, mapping: &GpuMapping, found: &[JobCgroup], out: &mut MetricSet) {
+        self.lookup_gpus(mapping, found);
+        let cache = mapping.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut published = Vec::new();
+        for job in found {
+            let held = cache
+                .get(&job.uuid)
+                .map(|k| k.held.as_slice())
+                .unwrap_or(&[]);
             let mut devices = Vec::new();
-            for (index, share) in held {
+            for &(index, share) in held {
                 let Some(device) = mapping.order.device(&mapping.devices, index) else {
                     tracing::warn!(job = %job.uuid, index, "the job holds a GPU index this node does not have; check --collector.slurm.gpu-order-map");
                     continue;
@@ -554,18 +577,28 @@ impl SlurmCollector {
 
     /// Job metadata from the environment of the first job process that has it.
     fn props_from_environ(&self, dir: &Path) -> Option<JobProps> {
+        self.first_in_environ(dir, &mut Vec::new(), job_props::from_environ)
+    }
+
+    /// What `pick` finds in the environment of the first process of `dir`'s subtree that has it.
+    fn first_in_environ<T: Send + 'static>(
+        &self,
+        dir: &Path,
+        faults: &mut Vec<FileFault>,
+        pick: fn(&[u8]) -> Option<T>,
+    ) -> Option<T> {
+        let mut pids = Vec::new();
+        cgroup::find_pid(dir, faults, &mut |pid| {
+            pids.push(pid);
+            false
+        });
+        let procfs = self.procfs.clone();
         // Other users' environ files need CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH.
-        crate::security::with_capabilities(SPEC.capabilities, || {
-            let mut found = None;
-            let mut faults = Vec::new();
-            cgroup::find_pid(dir, &mut faults, &mut |pid| {
-                let path = self.procfs.join(pid.to_string()).join("environ");
-                found = std::fs::read(&path)
-                    .ok()
-                    .and_then(|e| job_props::from_environ(&e));
-                found.is_some()
-            });
-            found
+        crate::security::privileged(SPEC.capabilities, move || {
+            pids.into_iter().find_map(|pid| {
+                let environ = std::fs::read(procfs.join(pid.to_string()).join("environ")).ok()?;
+                pick(&environ)
+            })
         })
     }
 
@@ -720,39 +753,14 @@ impl SlurmCollector {
     /// The job id of an opaque directory: `SLURM_JOB_ID` of the first process that has one
     /// (slurmstepd itself sits in the job's subtree and has none).
     fn opaque_job_id(&self, dir: &Path, faults: &mut Vec<FileFault>) -> Option<String> {
-        // Other users' environ files need CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH.
-        crate::security::with_capabilities(SPEC.capabilities, || {
-            self.opaque_job_id_unprivileged(dir, faults)
-        })
-    }
-
-    fn opaque_job_id_unprivileged(
-        &self,
-        dir: &Path,
-        faults: &mut Vec<FileFault>,
-    ) -> Option<String> {
-        let mut found = None;
-        let mut path = PathBuf::new();
-        cgroup::find_pid(dir, faults, &mut |pid| {
-            path.clear();
-            path.push(&self.procfs);
-            path.push(pid.to_string());
-            path.push("environ");
-            let Ok(environ) = std::fs::read(&path) else {
-                return false;
-            };
-            match procfs::slurm_job_id(&environ) {
-                Ok(Some(id)) => {
-                    found = Some(id.to_string());
-                    true
-                }
-                Ok(None) => false,
+        let found =
+            self.first_in_environ(dir, faults, |environ| match procfs::slurm_job_id(environ) {
+                Ok(id) => id.map(|id| id.to_string()),
                 Err(e) => {
-                    tracing::debug!(path = %path.display(), error = %e, "bad SLURM_JOB_ID");
-                    false
+                    tracing::debug!(error = %e, "bad SLURM_JOB_ID");
+                    None
                 }
-            }
-        });
+            });
         if found.is_none() {
             tracing::debug!(
                 cgroup = %dir.display(),
@@ -761,6 +769,33 @@ impl SlurmCollector {
         }
         found
     }
+}
+
+/// The GPUs that the environments of `pids` give job `uuid`: the first `SLURM_JOB_GPUS`, else
+/// the first `SLURM_STEP_GPUS`. A process can sit in a job's cgroup and belong to another job
+/// (seen in CEEMS's fixtures): only the job's own processes count.
+fn job_gpu_environ(procfs: &Path, uuid: &str, pids: &[u32]) -> Option<jobs::JobGpuEnv> {
+    let mut step = None;
+    for pid in pids {
+        let Ok(environ) = std::fs::read(procfs.join(pid.to_string()).join("environ")) else {
+            continue;
+        };
+        let own = procfs::slurm_job_id(&environ)
+            .ok()
+            .flatten()
+            .is_some_and(|id| id.to_string() == uuid);
+        if !own {
+            continue;
+        }
+        match jobs::from_environ(&environ) {
+            Some(e) if e.from_job => return Some(e),
+            Some(e) => {
+                step.get_or_insert(e);
+            }
+            None => {}
+        }
+    }
+    step
 }
 
 fn candidate(id: Option<&str>, host: &str, abs: PathBuf) -> Candidate {
@@ -805,16 +840,20 @@ impl SlurmCollector {
             HashMap::new()
         };
         let ticks = cgroup::clock_ticks();
-        // Other users' /proc/<pid>/fd and exe: one privileged thread for all jobs.
-        let processes: HashMap<&str, processes::JobProcesses> = match self.processes {
-            Some(_) => crate::security::with_capabilities(SPEC.capabilities, || {
-                jobs.iter()
-                    .map(|j| {
-                        let pids = processes::subtree_pids(&j.dir);
-                        (j.uuid.as_str(), processes::read_job(&self.procfs, &pids))
-                    })
-                    .collect()
-            }),
+        // Other users' /proc/<pid>/fd and exe: one privileged call for all jobs.
+        let processes: HashMap<String, processes::JobProcesses> = match self.processes {
+            Some(_) => {
+                let pids: Vec<(String, Vec<u32>)> = jobs
+                    .iter()
+                    .map(|j| (j.uuid.clone(), processes::subtree_pids(&j.dir)))
+                    .collect();
+                let procfs = self.procfs.clone();
+                crate::security::privileged(SPEC.capabilities, move || {
+                    pids.into_iter()
+                        .map(|(uuid, pids)| (uuid, processes::read_job(&procfs, &pids)))
+                        .collect()
+                })
+            }
             None => HashMap::new(),
         };
         for job in jobs {
@@ -1123,6 +1162,82 @@ mod tests {
         let text = scrape(&collector(&tree));
         assert!(text.contains("cgrouphostname=\"node3\""), "{text}");
         assert_eq!(units(&text), 1.0);
+    }
+
+    fn gpu_flags(text: &str) -> Vec<&str> {
+        text.lines()
+            .filter(|l| l.starts_with("ceems_compute_unit_gpu_index_flag{"))
+            .collect()
+    }
+
+    #[test]
+    fn cpu_only_jobs_are_read_once_and_again_only_for_a_new_step() {
+        for version in [CgroupVersion::V1, CgroupVersion::V2] {
+            let tmp = tempfile::tempdir().unwrap();
+            let tree = generate(tmp.path(), TreeSpec::new(version, 2)).unwrap();
+            let device = |minor: u32| GpuDevice {
+                index: minor as usize,
+                minor,
+                uuid: format!("GPU-{minor}"),
+                gpu_instance_id: None,
+                sm_count: None,
+                fraction: 1.0,
+                model: String::new(),
+            };
+            let c = collector(&tree).with_gpus(GpuMapping::new(
+                vec![device(0), device(1)],
+                OrderMap::default(),
+                GresShares::default(),
+                None,
+            ));
+            assert!(gpu_flags(&scrape(&c)).is_empty(), "{version:?}");
+
+            // A running process's environment does not change, so a job's known processes are
+            // not read again: this edit is not seen.
+            for p in fs::read_dir(tree.procfs()).unwrap().flatten() {
+                let env = p.path().join("environ");
+                if let Ok(text) = fs::read(&env) {
+                    let mut text = text;
+                    text.extend_from_slice(b"SLURM_JOB_GPUS=0\0");
+                    fs::write(&env, text).unwrap();
+                }
+            }
+            assert!(gpu_flags(&scrape(&c)).is_empty(), "{version:?}");
+
+            // A new step of job 1000000, made before its process joins: looked at until it has.
+            let task = match version {
+                CgroupVersion::V1 => tree.job_dir(0).join("step_7/task_0"),
+                CgroupVersion::V2 => tree.job_dir(0).join("step_7/user/task_0"),
+            };
+            fs::create_dir_all(&task).unwrap();
+            fs::write(task.join("cgroup.procs"), "").unwrap();
+            assert!(gpu_flags(&scrape(&c)).is_empty(), "{version:?}");
+            let pid = tree.procfs().join("77777");
+            fs::create_dir_all(&pid).unwrap();
+            fs::write(
+                pid.join("environ"),
+                "SLURM_JOB_ID=1000000\0SLURM_STEP_GPUS=1\0",
+            )
+            .unwrap();
+            fs::write(task.join("cgroup.procs"), "77777\n").unwrap();
+            let text = scrape(&c);
+            let flags = gpu_flags(&text);
+            assert_eq!(flags.len(), 1, "{version:?}: {flags:?}");
+            assert!(
+                flags[0].contains("index=\"1\"") && flags[0].contains("uuid=\"1000000\""),
+                "{version:?}: only the new step's GPU, not the edit above: {flags:?}"
+            );
+
+            // An ended job is forgotten.
+            for dir in tree.job_dirs(0) {
+                fs::remove_dir_all(dir).unwrap();
+            }
+            scrape(&c);
+            let mapping = c.gpus.as_ref().unwrap();
+            let cache = mapping.cache.lock().unwrap();
+            assert!(!cache.contains_key("1000000"), "{version:?}");
+            assert!(cache.contains_key("1000001"), "{version:?}");
+        }
     }
 
     fn walk(dir: &Path) -> Vec<PathBuf> {

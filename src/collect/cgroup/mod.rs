@@ -459,6 +459,19 @@ pub fn find_pid(
     faults: &mut Vec<FileFault>,
     visit: &mut impl FnMut(u32) -> bool,
 ) -> Option<u32> {
+    walk(dir, 0, faults, &mut |_, _| {}, visit)
+}
+
+/// As [`find_pid`], and `on_dir` sees each directory, with its depth below `dir`, before its
+/// processes are read.
+fn walk(
+    dir: &Path,
+    depth: usize,
+    faults: &mut Vec<FileFault>,
+    on_dir: &mut impl FnMut(&Path, usize),
+    visit: &mut impl FnMut(u32) -> bool,
+) -> Option<u32> {
+    on_dir(dir, depth);
     let procs = dir.join("cgroup.procs");
     match std::fs::read_to_string(&procs) {
         Ok(text) => {
@@ -483,12 +496,68 @@ pub fn find_pid(
     for entry in entries.flatten() {
         // cgroupfs holds no symlinks; fixture trees might, and following them could escape.
         if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-            if let Some(pid) = find_pid(&entry.path(), faults, visit) {
+            if let Some(pid) = walk(&entry.path(), depth + 1, faults, on_dir, visit) {
                 return Some(pid);
             }
         }
     }
     None
+}
+
+/// A unit's directory and its children as a walk found them, each with its inode and link
+/// count. Adding a child directory raises its parent's link count; a removed or re-created one
+/// no longer stats the same. A process joining changes none of it (nor the mtime, which the
+/// kernel does not update when a cgroup is made). Slurm starts a job's processes with a new
+/// environment only in a new step, which is a new directory right below the job's; the
+/// deeper ones (tasks) come with their step and are not stamped, to keep the check cheap.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SubtreeShape(Vec<(PathBuf, u64, u64)>);
+
+fn dir_stamp(dir: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(dir)
+        .ok()
+        .map(|m| (m.ino(), m.nlink()))
+}
+
+impl SubtreeShape {
+    /// Whether every directory still stats as it did: one `statx` a directory, no read.
+    pub fn unchanged(&self) -> bool {
+        self.0
+            .iter()
+            .all(|(dir, ino, nlink)| dir_stamp(dir) == Some((*ino, *nlink)))
+    }
+
+    /// Whether this shape holds a directory that `old` did not.
+    pub fn grew_from(&self, old: &SubtreeShape) -> bool {
+        self.0
+            .iter()
+            .any(|(dir, ino, _)| !old.0.iter().any(|(d, i, _)| d == dir && i == ino))
+    }
+}
+
+/// Every pid of a unit's subtree, and the shape of its top two levels.
+pub fn subtree(dir: &Path, faults: &mut Vec<FileFault>) -> (Vec<u32>, SubtreeShape) {
+    let mut pids = Vec::new();
+    let mut shape = Vec::new();
+    walk(
+        dir,
+        0,
+        faults,
+        // Stamped before its listing is read, so that a change after the stamp shows next time.
+        &mut |d, depth| {
+            if depth <= 1 {
+                if let Some((ino, nlink)) = dir_stamp(d) {
+                    shape.push((d.to_owned(), ino, nlink));
+                }
+            }
+        },
+        &mut |pid| {
+            pids.push(pid);
+            false
+        },
+    );
+    (pids, SubtreeShape(shape))
 }
 
 /// The first process of a unit's subtree, if it has any.
