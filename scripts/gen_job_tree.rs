@@ -1,6 +1,6 @@
 //! Writes a generated Slurm job tree for benchmarks: `gen-job-tree DIR JOBS v1|v2`.
 
-use ceems::collect::cgroup::CgroupVersion;
+use ceems::host::cgroup::CgroupVersion;
 use ceems::testing::{generate, TreeSpec};
 
 fn main() -> anyhow::Result<()> {

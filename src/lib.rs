@@ -6,6 +6,7 @@
 pub mod cmd;
 pub mod collect;
 pub mod config;
+pub mod host;
 pub mod log;
 pub mod metrics;
 pub mod proxy;

@@ -7,8 +7,8 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::collect::cgroup::{CgroupVersion, ReadOptions};
 use crate::collect::slurm::SlurmCollector;
+use crate::host::cgroup::{CgroupVersion, ReadOptions};
 
 /// Layout of a generated tree.
 #[derive(Debug, Clone)]

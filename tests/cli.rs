@@ -98,7 +98,7 @@ fn hanging_collector_times_out_and_excess_requests_get_503() {
     let dir = tempfile::tempdir().unwrap();
     let tree = ceems::testing::generate(
         dir.path(),
-        ceems::testing::TreeSpec::new(ceems::collect::cgroup::CgroupVersion::V2, 2),
+        ceems::testing::TreeSpec::new(ceems::host::cgroup::CgroupVersion::V2, 2),
     )
     .unwrap();
     let stat = tree.job_dir(0).join("memory.stat");

@@ -14,7 +14,7 @@ use common::{ensure_tools, parse_series, runnable, start_exporter};
 
 /// A tool's full path: PATH, then the sbin directories (a CI PATH may lack /usr/sbin).
 fn tool(name: &str) -> String {
-    ceems::collect::command::find_program(name, std::env::var_os("PATH").as_deref())
+    ceems::host::command::find_program(name, std::env::var_os("PATH").as_deref())
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| name.to_owned())
 }

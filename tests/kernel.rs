@@ -247,7 +247,7 @@ fn scrape_agrees_with_kernel_accounting() {
     );
     if cpuset_ok {
         let cpus = fs::read_to_string(cpuset.join(&job_rel).join("cpuset.cpus")).expect("cpus");
-        let want = ceems::collect::cgroup::parse::cpuset_count(&cpus).expect("cpuset");
+        let want = ceems::host::cgroup::parse::cpuset_count(&cpus).expect("cpuset");
         assert_eq!(value("ceems_compute_unit_cpus"), want as f64);
     }
     assert!(
@@ -265,7 +265,7 @@ fn scrape_agrees_with_kernel_accounting() {
 /// re-created under the same name changes it.
 #[test]
 fn subtree_shape_follows_steps_not_processes() {
-    use ceems::collect::cgroup::subtree;
+    use ceems::host::cgroup::subtree;
     if let Some(reason) = skip_reason() {
         println!("SKIPPED subtree_shape_follows_steps_not_processes: {reason}");
         return;

@@ -7,7 +7,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    use ceems::collect::cgroup::detail;
+    use ceems::host::cgroup::detail;
     let _ = detail::percpu(text);
     let _ = detail::blkio_throttle(text);
     let _ = detail::diskstats_names(text);

@@ -7,5 +7,5 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let _ = ceems::collect::procfs::pid_stat(text);
+    let _ = ceems::host::procfs::pid_stat(text);
 });

@@ -1,7 +1,7 @@
 #![no_main]
 //! Fuzzes the pressure parser: any input must give a value or an error, never a panic.
 
-use ceems::collect::cgroup::parse;
+use ceems::host::cgroup::parse;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

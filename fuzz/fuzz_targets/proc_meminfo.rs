@@ -1,7 +1,7 @@
 #![no_main]
 //! Fuzzes the proc_meminfo parser: any input must give a value or an error, never a panic.
 
-use ceems::collect::procfs;
+use ceems::host::procfs;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

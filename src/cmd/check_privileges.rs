@@ -133,7 +133,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         let caps = stats_server::needed_capabilities(&settings)?;
         let user: String = settings.get("slurm.run-as-user")?;
         let sacct: PathBuf = settings.get("slurm.sacct.path")?;
-        let sacct = crate::collect::command::find_program(
+        let sacct = crate::host::command::find_program(
             &sacct.display().to_string(),
             std::env::var_os("PATH").as_deref(),
         )

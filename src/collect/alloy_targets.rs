@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::cgroup::{self, CgroupVersion, ReadOptions};
-use super::processes;
-use super::procfs;
 use super::slurm::SlurmCollector;
 use super::{CollectError, Paths};
 use crate::config::{Kind, Layered, Opt};
+use crate::host::cgroup::{self, CgroupVersion, ReadOptions};
+use crate::host::processes;
+use crate::host::procfs;
 
 pub fn options() -> Vec<Opt> {
     vec![

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use super::procfs::{self, CpuTimes};
 use super::{CollectError, Collector, CollectorSpec, Context};
+use crate::host::procfs::{self, CpuTimes};
 use crate::metrics::{Labels, MetricSet};
 
 pub const SPEC: CollectorSpec = CollectorSpec {
@@ -37,7 +37,7 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
         hostname: ctx.hostname.clone(),
         host_labels: ctx.hostname_labels(),
         cpus_per_core: procfs::cpus_per_core(&cpuinfo),
-        ticks: super::cgroup::clock_ticks(),
+        ticks: crate::host::cgroup::clock_ticks(),
         last: Mutex::new(CpuTimes::default()),
     }))
 }

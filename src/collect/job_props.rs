@@ -2,8 +2,8 @@
 //! (`examples/slurm/prolog.sh`, CEEMS's format), else from a job process's environment, else
 //! the user of the cgroup's `uid_<uid>` directory.
 
-use super::cgroup::parse::ParseError;
-use super::procfs;
+use crate::host::procfs;
+use crate::host::ParseError;
 
 /// A job's owner and placement. Fields a source does not know are empty.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -4,9 +4,9 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::procfs;
 use super::{CollectError, Collector, CollectorSpec, Context};
 use crate::config::Opt;
+use crate::host::procfs;
 use crate::metrics::{Labels, MetricSet};
 
 pub const SPEC: CollectorSpec = CollectorSpec {

@@ -3,8 +3,6 @@
 //! collectors, and runs a scrape in which each collector gets its own thread and deadline.
 
 pub mod alloy_targets;
-pub mod cgroup;
-pub mod command;
 pub mod cpu;
 pub mod cray_pm_counters;
 pub mod emissions;
@@ -13,8 +11,6 @@ pub mod hwmon;
 pub mod ipmi;
 pub mod job_props;
 pub mod meminfo;
-pub mod processes;
-pub mod procfs;
 pub mod rapl;
 pub mod redfish;
 pub mod slurm;
@@ -55,7 +51,7 @@ pub enum CollectError {
     #[error("cannot parse {path}: {source}")]
     Parse {
         path: PathBuf,
-        source: cgroup::parse::ParseError,
+        source: crate::host::ParseError,
     },
     #[error("{0}")]
     Absent(String),

@@ -7,9 +7,9 @@ use std::sync::Mutex;
 
 use serde::Deserialize;
 
-use super::cgroup::parse;
 use super::{CollectError, Collector, CollectorSpec, Context};
 use crate::config::Opt;
+use crate::host::cgroup::parse;
 use crate::metrics::{Labels, MetricSet};
 
 pub const SPEC: CollectorSpec = CollectorSpec {

@@ -18,18 +18,18 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::cgroup::detail::{self, DetailOptions};
-use super::cgroup::{
-    self, names, CgroupReader, CgroupVersion, FileFault, HostMemory, ReadOptions, SubtreeShape,
-    UnitError,
-};
 use super::gpu::jobs::{self, GresShares, JobGpus, OrderMap};
 use super::gpu::{self, GpuDevice};
 use super::job_props::{self, JobProps};
-use super::processes;
-use super::procfs;
 use super::{Capability, CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
+use crate::host::cgroup::detail::{self, DetailOptions};
+use crate::host::cgroup::{
+    self, names, CgroupReader, CgroupVersion, FileFault, HostMemory, ReadOptions, SubtreeShape,
+    UnitError,
+};
+use crate::host::processes;
+use crate::host::procfs;
 use crate::metrics::{Labels, MetricSet};
 
 pub const SPEC: CollectorSpec = CollectorSpec {

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::cgroup::parse::ParseError;
-use super::command;
 use super::{CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
+use crate::host::command;
+use crate::host::ParseError;
 use crate::metrics::{Labels, MetricSet};
 
 pub const SPEC: CollectorSpec = CollectorSpec {

@@ -256,7 +256,7 @@ pub fn test_run_as(program: &Path, user: &str, caps: &[Capability]) -> Operation
     };
     let ids = (u.uid.as_raw(), u.gid.as_raw());
     let result = with_capabilities(caps, || {
-        crate::collect::command::run_as(
+        crate::host::command::run_as(
             program,
             &["--version".to_owned()],
             &[],
@@ -271,7 +271,7 @@ pub fn test_run_as(program: &Path, user: &str, caps: &[Capability]) -> Operation
             outcome: TestOutcome::Ok,
             error: None,
         },
-        Err(crate::collect::command::CommandError::Spawn { source, .. }) => {
+        Err(crate::host::command::CommandError::Spawn { source, .. }) => {
             OperationTest::from_io(operation, Err(source))
         }
         Err(e) => OperationTest {

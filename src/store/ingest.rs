@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::db::{Store, StoreError};
 use super::runner::SlurmCommand;
 use super::sacct::{self, FIELDS};
-use crate::collect::command;
+use crate::host::command;
 
 /// Largest sacct answer read (about six million jobs).
 pub const MAX_SACCT_OUTPUT: u64 = 1 << 30;

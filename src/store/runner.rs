@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use caps::Capability;
 
-use crate::collect::command::{self, CommandError};
+use crate::host::command::{self, CommandError};
 
 /// Capabilities the server keeps so it can start Slurm commands as the slurm user.
 pub const CAPABILITIES: &[Capability] = &[Capability::CAP_SETUID, Capability::CAP_SETGID];

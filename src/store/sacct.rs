@@ -2,7 +2,7 @@
 //! Times are asked for as epoch seconds (`SLURM_TIME_FORMAT=%s`): Slurm 22.05 prints no UTC
 //! offset with `%z`. The job name comes last, so a `|` in it cannot shift the other fields.
 
-use crate::collect::cgroup::parse::ParseError;
+use crate::host::ParseError;
 
 /// The fields asked of sacct, in this order.
 pub const FIELDS: &[&str] = &[

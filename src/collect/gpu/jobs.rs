@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::GpuDevice;
-use crate::collect::procfs;
+use crate::host::procfs;
 
 /// `--collector.slurm.gpu-order-map`: Slurm's GPU index → the device's minor number and, for a
 /// MIG instance, its GPU instance id.

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::command::{self, CommandError};
+use crate::host::command::{self, CommandError};
 
 /// One GPU as a job can hold it: a full GPU or a MIG instance.
 #[derive(Debug, Clone, PartialEq)]

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::command;
 use super::{CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
+use crate::host::command;
 use crate::metrics::{Labels, MetricSet};
 use parse::{Format, PowerReading};
 

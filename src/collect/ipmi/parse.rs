@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use crate::collect::cgroup::parse::ParseError;
+use crate::host::ParseError;
 
 /// One DCMI power reading, in watts. Tools may leave fields out.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -1,7 +1,7 @@
 //! Parsers for the /proc files the exporter reads: `stat`, `meminfo`, `cpuinfo` and a process's
 //! `environ`. Like the cgroup parsers they return errors on malformed input and never panic.
 
-use super::cgroup::parse::ParseError;
+use super::ParseError;
 
 /// Aggregate CPU times of the `cpu` line of /proc/stat, in clock ticks.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -1,34 +1,7 @@
 //! Parsers for cgroup files (v1 and v2). Each takes the file's text and returns a typed value or
 //! a [`ParseError`] that says what was wrong; none of them panics, whatever the input.
 
-use std::fmt;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParseError {
-    pub line: usize,
-    pub message: String,
-}
-
-impl ParseError {
-    pub fn new(line: usize, message: impl Into<String>) -> ParseError {
-        ParseError {
-            line,
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for ParseError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.line > 0 {
-            write!(f, "line {}: {}", self.line, self.message)
-        } else {
-            f.write_str(&self.message)
-        }
-    }
-}
-
-impl std::error::Error for ParseError {}
+use crate::host::ParseError;
 
 fn parse_u64_field(line: usize, raw: &str) -> Result<u64, ParseError> {
     raw.parse::<u64>()

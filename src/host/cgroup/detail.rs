@@ -4,8 +4,9 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::parse::{self, IoStat, ParseError};
+use super::parse::{self, IoStat};
 use super::{CgroupReader, CgroupVersion, FileFault};
+use crate::host::ParseError;
 use crate::metrics::{Labels, MetricSet};
 
 /// Which detail groups to read.

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use crate::metrics::{Labels, MetricSet};
 
-use parse::ParseError;
+use crate::host::ParseError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CgroupVersion {
