@@ -9,7 +9,6 @@ pub mod emissions;
 pub mod gpu;
 pub mod hwmon;
 pub mod ipmi;
-pub mod job_props;
 pub mod meminfo;
 pub mod rapl;
 pub mod redfish;

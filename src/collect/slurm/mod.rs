@@ -1,36 +1,35 @@
 //! `slurm`: per-job metrics of Slurm jobs from their cgroups (v1 and v2).
 //!
-//! Discovery, per scrape:
-//! - v1: `<cgroupfs>/<active subsystem>/slurm*/uid_*/job_<id>`; `slurm_<node>` roots come from
-//!   slurmd built for several daemons per host and fill the `cgrouphostname` label.
-//! - v2: `<cgroupfs>/system.slice/*slurmstepd.scope/job_<id>`; `<node>_slurmstepd.scope` fills
-//!   `cgrouphostname`. Slurm 26.05 may name job directories by an opaque identifier instead
-//!   of `job_<id>`: for those the numeric id is `SLURM_JOB_ID` in a job process's environ,
-//!   cached per directory until the job ends.
-//!
-//! Jobs whose cgroup subtree holds no process are dropped, as CEEMS does.
+//! - `discover`: finds the node's job cgroups at each scrape;
+//! - `props`: who a job belongs to (`ceems_compute_unit_info`);
+//! - `gpus`: which of the node's GPUs each job holds;
+//! - here: the collector's flags, and reading and emitting each job's accounting.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::gpu::jobs::{self, GresShares, JobGpus, OrderMap};
-use super::gpu::{self, GpuDevice};
-use super::job_props::{self, JobProps};
 use super::{Capability, CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
 use crate::host::cgroup::detail::{self, DetailOptions};
 use crate::host::cgroup::{
-    self, names, CgroupReader, CgroupVersion, FileFault, HostMemory, ReadOptions, SubtreeShape,
-    UnitError,
+    self, names, CgroupReader, CgroupVersion, HostMemory, ReadOptions, UnitError,
 };
 use crate::host::processes;
 use crate::host::procfs;
 use crate::metrics::{Labels, MetricSet};
+
+mod discover;
+mod gpus;
+pub mod props;
+
+use discover::DiscoveryCache;
+pub use discover::JobCgroup;
+use gpus::gpu_mapping;
+pub use gpus::GpuMapping;
+use props::JobProps;
 
 pub const SPEC: CollectorSpec = CollectorSpec {
     name: "slurm",
@@ -125,19 +124,6 @@ struct Settings {
     process_exe_limit: i64,
 }
 
-/// A job's cgroup, as found by discovery.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobCgroup {
-    /// The Slurm job id.
-    pub uuid: String,
-    /// The node name of a multi-slurmd host, else empty.
-    pub cgroup_host: String,
-    /// Path relative to the hierarchy (v2) or to each controller (v1).
-    pub rel: PathBuf,
-    /// The job's directory in the hierarchy discovery walks.
-    pub dir: PathBuf,
-}
-
 pub struct SlurmCollector {
     version: CgroupVersion,
     /// Where discovery starts: the active v1 controller, or the v2 root.
@@ -158,64 +144,10 @@ pub struct SlurmCollector {
     gpus: Option<GpuMapping>,
 }
 
-/// The node's GPUs and what maps Slurm's GPU indices onto them.
-pub struct GpuMapping {
-    pub devices: Vec<GpuDevice>,
-    pub order: OrderMap,
-    pub gres: GresShares,
-    pub job_map_dir: Option<PathBuf>,
-    /// What is known of each present job's GPUs, until the job ends.
-    cache: Mutex<HashMap<String, GpuLookup>>,
-}
-
-/// What is known of one job's GPUs. A job's GPUs do not change while it runs: once found they
-/// are final. "No GPU" is remembered with the processes it was read from and the shape of the
-/// job's cgroup subtree: the job is looked at again only when a directory (a step) comes or
-/// goes, and then only its new processes' environments are read.
-#[derive(Debug, Default)]
-struct GpuLookup {
-    /// `(Slurm index, share)`; empty while no GPU is known.
-    held: Vec<(u32, f64)>,
-    /// The job's processes at the last lookup; their environments were read.
-    pids: HashSet<u32>,
-    /// The subtree when those were read; None before the first lookup.
-    shape: Option<SubtreeShape>,
-}
-
-impl GpuMapping {
-    pub fn new(
-        devices: Vec<GpuDevice>,
-        order: OrderMap,
-        gres: GresShares,
-        job_map_dir: Option<PathBuf>,
-    ) -> GpuMapping {
-        GpuMapping {
-            devices,
-            order,
-            gres,
-            job_map_dir,
-            cache: Mutex::new(HashMap::new()),
-        }
-    }
-}
-
 /// Where job metadata comes from.
 #[derive(Debug, Clone, Default)]
 pub struct JobInfoSource {
     pub props_dir: Option<PathBuf>,
-}
-
-/// How long a job found with processes is trusted to still have some without walking its
-/// subtree again (where no `cgroup.events` says so in one read).
-const POPULATED_TTL: Duration = Duration::from_secs(30);
-
-/// What discovery remembers between scrapes, for job directories that still exist.
-#[derive(Default)]
-struct DiscoveryCache {
-    /// Opaque job directory → job id.
-    opaque_ids: HashMap<PathBuf, String>,
-    /// Job directory → when a process was last seen in it.
-    populated: HashMap<PathBuf, Instant>,
 }
 
 fn host_memory(procfs: &Path) -> HostMemory {
@@ -278,69 +210,6 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
     Ok(Box::new(collector))
 }
 
-/// The node's GPUs, when it has some. A malformed order map stops start-up; a GPU tool that
-/// fails leaves the collector without GPU series, said in the log.
-fn gpu_mapping(ctx: &Context, s: &Settings) -> Result<Option<GpuMapping>, CollectError> {
-    let order = OrderMap::parse(s.gpu_order_map.as_deref().unwrap_or(""))
-        .map_err(|e| CollectError::Other(format!("--collector.slurm.gpu-order-map: {e}")))?;
-    let devices = match gpu::discover(&ctx.common.gpu, &ctx.paths.sysfs) {
-        Ok(d) => d,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot list the node's GPUs; jobs get no GPU series");
-            return Ok(None);
-        }
-    };
-    if devices.is_empty() {
-        return Ok(None);
-    }
-    let gres = match std::fs::read_to_string(&s.gres_config_file) {
-        Ok(text) => jobs::parse_gres_conf(&text, &ctx.hostname).unwrap_or_else(|e| {
-            tracing::warn!(path = %s.gres_config_file.display(), error = %e, "gres.conf not understood; GPUs count as whole");
-            GresShares::default()
-        }),
-        Err(_) => GresShares::default(),
-    };
-    tracing::info!(
-        gpus = devices.len(),
-        ordered = !order.is_empty(),
-        shards = gres.shards,
-        "jobs are mapped to the node's GPUs"
-    );
-    Ok(Some(GpuMapping::new(
-        devices,
-        order,
-        gres,
-        s.gpu_job_map_path
-            .clone()
-            .filter(|p| !p.as_os_str().is_empty()),
-    )))
-}
-
-fn job_id_of(name: &OsStr) -> Option<&str> {
-    let id = name.to_str()?.strip_prefix("job_")?;
-    (!id.is_empty() && id.bytes().all(|b| b.is_ascii_digit())).then_some(id)
-}
-
-fn subdirs(dir: &Path) -> Vec<(std::ffi::OsString, PathBuf)> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut out: Vec<_> = entries
-        .flatten()
-        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-        .map(|e| (e.file_name(), e.path()))
-        .collect();
-    out.sort();
-    out
-}
-
-/// A job directory found by walking, before its processes are checked.
-struct Candidate {
-    id: Option<String>,
-    cgroup_host: String,
-    abs: PathBuf,
-}
-
 impl SlurmCollector {
     /// A collector over the hierarchy at `cgroupfs`; `active_subsystem` is the v1 controller
     /// in which jobs are discovered.
@@ -397,412 +266,6 @@ impl SlurmCollector {
     pub fn with_info(mut self, source: JobInfoSource) -> SlurmCollector {
         self.info = Some(source);
         self
-    }
-
-    /// A job's user, account, partition and name: the prolog's file, else a job process's
-    /// environment, else the user of the `uid_<uid>` directory. Only complete answers are
-    /// remembered, so a job found before its prolog wrote is asked again.
-    fn job_props(&self, job: &JobCgroup, source: &JobInfoSource) -> JobProps {
-        if let Some(p) = self
-            .props
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&job.uuid)
-        {
-            return p.clone();
-        }
-        let from_file = source.props_dir.as_ref().and_then(|dir| {
-            let path = dir.join(&job.uuid);
-            let text = std::fs::read_to_string(&path).ok()?;
-            job_props::parse_props_file(&text)
-                .map_err(|e| tracing::debug!(path = %path.display(), error = %e, "bad job properties file"))
-                .ok()
-        });
-        let found = from_file.or_else(|| self.props_from_environ(&job.dir));
-        let props = match found {
-            Some(p) => p,
-            None => JobProps {
-                user: job_props::uid_from_path(&job.rel)
-                    .and_then(|uid| {
-                        nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
-                            .ok()
-                            .flatten()
-                    })
-                    .map(|u| u.name)
-                    .unwrap_or_default(),
-                ..JobProps::default()
-            },
-        };
-        if props.is_known() {
-            self.props
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(job.uuid.clone(), props.clone());
-        }
-        props
-    }
-
-    /// Updates what is known of each job's GPUs: the prolog's files, else the environment of
-    /// its processes whose `SLURM_JOB_ID` is the job's (one with `SLURM_JOB_GPUS` before one
-    /// with only `SLURM_STEP_GPUS`). Only jobs with no GPU known and a process not seen before
-    /// are looked up, and only those processes' environments are read, in one privileged call.
-    fn lookup_gpus(&self, mapping: &GpuMapping, found: &[JobCgroup]) {
-        let mut cache = mapping.cache.lock().unwrap_or_else(|p| p.into_inner());
-        let present: HashSet<&str> = found.iter().map(|j| j.uuid.as_str()).collect();
-        cache.retain(|k, _| present.contains(k.as_str()));
-        // (job, its processes now, those not read before, its subtree now)
-        let mut pending: Vec<(&JobCgroup, Vec<u32>, Vec<u32>, SubtreeShape)> = Vec::new();
-        let mut faults = Vec::new();
-        for job in found {
-            let known = cache.entry(job.uuid.clone()).or_default();
-            if !known.held.is_empty() || known.shape.as_ref().is_some_and(|s| s.unchanged()) {
-                continue;
-            }
-            let (pids, shape) = cgroup::subtree(&job.dir, &mut faults);
-            let new: Vec<u32> = pids
-                .iter()
-                .copied()
-                .filter(|p| !known.pids.contains(p))
-                .collect();
-            if !new.is_empty() {
-                pending.push((job, pids, new, shape));
-                continue;
-            }
-            // Gone processes need not be remembered.
-            known.pids.retain(|p| pids.contains(p));
-            // A new step's directory can be made before its processes join it: keep looking
-            // until they have.
-            let grew = known.shape.as_ref().is_none_or(|old| shape.grew_from(old));
-            if !grew {
-                known.shape = Some(shape);
-            }
-        }
-        if pending.is_empty() {
-            return;
-        }
-        let from_prolog = mapping
-            .job_map_dir
-            .as_deref()
-            .map(jobs::read_job_map)
-            .unwrap_or_default();
-        let mut to_read = Vec::new();
-        for (job, pids, new, shape) in pending {
-            let known = cache.entry(job.uuid.clone()).or_default();
-            known.pids = pids.into_iter().collect();
-            known.shape = Some(shape);
-            match from_prolog.get(&job.uuid) {
-                Some(gpus) => known.held = gpus.iter().map(|g| (*g, 1.0)).collect(),
-                None => to_read.push((job.uuid.clone(), new)),
-            }
-        }
-        if to_read.is_empty() {
-            return;
-        }
-        let procfs = self.procfs.clone();
-        // Other users' environ files need CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH.
-        let reads = crate::security::privileged(SPEC.capabilities, move || {
-            to_read
-                .into_iter()
-                .map(|(uuid, pids)| {
-                    let found = job_gpu_environ(&procfs, &uuid, &pids);
-                    (uuid, found)
-                })
-                .collect::<Vec<_>>()
-        });
-        for (uuid, env) in reads {
-            if let (Some(known), Some(env)) = (cache.get_mut(&uuid), env) {
-                let share = jobs::share(&env, mapping.gres, mapping.devices.len());
-                known.held = env.gpus.iter().map(|g| (*g, share)).collect();
-            }
-        }
-    }
-
-    fn emit_gpus(&self, mapping: &GpuMapping, found: &[JobCgroup], out: &mut MetricSet) {
-        self.lookup_gpus(mapping, found);
-        let cache = mapping.cache.lock().unwrap_or_else(|p| p.into_inner());
-        let mut published = Vec::new();
-        for job in found {
-            let held = cache
-                .get(&job.uuid)
-                .map(|k| k.held.as_slice())
-                .unwrap_or(&[]);
-            let mut devices = Vec::new();
-            for &(index, share) in held {
-                let Some(device) = mapping.order.device(&mapping.devices, index) else {
-                    tracing::warn!(job = %job.uuid, index, "the job holds a GPU index this node does not have; check --collector.slurm.gpu-order-map");
-                    continue;
-                };
-                let index_text = index.to_string();
-                let gpuiid = device
-                    .gpu_instance_id
-                    .map(|g| g.to_string())
-                    .unwrap_or_default();
-                let hindex = format!("{}/gpu-{index}", self.hostname);
-                let labels = Labels::new(&[
-                    ("cgrouphostname", job.cgroup_host.as_str()),
-                    ("gpuiid", &gpuiid),
-                    ("gpuuuid", &device.uuid),
-                    ("hindex", &hindex),
-                    ("hostname", &self.hostname),
-                    ("index", &index_text),
-                    ("manager", MANAGER),
-                    ("uuid", &job.uuid),
-                ]);
-                out.gauge(
-                    "ceems_compute_unit_gpu_index_flag",
-                    "A value > 0 indicates the job using current GPU",
-                    labels.clone(),
-                    device.fraction * share,
-                );
-                if let Some(sm) = device.sm_count {
-                    out.gauge(
-                        "ceems_compute_unit_gpu_sm_count",
-                        "Streaming multiprocessors of the GPU or MIG instance the job holds",
-                        labels,
-                        f64::from(sm),
-                    );
-                }
-                devices.push((index, device.clone(), share));
-            }
-            if !devices.is_empty() {
-                published.push(JobGpus {
-                    uuid: job.uuid.clone(),
-                    cgroup_host: job.cgroup_host.clone(),
-                    devices,
-                });
-            }
-        }
-        jobs::publish(published);
-    }
-
-    /// Job metadata from the environment of the first job process that has it.
-    fn props_from_environ(&self, dir: &Path) -> Option<JobProps> {
-        self.first_in_environ(dir, &mut Vec::new(), job_props::from_environ)
-    }
-
-    /// What `pick` finds in the environment of the first process of `dir`'s subtree that has it.
-    fn first_in_environ<T: Send + 'static>(
-        &self,
-        dir: &Path,
-        faults: &mut Vec<FileFault>,
-        pick: fn(&[u8]) -> Option<T>,
-    ) -> Option<T> {
-        let mut pids = Vec::new();
-        cgroup::find_pid(dir, faults, &mut |pid| {
-            pids.push(pid);
-            false
-        });
-        let procfs = self.procfs.clone();
-        // Other users' environ files need CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH.
-        crate::security::privileged(SPEC.capabilities, move || {
-            pids.into_iter().find_map(|pid| {
-                let environ = std::fs::read(procfs.join(pid.to_string()).join("environ")).ok()?;
-                pick(&environ)
-            })
-        })
-    }
-
-    fn candidates(&self) -> Result<Vec<Candidate>, CollectError> {
-        let roots = std::fs::read_dir(&self.base).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                CollectError::Absent(format!("no cgroup hierarchy at {}", self.base.display()))
-            } else {
-                CollectError::io(&self.base, e)
-            }
-        })?;
-        let mut roots: Vec<(String, PathBuf)> = roots
-            .flatten()
-            .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-            .filter_map(|e| Some((e.file_name().to_str()?.to_owned(), e.path())))
-            .collect();
-        roots.sort();
-        let mut out = Vec::new();
-        for (name, path) in roots {
-            match self.version {
-                CgroupVersion::V1 => {
-                    let host = match name.as_str() {
-                        "slurm" => "",
-                        n => match n.strip_prefix("slurm_") {
-                            Some(h) => h,
-                            None => continue,
-                        },
-                    };
-                    // slurm/uid_<uid>/job_<id>, and job_<id> directly under the root.
-                    for (child, child_path) in subdirs(&path) {
-                        if let Some(id) = job_id_of(&child) {
-                            out.push(candidate(Some(id), host, child_path));
-                        } else if child.to_str().is_some_and(|c| c.starts_with("uid_")) {
-                            for (job, job_path) in subdirs(&child_path) {
-                                if let Some(id) = job_id_of(&job) {
-                                    out.push(candidate(Some(id), host, job_path));
-                                }
-                            }
-                        }
-                    }
-                }
-                CgroupVersion::V2 => {
-                    let host = match name.as_str() {
-                        "slurmstepd.scope" => "",
-                        n => match n.strip_suffix("_slurmstepd.scope") {
-                            Some(h) => h,
-                            None => continue,
-                        },
-                    };
-                    for (child, child_path) in subdirs(&path) {
-                        if let Some(id) = job_id_of(&child) {
-                            out.push(candidate(Some(id), host, child_path));
-                        } else if child != "system" {
-                            out.push(candidate(None, host, child_path));
-                        }
-                    }
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// Finds the jobs with at least one process, resolving opaque directories to job ids.
-    pub fn discover(&self, faults: &mut Vec<FileFault>) -> Result<Vec<JobCgroup>, CollectError> {
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        let candidates = self.candidates()?;
-        let present: HashSet<&Path> = candidates.iter().map(|c| c.abs.as_path()).collect();
-        cache
-            .opaque_ids
-            .retain(|k, _| present.contains(k.as_path()));
-        cache.populated.retain(|k, _| present.contains(k.as_path()));
-        drop(present);
-        let mut jobs = Vec::new();
-        for c in candidates {
-            let uuid = match c.id {
-                Some(id) => {
-                    if !self.has_processes(&c.abs, &mut cache, faults) {
-                        continue;
-                    }
-                    id
-                }
-                None => match cache.opaque_ids.get(&c.abs) {
-                    Some(id) => id.clone(),
-                    None => match self.opaque_job_id(&c.abs, faults) {
-                        Some(id) => {
-                            cache.opaque_ids.insert(c.abs.clone(), id.clone());
-                            id
-                        }
-                        None => continue,
-                    },
-                },
-            };
-            let rel = c
-                .abs
-                .strip_prefix(&self.base)
-                .map(Path::to_path_buf)
-                .unwrap_or_else(|_| c.abs.clone());
-            let rel = match self.version {
-                CgroupVersion::V1 => rel,
-                CgroupVersion::V2 => Path::new("system.slice").join(rel),
-            };
-            jobs.push(JobCgroup {
-                uuid,
-                cgroup_host: c.cgroup_host,
-                rel,
-                dir: c.abs,
-            });
-        }
-        Ok(jobs)
-    }
-
-    /// Whether a job's subtree holds a process: v2's `cgroup.events` says so in one read;
-    /// otherwise walk the subtree's `cgroup.procs`, trusting a positive answer for a while.
-    fn has_processes(
-        &self,
-        dir: &Path,
-        cache: &mut DiscoveryCache,
-        faults: &mut Vec<FileFault>,
-    ) -> bool {
-        if self.version == CgroupVersion::V2 {
-            if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.events")) {
-                let mut populated = None;
-                match cgroup::parse::flat_keyed(&text, |k, v| {
-                    if k == "populated" {
-                        populated = Some(v != 0);
-                    }
-                }) {
-                    Ok(()) if populated.is_some() => return populated == Some(true),
-                    Ok(()) => {}
-                    Err(e) => faults.push(FileFault {
-                        path: dir.join("cgroup.events"),
-                        message: e.to_string(),
-                    }),
-                }
-            }
-        }
-        let now = Instant::now();
-        if let Some(seen) = cache.populated.get(dir) {
-            if now.duration_since(*seen) < POPULATED_TTL {
-                return true;
-            }
-        }
-        let found = cgroup::first_pid(dir, faults).is_some();
-        if found {
-            cache.populated.insert(dir.to_owned(), now);
-        } else {
-            cache.populated.remove(dir);
-        }
-        found
-    }
-
-    /// The job id of an opaque directory: `SLURM_JOB_ID` of the first process that has one
-    /// (slurmstepd itself sits in the job's subtree and has none).
-    fn opaque_job_id(&self, dir: &Path, faults: &mut Vec<FileFault>) -> Option<String> {
-        let found =
-            self.first_in_environ(dir, faults, |environ| match procfs::slurm_job_id(environ) {
-                Ok(id) => id.map(|id| id.to_string()),
-                Err(e) => {
-                    tracing::debug!(error = %e, "bad SLURM_JOB_ID");
-                    None
-                }
-            });
-        if found.is_none() {
-            tracing::debug!(
-                cgroup = %dir.display(),
-                "no process with SLURM_JOB_ID in job cgroup; skipping it"
-            );
-        }
-        found
-    }
-}
-
-/// The GPUs that the environments of `pids` give job `uuid`: the first `SLURM_JOB_GPUS`, else
-/// the first `SLURM_STEP_GPUS`. A process can sit in a job's cgroup and belong to another job
-/// (seen in CEEMS's fixtures): only the job's own processes count.
-fn job_gpu_environ(procfs: &Path, uuid: &str, pids: &[u32]) -> Option<jobs::JobGpuEnv> {
-    let mut step = None;
-    for pid in pids {
-        let Ok(environ) = std::fs::read(procfs.join(pid.to_string()).join("environ")) else {
-            continue;
-        };
-        let own = procfs::slurm_job_id(&environ)
-            .ok()
-            .flatten()
-            .is_some_and(|id| id.to_string() == uuid);
-        if !own {
-            continue;
-        }
-        match jobs::from_environ(&environ) {
-            Some(e) if e.from_job => return Some(e),
-            Some(e) => {
-                step.get_or_insert(e);
-            }
-            None => {}
-        }
-    }
-    step
-}
-
-fn candidate(id: Option<&str>, host: &str, abs: PathBuf) -> Candidate {
-    Candidate {
-        id: id.map(str::to_owned),
-        cgroup_host: host.to_owned(),
-        abs,
     }
 }
 
@@ -936,6 +399,8 @@ impl SlurmCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collect::gpu::jobs::{GresShares, OrderMap};
+    use crate::collect::gpu::GpuDevice;
     use crate::testing::{generate, JobTree, TreeSpec};
     use std::fs;
 
@@ -1124,7 +589,7 @@ mod tests {
             "{bob}"
         );
         // Job 2: the user of its uid_<uid> directory, or empty where passwd has no such uid.
-        let uid = job_props::uid_from_path(&tree.job_dir(2)).expect("v1 path has uid_");
+        let uid = props::uid_from_path(&tree.job_dir(2)).expect("v1 path has uid_");
         let want = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
             .ok()
             .flatten()

@@ -61,6 +61,83 @@ pub fn uid_from_path(path: &std::path::Path) -> Option<u32> {
         .find_map(|c| c.as_os_str().to_str()?.strip_prefix("uid_")?.parse().ok())
 }
 
+use std::path::Path;
+
+use super::{JobCgroup, JobInfoSource, SlurmCollector, SPEC};
+use crate::host::cgroup::{self, FileFault};
+
+impl SlurmCollector {
+    /// A job's user, account, partition and name: the prolog's file, else a job process's
+    /// environment, else the user of the `uid_<uid>` directory. Only complete answers are
+    /// remembered, so a job found before its prolog wrote is asked again.
+    pub(super) fn job_props(&self, job: &JobCgroup, source: &JobInfoSource) -> JobProps {
+        if let Some(p) = self
+            .props
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&job.uuid)
+        {
+            return p.clone();
+        }
+        let from_file = source.props_dir.as_ref().and_then(|dir| {
+            let path = dir.join(&job.uuid);
+            let text = std::fs::read_to_string(&path).ok()?;
+            parse_props_file(&text)
+                .map_err(|e| tracing::debug!(path = %path.display(), error = %e, "bad job properties file"))
+                .ok()
+        });
+        let found = from_file.or_else(|| self.props_from_environ(&job.dir));
+        let props = match found {
+            Some(p) => p,
+            None => JobProps {
+                user: uid_from_path(&job.rel)
+                    .and_then(|uid| {
+                        nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+                            .ok()
+                            .flatten()
+                    })
+                    .map(|u| u.name)
+                    .unwrap_or_default(),
+                ..JobProps::default()
+            },
+        };
+        if props.is_known() {
+            self.props
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(job.uuid.clone(), props.clone());
+        }
+        props
+    }
+
+    /// Job metadata from the environment of the first job process that has it.
+    fn props_from_environ(&self, dir: &Path) -> Option<JobProps> {
+        self.first_in_environ(dir, &mut Vec::new(), from_environ)
+    }
+
+    /// What `pick` finds in the environment of the first process of `dir`'s subtree that has it.
+    pub(super) fn first_in_environ<T: Send + 'static>(
+        &self,
+        dir: &Path,
+        faults: &mut Vec<FileFault>,
+        pick: fn(&[u8]) -> Option<T>,
+    ) -> Option<T> {
+        let mut pids = Vec::new();
+        cgroup::find_pid(dir, faults, &mut |pid| {
+            pids.push(pid);
+            false
+        });
+        let procfs = self.procfs.clone();
+        // Other users' environ files need CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH.
+        crate::security::privileged(SPEC.capabilities, move || {
+            pids.into_iter().find_map(|pid| {
+                let environ = std::fs::read(procfs.join(pid.to_string()).join("environ")).ok()?;
+                pick(&environ)
+            })
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

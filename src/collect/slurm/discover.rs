@@ -1,0 +1,248 @@
+//! Discovery of a node's Slurm job cgroups, at each scrape:
+//! - v1: `<cgroupfs>/<active subsystem>/slurm*/uid_*/job_<id>`; `slurm_<node>` roots come from
+//!   slurmd built for several daemons per host and fill the `cgrouphostname` label.
+//! - v2: `<cgroupfs>/system.slice/*slurmstepd.scope/job_<id>`; `<node>_slurmstepd.scope` fills
+//!   `cgrouphostname`. Slurm 26.05 may name job directories by an opaque identifier instead
+//!   of `job_<id>`: for those the numeric id is `SLURM_JOB_ID` in a job process's environ,
+//!   cached per directory until the job ends.
+//!
+//! Jobs whose cgroup subtree holds no process are dropped, as CEEMS does.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::SlurmCollector;
+use crate::collect::CollectError;
+use crate::host::cgroup::{self, CgroupVersion, FileFault};
+use crate::host::procfs;
+
+/// A job's cgroup, as found by discovery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobCgroup {
+    /// The Slurm job id.
+    pub uuid: String,
+    /// The node name of a multi-slurmd host, else empty.
+    pub cgroup_host: String,
+    /// Path relative to the hierarchy (v2) or to each controller (v1).
+    pub rel: PathBuf,
+    /// The job's directory in the hierarchy discovery walks.
+    pub dir: PathBuf,
+}
+
+/// How long a job found with processes is trusted to still have some without walking its
+/// subtree again (where no `cgroup.events` says so in one read).
+const POPULATED_TTL: Duration = Duration::from_secs(30);
+
+/// What discovery remembers between scrapes, for job directories that still exist.
+#[derive(Default)]
+pub(super) struct DiscoveryCache {
+    /// Opaque job directory → job id.
+    pub(super) opaque_ids: HashMap<PathBuf, String>,
+    /// Job directory → when a process was last seen in it.
+    pub(super) populated: HashMap<PathBuf, Instant>,
+}
+
+fn job_id_of(name: &OsStr) -> Option<&str> {
+    let id = name.to_str()?.strip_prefix("job_")?;
+    (!id.is_empty() && id.bytes().all(|b| b.is_ascii_digit())).then_some(id)
+}
+
+fn subdirs(dir: &Path) -> Vec<(std::ffi::OsString, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<_> = entries
+        .flatten()
+        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+        .map(|e| (e.file_name(), e.path()))
+        .collect();
+    out.sort();
+    out
+}
+
+/// A job directory found by walking, before its processes are checked.
+struct Candidate {
+    id: Option<String>,
+    cgroup_host: String,
+    abs: PathBuf,
+}
+
+impl SlurmCollector {
+    fn candidates(&self) -> Result<Vec<Candidate>, CollectError> {
+        let roots = std::fs::read_dir(&self.base).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                CollectError::Absent(format!("no cgroup hierarchy at {}", self.base.display()))
+            } else {
+                CollectError::io(&self.base, e)
+            }
+        })?;
+        let mut roots: Vec<(String, PathBuf)> = roots
+            .flatten()
+            .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+            .filter_map(|e| Some((e.file_name().to_str()?.to_owned(), e.path())))
+            .collect();
+        roots.sort();
+        let mut out = Vec::new();
+        for (name, path) in roots {
+            match self.version {
+                CgroupVersion::V1 => {
+                    let host = match name.as_str() {
+                        "slurm" => "",
+                        n => match n.strip_prefix("slurm_") {
+                            Some(h) => h,
+                            None => continue,
+                        },
+                    };
+                    // slurm/uid_<uid>/job_<id>, and job_<id> directly under the root.
+                    for (child, child_path) in subdirs(&path) {
+                        if let Some(id) = job_id_of(&child) {
+                            out.push(candidate(Some(id), host, child_path));
+                        } else if child.to_str().is_some_and(|c| c.starts_with("uid_")) {
+                            for (job, job_path) in subdirs(&child_path) {
+                                if let Some(id) = job_id_of(&job) {
+                                    out.push(candidate(Some(id), host, job_path));
+                                }
+                            }
+                        }
+                    }
+                }
+                CgroupVersion::V2 => {
+                    let host = match name.as_str() {
+                        "slurmstepd.scope" => "",
+                        n => match n.strip_suffix("_slurmstepd.scope") {
+                            Some(h) => h,
+                            None => continue,
+                        },
+                    };
+                    for (child, child_path) in subdirs(&path) {
+                        if let Some(id) = job_id_of(&child) {
+                            out.push(candidate(Some(id), host, child_path));
+                        } else if child != "system" {
+                            out.push(candidate(None, host, child_path));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Finds the jobs with at least one process, resolving opaque directories to job ids.
+    pub fn discover(&self, faults: &mut Vec<FileFault>) -> Result<Vec<JobCgroup>, CollectError> {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let candidates = self.candidates()?;
+        let present: HashSet<&Path> = candidates.iter().map(|c| c.abs.as_path()).collect();
+        cache
+            .opaque_ids
+            .retain(|k, _| present.contains(k.as_path()));
+        cache.populated.retain(|k, _| present.contains(k.as_path()));
+        drop(present);
+        let mut jobs = Vec::new();
+        for c in candidates {
+            let uuid = match c.id {
+                Some(id) => {
+                    if !self.has_processes(&c.abs, &mut cache, faults) {
+                        continue;
+                    }
+                    id
+                }
+                None => match cache.opaque_ids.get(&c.abs) {
+                    Some(id) => id.clone(),
+                    None => match self.opaque_job_id(&c.abs, faults) {
+                        Some(id) => {
+                            cache.opaque_ids.insert(c.abs.clone(), id.clone());
+                            id
+                        }
+                        None => continue,
+                    },
+                },
+            };
+            let rel = c
+                .abs
+                .strip_prefix(&self.base)
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|_| c.abs.clone());
+            let rel = match self.version {
+                CgroupVersion::V1 => rel,
+                CgroupVersion::V2 => Path::new("system.slice").join(rel),
+            };
+            jobs.push(JobCgroup {
+                uuid,
+                cgroup_host: c.cgroup_host,
+                rel,
+                dir: c.abs,
+            });
+        }
+        Ok(jobs)
+    }
+
+    /// Whether a job's subtree holds a process: v2's `cgroup.events` says so in one read;
+    /// otherwise walk the subtree's `cgroup.procs`, trusting a positive answer for a while.
+    fn has_processes(
+        &self,
+        dir: &Path,
+        cache: &mut DiscoveryCache,
+        faults: &mut Vec<FileFault>,
+    ) -> bool {
+        if self.version == CgroupVersion::V2 {
+            if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.events")) {
+                let mut populated = None;
+                match cgroup::parse::flat_keyed(&text, |k, v| {
+                    if k == "populated" {
+                        populated = Some(v != 0);
+                    }
+                }) {
+                    Ok(()) if populated.is_some() => return populated == Some(true),
+                    Ok(()) => {}
+                    Err(e) => faults.push(FileFault {
+                        path: dir.join("cgroup.events"),
+                        message: e.to_string(),
+                    }),
+                }
+            }
+        }
+        let now = Instant::now();
+        if let Some(seen) = cache.populated.get(dir) {
+            if now.duration_since(*seen) < POPULATED_TTL {
+                return true;
+            }
+        }
+        let found = cgroup::first_pid(dir, faults).is_some();
+        if found {
+            cache.populated.insert(dir.to_owned(), now);
+        } else {
+            cache.populated.remove(dir);
+        }
+        found
+    }
+
+    /// The job id of an opaque directory: `SLURM_JOB_ID` of the first process that has one
+    /// (slurmstepd itself sits in the job's subtree and has none).
+    fn opaque_job_id(&self, dir: &Path, faults: &mut Vec<FileFault>) -> Option<String> {
+        let found =
+            self.first_in_environ(dir, faults, |environ| match procfs::slurm_job_id(environ) {
+                Ok(id) => id.map(|id| id.to_string()),
+                Err(e) => {
+                    tracing::debug!(error = %e, "bad SLURM_JOB_ID");
+                    None
+                }
+            });
+        if found.is_none() {
+            tracing::debug!(
+                cgroup = %dir.display(),
+                "no process with SLURM_JOB_ID in job cgroup; skipping it"
+            );
+        }
+        found
+    }
+}
+
+fn candidate(id: Option<&str>, host: &str, abs: PathBuf) -> Candidate {
+    Candidate {
+        id: id.map(str::to_owned),
+        cgroup_host: host.to_owned(),
+        abs,
+    }
+}
