@@ -62,10 +62,6 @@ fn monotonic(last: CpuTimes, new: CpuTimes) -> CpuTimes {
 }
 
 impl Collector for CpuCollector {
-    fn name(&self) -> &'static str {
-        "cpu"
-    }
-
     fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
         let text = std::fs::read_to_string(&self.stat_path)
             .map_err(|e| CollectError::io(&self.stat_path, e))?;

@@ -105,10 +105,6 @@ impl CrayPmCollector {
 }
 
 impl Collector for CrayPmCollector {
-    fn name(&self) -> &'static str {
-        "cray_pm_counters"
-    }
-
     fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
         let entries =
             CollectError::read_dir_or_absent(&self.dir, "this node has no Cray pm_counters")?;

@@ -170,10 +170,6 @@ impl HwmonCollector {
 }
 
 impl Collector for HwmonCollector {
-    fn name(&self) -> &'static str {
-        "hwmon"
-    }
-
     fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
         let entries =
             CollectError::read_dir_or_absent(&self.class_dir, "this platform has no hwmon class")?;

@@ -49,10 +49,6 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
 }
 
 impl Collector for MeminfoCollector {
-    fn name(&self) -> &'static str {
-        "meminfo"
-    }
-
     fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
         let text =
             std::fs::read_to_string(&self.path).map_err(|e| CollectError::io(&self.path, e))?;

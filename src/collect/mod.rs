@@ -28,13 +28,9 @@ use crate::metrics::{Labels, MetricSet};
 
 pub use caps::Capability;
 
-/// One collector: what it is called and how it reads its metrics.
+/// One collector: how it reads its metrics. Its name, flags and capabilities are in its
+/// [`CollectorSpec`].
 pub trait Collector: Send + Sync + 'static {
-    fn name(&self) -> &'static str;
-    /// Linux capabilities the collect function needs raised (none for plain file reads).
-    fn capabilities(&self) -> &'static [Capability] {
-        &[]
-    }
     /// Reads the metrics. Runs on a dedicated blocking thread, so it may block on I/O.
     fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError>;
 }
@@ -366,12 +362,12 @@ impl Registry {
     }
 
     /// A registry of ready-made collectors, for tests and benchmarks.
-    pub fn from_collectors(collectors: Vec<Box<dyn Collector>>) -> Registry {
+    pub fn from_collectors(collectors: Vec<(&'static str, Box<dyn Collector>)>) -> Registry {
         Registry {
             entries: collectors
                 .into_iter()
-                .map(|c| Entry {
-                    name: c.name(),
+                .map(|(name, c)| Entry {
+                    name,
                     collector: Arc::from(c),
                     busy: Arc::new(AtomicBool::new(false)),
                 })
@@ -486,9 +482,6 @@ mod tests {
 
     struct Fixed(&'static str, Result<f64, ()>);
     impl Collector for Fixed {
-        fn name(&self) -> &'static str {
-            self.0
-        }
         fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
             match self.1 {
                 Ok(v) => {
@@ -502,9 +495,6 @@ mod tests {
 
     struct StaleValues;
     impl Collector for StaleValues {
-        fn name(&self) -> &'static str {
-            "stale"
-        }
         fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
             out.gauge("last_good", "Test.", Labels::empty(), 3.0);
             Err(CollectError::Stale("source down".into()))
@@ -513,7 +503,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn stale_values_are_served_with_success_zero() {
-        let reg = Registry::from_collectors(vec![Box::new(StaleValues)]);
+        let reg = Registry::from_collectors(vec![("stale", Box::new(StaleValues))]);
         let out = text(reg.scrape(Duration::from_secs(1)).await);
         assert!(out.contains("last_good 3\n"), "{out}");
         assert!(out.contains("ceems_scrape_collector_success{collector=\"stale\"} 0\n"));
@@ -521,9 +511,6 @@ mod tests {
 
     struct Hang;
     impl Collector for Hang {
-        fn name(&self) -> &'static str {
-            "hang"
-        }
         fn collect(&self, _: &mut MetricSet) -> Result<(), CollectError> {
             std::thread::sleep(Duration::from_secs(3));
             Ok(())
@@ -532,9 +519,6 @@ mod tests {
 
     struct Panics;
     impl Collector for Panics {
-        fn name(&self) -> &'static str {
-            "panics"
-        }
         fn collect(&self, _: &mut MetricSet) -> Result<(), CollectError> {
             panic!("collector bug")
         }
@@ -549,10 +533,10 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn failing_hanging_and_panicking_collectors_do_not_stall_the_scrape() {
         let reg = Registry::from_collectors(vec![
-            Box::new(Fixed("good", Ok(7.0))),
-            Box::new(Fixed("bad", Err(()))),
-            Box::new(Hang),
-            Box::new(Panics),
+            ("good", Box::new(Fixed("good", Ok(7.0)))),
+            ("bad", Box::new(Fixed("bad", Err(())))),
+            ("hang", Box::new(Hang)),
+            ("panics", Box::new(Panics)),
         ]);
         let start = Instant::now();
         let out = text(reg.scrape(Duration::from_millis(300)).await);

@@ -192,14 +192,6 @@ impl RaplCollector {
 }
 
 impl Collector for RaplCollector {
-    fn name(&self) -> &'static str {
-        "rapl"
-    }
-
-    fn capabilities(&self) -> &'static [caps::Capability] {
-        SPEC.capabilities
-    }
-
     fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
         // energy_uj is root's since Linux 5.10.
         let powercap = self.powercap.clone();

@@ -369,10 +369,6 @@ impl SlurmClusterCollector {
 }
 
 impl Collector for SlurmClusterCollector {
-    fn name(&self) -> &'static str {
-        "slurm_cluster"
-    }
-
     fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
         // Held across the poll, so concurrent scrapes wait for one run instead of starting more.
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());

@@ -264,10 +264,6 @@ impl EmissionsCollector {
 }
 
 impl Collector for EmissionsCollector {
-    fn name(&self) -> &'static str {
-        "emissions"
-    }
-
     fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
         let fixed = self.fixed.iter().map(|f| (f.id, f.name, f.factors.clone()));
         let live = self.refreshers.iter().map(|r| (r.id, r.name, r.latest()));

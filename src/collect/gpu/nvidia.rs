@@ -193,14 +193,6 @@ impl NvidiaCollector {
 }
 
 impl Collector for NvidiaCollector {
-    fn name(&self) -> &'static str {
-        "nvidia"
-    }
-
-    fn capabilities(&self) -> &'static [crate::collect::Capability] {
-        SPEC.capabilities
-    }
-
     fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if state.listed_at.is_none_or(|t| t.elapsed() > INVENTORY_TTL) {

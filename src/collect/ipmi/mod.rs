@@ -271,14 +271,6 @@ impl IpmiCollector {
 }
 
 impl Collector for IpmiCollector {
-    fn name(&self) -> &'static str {
-        "ipmi_dcmi"
-    }
-
-    fn capabilities(&self) -> &'static [caps::Capability] {
-        SPEC.capabilities
-    }
-
     fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
         let result = self.read();
         let mut last = self.last_good.lock().unwrap_or_else(|p| p.into_inner());

@@ -525,10 +525,6 @@ impl RedfishCollector {
 }
 
 impl Collector for RedfishCollector {
-    fn name(&self) -> &'static str {
-        "redfish"
-    }
-
     fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
         let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let state = &mut *guard;

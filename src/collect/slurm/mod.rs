@@ -270,14 +270,6 @@ impl SlurmCollector {
 }
 
 impl Collector for SlurmCollector {
-    fn name(&self) -> &'static str {
-        "slurm"
-    }
-
-    fn capabilities(&self) -> &'static [Capability] {
-        SPEC.capabilities
-    }
-
     fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
         let mut faults = Vec::new();
         let jobs = self.discover(&mut faults)?;
