@@ -11,7 +11,7 @@ use caps::Capability;
 use clap::{Arg, ArgMatches, Command};
 
 use super::{exporter, redfish_proxy, stats_server};
-use crate::collect::{self, ipmi, Paths};
+use crate::collect::{self, Paths};
 use crate::config::{self, Layered};
 use crate::security::check::{self, OperationTest, PartCheck, ProcessReport, Report, TestOutcome};
 use crate::security::{self, SecuritySettings};
@@ -83,16 +83,6 @@ fn listener_part(settings: &Layered) -> anyhow::Result<PartCheck> {
     })
 }
 
-/// The real operation behind a collector's declared capabilities.
-fn collector_test(name: &str, caps: &[Capability], paths: &Paths) -> Option<OperationTest> {
-    match name {
-        "rapl" => Some(check::test_rapl(&paths.sysfs, caps)),
-        "slurm" => Some(check::test_foreign_environ(&paths.procfs, caps)),
-        "ipmi_dcmi" => Some(check::test_ipmi_device(ipmi::DEVICES, caps)),
-        _ => None,
-    }
-}
-
 pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let json = matches.get_one::<String>("output").map(String::as_str) == Some("json");
     let Some((sub, sub_matches)) = matches.subcommand() else {
@@ -117,7 +107,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     if sub == "exporter" {
         let selection = collect::select(&settings)?;
         for (spec, layer) in &selection.enabled {
-            collectors.push((spec.name, spec.capabilities));
+            collectors.push(*spec);
             if spec.name == "ipmi_dcmi" {
                 if let Ok(Some(cmd)) = layer.get::<Option<String>>("cmd") {
                     if let Some(program) = cmd.split_whitespace().next() {
@@ -147,7 +137,11 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         parts
             .iter()
             .flat_map(|p| p.needs.clone())
-            .chain(collectors.iter().flat_map(|(_, c)| c.iter().copied()))
+            .chain(
+                collectors
+                    .iter()
+                    .flat_map(|s| s.capabilities.iter().copied()),
+            )
             .chain(run_as.iter().flat_map(|(_, _, c)| c.iter().copied())),
     );
 
@@ -176,10 +170,14 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let paths: Option<Paths> = (sub == "exporter")
         .then(|| settings.get("path"))
         .transpose()?;
-    for (name, caps) in collectors {
-        let test = paths.as_ref().and_then(|p| collector_test(name, caps, p));
+    for spec in collectors {
+        let caps = spec.capabilities;
+        let test = paths
+            .as_ref()
+            .zip(spec.self_test)
+            .map(|(p, self_test)| self_test(p, caps));
         parts.push(PartCheck {
-            part: format!("collector {name}"),
+            part: format!("collector {}", spec.name),
             needs: caps.to_vec(),
             missing: missing_of(caps),
             test,

@@ -13,6 +13,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     capabilities: &[],
     options: Vec::new,
     build,
+    self_test: None,
 };
 
 /// A drop of idle time larger than this means CPUs were hot-unplugged: start again.

@@ -13,6 +13,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     capabilities: &[],
     options: Vec::new,
     build,
+    self_test: None,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -12,6 +12,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     capabilities: &[],
     options: Vec::new,
     build,
+    self_test: None,
 };
 
 /// (file type, file property) → (metric name, help); the only sensors CEEMS exports.

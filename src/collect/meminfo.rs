@@ -15,6 +15,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     capabilities: &[],
     options,
     build,
+    self_test: None,
 };
 
 /// The fields CEEMS exports unless `--collector.meminfo.all-stats` is given.

@@ -147,6 +147,8 @@ pub struct CollectorSpec {
     /// The collector's own options besides `--collector.<name>`.
     pub options: fn() -> Vec<Opt>,
     pub build: fn(&Context) -> Result<Box<dyn Collector>, CollectError>,
+    /// The real operation behind `capabilities`, for `check-privileges`.
+    pub self_test: Option<fn(&Paths, &[Capability]) -> crate::security::check::OperationTest>,
 }
 
 /// Every collector this binary has.

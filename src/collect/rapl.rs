@@ -19,6 +19,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     capabilities: &[caps::Capability::CAP_DAC_READ_SEARCH],
     options,
     build,
+    self_test: Some(|paths, caps| crate::security::check::test_rapl(&paths.sysfs, caps)),
 };
 
 fn options() -> Vec<Opt> {

@@ -23,6 +23,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     capabilities: &[],
     options,
     build,
+    self_test: None,
 };
 
 /// One record per node and partition.

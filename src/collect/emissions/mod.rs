@@ -21,6 +21,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     capabilities: &[],
     options,
     build,
+    self_test: None,
 };
 
 pub const PROVIDERS: &[&str] = &["owid", "global", "rte", "emaps", "wt"];

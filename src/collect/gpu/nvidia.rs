@@ -20,6 +20,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     capabilities: &[],
     options: Vec::new,
     build,
+    self_test: None,
 };
 
 fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {

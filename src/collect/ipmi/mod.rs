@@ -24,6 +24,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     capabilities: &[caps::Capability::CAP_DAC_OVERRIDE],
     options,
     build,
+    self_test: Some(|_, caps| crate::security::check::test_ipmi_device(DEVICES, caps)),
 };
 
 /// The tools in the order they are looked for, with the arguments that ask for a reading.

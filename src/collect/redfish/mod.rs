@@ -24,6 +24,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     capabilities: &[],
     options,
     build,
+    self_test: None,
 };
 
 /// The header that tells `ceems redfish-proxy` which BMC a request is for.

@@ -38,6 +38,9 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     capabilities: &[Capability::CAP_SYS_PTRACE, Capability::CAP_DAC_READ_SEARCH],
     options,
     build,
+    self_test: Some(|paths, caps| {
+        crate::security::check::test_foreign_environ(&paths.procfs, caps)
+    }),
 };
 
 const MANAGER: &str = "slurm";
