@@ -53,7 +53,7 @@ impl JobTree {
 
     /// A slurm collector over this tree, with swap and PSI series on.
     pub fn slurm_collector(&self) -> SlurmCollector {
-        SlurmCollector::new(
+        SlurmCollector::slurm(
             &self.cgroupfs(),
             &self.procfs(),
             self.spec.version,

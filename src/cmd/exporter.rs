@@ -161,10 +161,9 @@ impl Exporter {
                 web.max_requests
             )
         })?;
-        let alloy_targets =
-            collect::alloy_targets::AlloyTargets::from_settings(settings, &hostname)
-                .context("Alloy targets discoverer")?
-                .map(|d| (web.targets_path.clone(), Arc::new(d)));
+        let alloy_targets = collect::alloy_targets::AlloyTargets::from_settings(settings)
+            .context("Alloy targets discoverer")?
+            .map(|d| (web.targets_path.clone(), Arc::new(d)));
         let trace = web.trace_path.clone().filter(|p| !p.is_empty()).map(|p| {
             (
                 p,

@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::slurm::SlurmCollector;
+use super::slurm::SlurmManager;
+use super::units::ResourceManager;
 use super::{CollectError, Paths};
 use crate::config::{Kind, Layered, Opt};
-use crate::host::cgroup::{self, CgroupVersion, ReadOptions};
+use crate::host::cgroup::{self, CgroupVersion};
 use crate::host::processes;
 use crate::host::procfs;
 
@@ -66,17 +67,15 @@ pub struct TargetLabels {
 }
 
 pub struct AlloyTargets {
-    jobs: SlurmCollector,
+    /// Finds the units whose processes are targets.
+    units: Box<dyn ResourceManager>,
     procfs: PathBuf,
     env_vars: Vec<String>,
 }
 
 impl AlloyTargets {
     /// The discoverer asked for in the exporter's settings, if any.
-    pub fn from_settings(
-        settings: &Layered,
-        hostname: &str,
-    ) -> Result<Option<AlloyTargets>, CollectError> {
+    pub fn from_settings(settings: &Layered) -> Result<Option<AlloyTargets>, CollectError> {
         let err = |e: crate::config::ConfigError| CollectError::Other(e.to_string());
         let s: Settings = settings.get("discoverer.alloy-targets").map_err(err)?;
         if !s.enabled {
@@ -90,14 +89,12 @@ impl AlloyTargets {
             None => cgroup::detect_version(&paths.cgroupfs),
         };
         Ok(Some(AlloyTargets {
-            jobs: SlurmCollector::new(
+            units: Box::new(SlurmManager::new(
                 &paths.cgroupfs,
                 &paths.procfs,
                 version,
                 &common.cgroups.active_subsystem,
-                hostname,
-                ReadOptions::default(),
-            ),
+            )),
             procfs: paths.procfs,
             env_vars: s.env_var,
         }))
@@ -107,7 +104,7 @@ impl AlloyTargets {
     pub fn targets(&self) -> Result<Vec<Target>, CollectError> {
         let mut faults = Vec::new();
         let jobs: Vec<(String, Vec<u32>)> = self
-            .jobs
+            .units
             .discover(&mut faults)?
             .into_iter()
             .map(|job| {

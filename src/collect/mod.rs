@@ -15,6 +15,7 @@ pub mod redfish;
 pub mod slurm;
 pub mod slurm_cluster;
 pub mod trace;
+pub mod units;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};

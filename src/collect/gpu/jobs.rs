@@ -168,27 +168,6 @@ pub fn share(env: &JobGpuEnv, gres: GresShares, gpus_on_node: usize) -> f64 {
     1.0
 }
 
-/// The GPUs a job holds, with its share of each (the device's fraction of its physical GPU
-/// times the job's shard or MPS share).
-#[derive(Debug, Clone, PartialEq)]
-pub struct JobGpus {
-    pub uuid: String,
-    pub cgroup_host: String,
-    /// `(Slurm's index, device, share)`.
-    pub devices: Vec<(u32, GpuDevice, f64)>,
-}
-
-/// The mapping of the slurm collector's last scrape, for the nvidia collector's per-job series.
-static PUBLISHED: std::sync::Mutex<Vec<JobGpus>> = std::sync::Mutex::new(Vec::new());
-
-pub fn publish(jobs: Vec<JobGpus>) {
-    *PUBLISHED.lock().unwrap_or_else(|p| p.into_inner()) = jobs;
-}
-
-pub fn published() -> Vec<JobGpus> {
-    PUBLISHED.lock().unwrap_or_else(|p| p.into_inner()).clone()
-}
-
 /// A prolog's GPU→job files: one file per Slurm GPU index, holding the job id.
 pub fn read_job_map(dir: &Path) -> HashMap<String, Vec<u32>> {
     let mut jobs: HashMap<String, Vec<u32>> = HashMap::new();

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::jobs::{self, JobGpus};
 use super::nvml::{GpuReading, Nvml, NvmlError, RealNvml, THROTTLE_REASONS};
 use super::GpuDevice;
+use crate::collect::units::{self, UnitGpus};
 use crate::collect::{CollectError, Collector, CollectorSpec, Context};
 use crate::metrics::{Labels, MetricSet};
 
@@ -266,7 +266,7 @@ impl Collector for NvidiaCollector {
         if failed && readings.is_empty() && !devices.is_empty() {
             return Err(CollectError::Other("no GPU could be read".into()));
         }
-        self.emit_jobs(&mut state, &jobs::published(), &readings, out);
+        self.emit_jobs(&mut state, &units::published(), &readings, out);
         Ok(())
     }
 }
@@ -275,7 +275,7 @@ impl NvidiaCollector {
     fn emit_jobs(
         &self,
         state: &mut State,
-        held: &[JobGpus],
+        held: &[UnitGpus],
         readings: &HashMap<(u32, Option<u32>), GpuReading>,
         out: &mut MetricSet,
     ) {
@@ -293,7 +293,7 @@ impl NvidiaCollector {
             let labels = Labels::new(&[
                 ("cgrouphostname", &job.cgroup_host),
                 ("hostname", &self.hostname),
-                ("manager", "slurm"),
+                ("manager", job.manager),
                 ("uuid", &job.uuid),
             ]);
             let mut power = None::<f64>;
@@ -442,13 +442,15 @@ mod tests {
         };
         let c = NvidiaCollector::new(Box::new(fake), procfs.path(), "n1");
         let list = c.nvml.devices().unwrap();
-        jobs::publish(vec![
-            JobGpus {
+        units::publish(vec![
+            UnitGpus {
+                manager: "slurm",
                 uuid: "7".into(),
                 cgroup_host: String::new(),
                 devices: vec![(0, list[0].clone(), 1.0)],
             },
-            JobGpus {
+            UnitGpus {
+                manager: "slurm",
                 uuid: "8".into(),
                 cgroup_host: String::new(),
                 devices: vec![(1, list[1].clone(), 0.5)],
@@ -538,6 +540,6 @@ mod tests {
             &second,
             "ceems_nvidia_gpu_read_errors_total{gpuiid=\"\",gpuuuid=\"GPU-2\",hostname=\"n1\"} 2\n",
         );
-        jobs::publish(Vec::new());
+        units::publish(Vec::new());
     }
 }

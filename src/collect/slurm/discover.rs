@@ -13,23 +13,11 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::SlurmCollector;
+use super::SlurmManager;
+use crate::collect::units::UnitCgroup;
 use crate::collect::CollectError;
 use crate::host::cgroup::{self, CgroupVersion, FileFault};
 use crate::host::procfs;
-
-/// A job's cgroup, as found by discovery.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobCgroup {
-    /// The Slurm job id.
-    pub uuid: String,
-    /// The node name of a multi-slurmd host, else empty.
-    pub cgroup_host: String,
-    /// Path relative to the hierarchy (v2) or to each controller (v1).
-    pub rel: PathBuf,
-    /// The job's directory in the hierarchy discovery walks.
-    pub dir: PathBuf,
-}
 
 /// How long a job found with processes is trusted to still have some without walking its
 /// subtree again (where no `cgroup.events` says so in one read).
@@ -69,7 +57,7 @@ struct Candidate {
     abs: PathBuf,
 }
 
-impl SlurmCollector {
+impl SlurmManager {
     fn candidates(&self) -> Result<Vec<Candidate>, CollectError> {
         let roots = std::fs::read_dir(&self.base).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
@@ -130,7 +118,7 @@ impl SlurmCollector {
     }
 
     /// Finds the jobs with at least one process, resolving opaque directories to job ids.
-    pub fn discover(&self, faults: &mut Vec<FileFault>) -> Result<Vec<JobCgroup>, CollectError> {
+    pub fn find_jobs(&self, faults: &mut Vec<FileFault>) -> Result<Vec<UnitCgroup>, CollectError> {
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let candidates = self.candidates()?;
         let present: HashSet<&Path> = candidates.iter().map(|c| c.abs.as_path()).collect();
@@ -168,7 +156,7 @@ impl SlurmCollector {
                 CgroupVersion::V1 => rel,
                 CgroupVersion::V2 => Path::new("system.slice").join(rel),
             };
-            jobs.push(JobCgroup {
+            jobs.push(UnitCgroup {
                 uuid,
                 cgroup_host: c.cgroup_host,
                 rel,

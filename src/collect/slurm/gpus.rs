@@ -6,13 +6,13 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use super::{JobCgroup, Settings, SlurmCollector, MANAGER, SPEC};
-use crate::collect::gpu::jobs::{self, GresShares, JobGpus, OrderMap};
+use super::{Settings, SlurmManager, MANAGER, SPEC};
+use crate::collect::gpu::jobs::{self, GresShares, OrderMap};
 use crate::collect::gpu::{self, GpuDevice};
+use crate::collect::units::{UnitCgroup, UnitGpus};
 use crate::collect::{CollectError, Context};
 use crate::host::cgroup::{self, SubtreeShape};
 use crate::host::procfs;
-use crate::metrics::{Labels, MetricSet};
 
 /// The node's GPUs and what maps Slurm's GPU indices onto them.
 pub struct GpuMapping {
@@ -93,17 +93,17 @@ pub(super) fn gpu_mapping(ctx: &Context, s: &Settings) -> Result<Option<GpuMappi
     )))
 }
 
-impl SlurmCollector {
+impl SlurmManager {
     /// Updates what is known of each job's GPUs: the prolog's files, else the environment of
     /// its processes whose `SLURM_JOB_ID` is the job's (one with `SLURM_JOB_GPUS` before one
     /// with only `SLURM_STEP_GPUS`). Only jobs with no GPU known and a process not seen before
     /// are looked up, and only those processes' environments are read, in one privileged call.
-    fn lookup_gpus(&self, mapping: &GpuMapping, found: &[JobCgroup]) {
+    fn lookup_gpus(&self, mapping: &GpuMapping, found: &[UnitCgroup]) {
         let mut cache = mapping.cache.lock().unwrap_or_else(|p| p.into_inner());
         let present: HashSet<&str> = found.iter().map(|j| j.uuid.as_str()).collect();
         cache.retain(|k, _| present.contains(k.as_str()));
         // (job, its processes now, those not read before, its subtree now)
-        let mut pending: Vec<(&JobCgroup, Vec<u32>, Vec<u32>, SubtreeShape)> = Vec::new();
+        let mut pending: Vec<(&UnitCgroup, Vec<u32>, Vec<u32>, SubtreeShape)> = Vec::new();
         let mut faults = Vec::new();
         for job in found {
             let known = cache.entry(job.uuid.clone()).or_default();
@@ -169,62 +169,34 @@ impl SlurmCollector {
         }
     }
 
-    pub(super) fn emit_gpus(&self, mapping: &GpuMapping, found: &[JobCgroup], out: &mut MetricSet) {
+    /// The GPUs each job holds, as devices of this node.
+    pub(super) fn unit_gpus(&self, mapping: &GpuMapping, found: &[UnitCgroup]) -> Vec<UnitGpus> {
         self.lookup_gpus(mapping, found);
         let cache = mapping.cache.lock().unwrap_or_else(|p| p.into_inner());
-        let mut published = Vec::new();
+        let mut held = Vec::new();
         for job in found {
-            let held = cache
+            let known = cache
                 .get(&job.uuid)
                 .map(|k| k.held.as_slice())
                 .unwrap_or(&[]);
             let mut devices = Vec::new();
-            for &(index, share) in held {
+            for &(index, share) in known {
                 let Some(device) = mapping.order.device(&mapping.devices, index) else {
                     tracing::warn!(job = %job.uuid, index, "the job holds a GPU index this node does not have; check --collector.slurm.gpu-order-map");
                     continue;
                 };
-                let index_text = index.to_string();
-                let gpuiid = device
-                    .gpu_instance_id
-                    .map(|g| g.to_string())
-                    .unwrap_or_default();
-                let hindex = format!("{}/gpu-{index}", self.hostname);
-                let labels = Labels::new(&[
-                    ("cgrouphostname", job.cgroup_host.as_str()),
-                    ("gpuiid", &gpuiid),
-                    ("gpuuuid", &device.uuid),
-                    ("hindex", &hindex),
-                    ("hostname", &self.hostname),
-                    ("index", &index_text),
-                    ("manager", MANAGER),
-                    ("uuid", &job.uuid),
-                ]);
-                out.gauge(
-                    "ceems_compute_unit_gpu_index_flag",
-                    "A value > 0 indicates the job using current GPU",
-                    labels.clone(),
-                    device.fraction * share,
-                );
-                if let Some(sm) = device.sm_count {
-                    out.gauge(
-                        "ceems_compute_unit_gpu_sm_count",
-                        "Streaming multiprocessors of the GPU or MIG instance the job holds",
-                        labels,
-                        f64::from(sm),
-                    );
-                }
                 devices.push((index, device.clone(), share));
             }
             if !devices.is_empty() {
-                published.push(JobGpus {
+                held.push(UnitGpus {
+                    manager: MANAGER,
                     uuid: job.uuid.clone(),
                     cgroup_host: job.cgroup_host.clone(),
                     devices,
                 });
             }
         }
-        jobs::publish(published);
+        held
     }
 }
 

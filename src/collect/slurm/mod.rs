@@ -11,22 +11,17 @@ use std::sync::Mutex;
 
 use serde::Deserialize;
 
+use super::units::{ResourceManager, UnitCgroup, UnitCollector, UnitGpus, UnitInfo};
 use super::{Capability, CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
-use crate::host::cgroup::detail::{self, DetailOptions};
-use crate::host::cgroup::{
-    self, names, CgroupReader, CgroupVersion, HostMemory, ReadOptions, UnitError,
-};
-use crate::host::processes;
-use crate::host::procfs;
-use crate::metrics::{Labels, MetricSet};
+use crate::host::cgroup::detail::DetailOptions;
+use crate::host::cgroup::{self, CgroupVersion, FileFault, ReadOptions, V1Controllers};
 
 mod discover;
 mod gpus;
 pub mod props;
 
 use discover::DiscoveryCache;
-pub use discover::JobCgroup;
 use gpus::gpu_mapping;
 pub use gpus::GpuMapping;
 use props::JobProps;
@@ -127,42 +122,28 @@ struct Settings {
     process_exe_limit: i64,
 }
 
-pub struct SlurmCollector {
+/// Slurm as a resource manager: its jobs, their owners and their GPUs.
+pub struct SlurmManager {
     version: CgroupVersion,
     /// Where discovery starts: the active v1 controller, or the v2 root.
     base: PathBuf,
     procfs: PathBuf,
-    hostname: String,
-    read_opts: ReadOptions,
-    reader: Mutex<CgroupReader>,
     cache: Mutex<DiscoveryCache>,
     /// `Some` with `--collector.slurm.info-metrics`: where job properties files are, if any.
     info: Option<JobInfoSource>,
     /// Job id → its properties, until the job ends.
     props: Mutex<HashMap<String, JobProps>>,
-    detail: DetailOptions,
-    /// `Some(exe limit)` with `--collector.slurm.process-metrics`.
-    processes: Option<usize>,
     /// The node's GPUs and how jobs map onto them; None on nodes without GPUs.
     gpus: Option<GpuMapping>,
 }
+
+/// The `slurm` collector: Slurm's jobs read and emitted as units.
+pub type SlurmCollector = UnitCollector<SlurmManager>;
 
 /// Where job metadata comes from.
 #[derive(Debug, Clone, Default)]
 pub struct JobInfoSource {
     pub props_dir: Option<PathBuf>,
-}
-
-fn host_memory(procfs: &Path) -> HostMemory {
-    let mut host = HostMemory::default();
-    if let Ok(text) = std::fs::read_to_string(procfs.join("meminfo")) {
-        let _ = procfs::meminfo(&text, |name, v| match name.as_str() {
-            "MemTotal_bytes" => host.mem_total_bytes = v,
-            "SwapTotal_bytes" => host.swap_total_bytes = v,
-            _ => {}
-        });
-    }
-    host
 }
 
 fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
@@ -173,7 +154,7 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
             .ok_or_else(|| CollectError::Other(format!("unknown cgroup version `{v}`")))?,
         None => cgroup::detect_version(root),
     };
-    let collector = SlurmCollector::new(
+    let collector = SlurmCollector::slurm(
         root,
         &ctx.paths.procfs,
         version,
@@ -207,16 +188,79 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
     };
     tracing::info!(
         version = ?version,
-        base = %collector.base.display(),
+        base = %collector.manager.base.display(),
         "slurm collector discovers jobs"
     );
     Ok(Box::new(collector))
 }
 
-impl SlurmCollector {
-    /// A collector over the hierarchy at `cgroupfs`; `active_subsystem` is the v1 controller
+impl SlurmManager {
+    /// Slurm's jobs in the hierarchy at `cgroupfs`; `active_subsystem` is the v1 controller
     /// in which jobs are discovered.
     pub fn new(
+        cgroupfs: &Path,
+        procfs: &Path,
+        version: CgroupVersion,
+        active_subsystem: &str,
+    ) -> SlurmManager {
+        let base = match version {
+            CgroupVersion::V1 => {
+                V1Controllers::resolve(cgroupfs).subsystem_dir(cgroupfs, active_subsystem)
+            }
+            CgroupVersion::V2 => cgroupfs.join("system.slice"),
+        };
+        SlurmManager {
+            version,
+            base,
+            procfs: procfs.to_owned(),
+            cache: Mutex::new(DiscoveryCache::default()),
+            info: None,
+            props: Mutex::new(HashMap::new()),
+            gpus: None,
+        }
+    }
+}
+
+impl ResourceManager for SlurmManager {
+    fn name(&self) -> &'static str {
+        MANAGER
+    }
+
+    fn discover(&self, faults: &mut Vec<FileFault>) -> Result<Vec<UnitCgroup>, CollectError> {
+        self.find_jobs(faults)
+    }
+
+    fn info(&self, job: &UnitCgroup) -> Option<UnitInfo> {
+        let p = self.job_props(job, self.info.as_ref()?);
+        Some(UnitInfo {
+            help: "Slurm job metadata: user, account, partition and job name",
+            labels: vec![
+                ("account", p.account),
+                ("jobname", p.job_name),
+                ("partition", p.partition),
+                ("user", p.user),
+            ],
+        })
+    }
+
+    fn gpus(&self, jobs: &[UnitCgroup]) -> Vec<UnitGpus> {
+        match &self.gpus {
+            Some(mapping) => self.unit_gpus(mapping, jobs),
+            None => Vec::new(),
+        }
+    }
+
+    fn retain(&self, present: &HashSet<&str>) {
+        self.props
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|k, _| present.contains(k.as_str()));
+    }
+}
+
+impl SlurmCollector {
+    /// A collector of Slurm's jobs in the hierarchy at `cgroupfs`.
+    pub fn slurm(
         cgroupfs: &Path,
         procfs: &Path,
         version: CgroupVersion,
@@ -224,170 +268,27 @@ impl SlurmCollector {
         hostname: &str,
         read_opts: ReadOptions,
     ) -> SlurmCollector {
-        let reader = CgroupReader::new(cgroupfs, version, host_memory(procfs));
-        let base = match version {
-            CgroupVersion::V1 => reader
-                .v1_controllers()
-                .subsystem_dir(cgroupfs, active_subsystem),
-            CgroupVersion::V2 => cgroupfs.join("system.slice"),
-        };
-        SlurmCollector {
+        UnitCollector::new(
+            SlurmManager::new(cgroupfs, procfs, version, active_subsystem),
+            cgroupfs,
+            procfs,
             version,
-            base,
-            procfs: procfs.to_owned(),
-            hostname: hostname.to_owned(),
+            hostname,
             read_opts,
-            reader: Mutex::new(reader),
-            cache: Mutex::new(DiscoveryCache::default()),
-            info: None,
-            props: Mutex::new(HashMap::new()),
-            detail: DetailOptions::default(),
-            processes: None,
-            gpus: None,
-        }
+            SPEC.capabilities,
+        )
     }
 
     /// Also export which GPUs each job holds.
     pub fn with_gpus(mut self, gpus: GpuMapping) -> SlurmCollector {
-        self.gpus = Some(gpus);
-        self
-    }
-
-    /// Also export per-job process detail, with at most `exe_limit` executables each.
-    pub fn with_processes(mut self, exe_limit: usize) -> SlurmCollector {
-        self.processes = Some(exe_limit);
-        self
-    }
-
-    /// Also read and export these detail groups.
-    pub fn with_detail(mut self, detail: DetailOptions) -> SlurmCollector {
-        self.detail = detail;
+        self.manager.gpus = Some(gpus);
         self
     }
 
     /// Also export `ceems_compute_unit_info` from these sources.
     pub fn with_info(mut self, source: JobInfoSource) -> SlurmCollector {
-        self.info = Some(source);
+        self.manager.info = Some(source);
         self
-    }
-}
-
-impl Collector for SlurmCollector {
-    fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
-        let mut faults = Vec::new();
-        let jobs = self.discover(&mut faults)?;
-        for f in faults.drain(..) {
-            tracing::warn!(path = %f.path.display(), error = %f.message, "cannot read job processes");
-        }
-        self.collect_jobs(&jobs, out);
-        Ok(())
-    }
-}
-
-impl SlurmCollector {
-    /// Reads and emits the discovered jobs; a job whose cgroup vanished meanwhile is skipped.
-    pub fn collect_jobs(&self, jobs: &[JobCgroup], out: &mut MetricSet) {
-        let mut faults = Vec::new();
-        let mut reader = self.reader.lock().unwrap_or_else(|p| p.into_inner());
-        let mut count = 0usize;
-        let devices = if self.detail.io {
-            std::fs::read_to_string(self.procfs.join("diskstats"))
-                .map(|t| detail::diskstats_names(&t))
-                .unwrap_or_default()
-        } else {
-            HashMap::new()
-        };
-        let ticks = cgroup::clock_ticks();
-        // Other users' /proc/<pid>/fd and exe: one privileged call for all jobs.
-        let processes: HashMap<String, processes::JobProcesses> = match self.processes {
-            Some(_) => {
-                let pids: Vec<(String, Vec<u32>)> = jobs
-                    .iter()
-                    .map(|j| (j.uuid.clone(), processes::subtree_pids(&j.dir)))
-                    .collect();
-                let procfs = self.procfs.clone();
-                crate::security::privileged(SPEC.capabilities, move || {
-                    pids.into_iter()
-                        .map(|(uuid, pids)| (uuid, processes::read_job(&procfs, &pids)))
-                        .collect()
-                })
-            }
-            None => HashMap::new(),
-        };
-        for job in jobs {
-            let stats = match reader.read_unit(&job.rel, self.read_opts, &mut faults) {
-                Ok(s) => s,
-                Err(UnitError::Vanished(_)) => {
-                    tracing::debug!(job = %job.uuid, "job cgroup vanished during the scrape");
-                    faults.clear();
-                    continue;
-                }
-            };
-            count += 1;
-            let base = [
-                ("cgrouphostname", job.cgroup_host.as_str()),
-                ("hostname", self.hostname.as_str()),
-                ("manager", MANAGER),
-                ("uuid", job.uuid.as_str()),
-            ];
-            let labels = Labels::new(&base);
-            if !faults.is_empty() {
-                for f in faults.drain(..) {
-                    tracing::warn!(job = %job.uuid, path = %f.path.display(), error = %f.message, "cannot read job cgroup file");
-                }
-                out.gauge(
-                    names::COLLECT_ERROR,
-                    names::COLLECT_ERROR_HELP,
-                    labels.clone(),
-                    1.0,
-                );
-            }
-            cgroup::emit_unit(out, &labels, &stats, self.read_opts);
-            if self.detail.any() {
-                let d = reader.read_detail(&job.rel, self.detail, &mut faults);
-                for f in faults.drain(..) {
-                    tracing::debug!(job = %job.uuid, path = %f.path.display(), error = %f.message, "cannot read job detail file");
-                }
-                detail::emit_detail(out, &base, &d, &devices);
-            }
-            if let (Some(limit), Some(p)) = (self.processes, processes.get(job.uuid.as_str())) {
-                processes::emit(out, &base, p, limit, ticks);
-            }
-            if let Some(source) = &self.info {
-                let p = self.job_props(job, source);
-                out.gauge(
-                    "ceems_compute_unit_info",
-                    "Slurm job metadata: user, account, partition and job name",
-                    Labels::new(&[
-                        ("account", &p.account),
-                        ("cgrouphostname", &job.cgroup_host),
-                        ("hostname", &self.hostname),
-                        ("jobname", &p.job_name),
-                        ("manager", MANAGER),
-                        ("partition", &p.partition),
-                        ("user", &p.user),
-                        ("uuid", &job.uuid),
-                    ]),
-                    1.0,
-                );
-            }
-        }
-        if let Some(mapping) = &self.gpus {
-            self.emit_gpus(mapping, jobs, out);
-        }
-        if self.info.is_some() {
-            let present: HashSet<&str> = jobs.iter().map(|j| j.uuid.as_str()).collect();
-            self.props
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .retain(|k, _| present.contains(k.as_str()));
-        }
-        out.gauge(
-            names::UNITS,
-            names::UNITS_HELP,
-            Labels::new(&[("hostname", &self.hostname), ("manager", MANAGER)]),
-            count as f64,
-        );
     }
 }
 
@@ -396,6 +297,7 @@ mod tests {
     use super::*;
     use crate::collect::gpu::jobs::{GresShares, OrderMap};
     use crate::collect::gpu::GpuDevice;
+    use crate::metrics::MetricSet;
     use crate::testing::{generate, JobTree, TreeSpec};
     use std::fs;
 
@@ -447,7 +349,7 @@ mod tests {
         // The job ends between discovery and reading.
         fs::remove_dir_all(tree.job_dir(1)).unwrap();
         let mut out = MetricSet::new();
-        c.collect_jobs(&jobs, &mut out);
+        c.collect_units(&jobs, &mut out);
         let mut text = String::new();
         out.encode_text(&mut text);
         assert_eq!(units(&text), 2.0);
@@ -532,7 +434,7 @@ mod tests {
         // ...and is forgotten once the directory is gone.
         fs::remove_dir_all(&opaque).unwrap();
         assert_eq!(units(&scrape(&c)), 1.0);
-        assert!(c.cache.lock().unwrap().opaque_ids.is_empty());
+        assert!(c.manager.cache.lock().unwrap().opaque_ids.is_empty());
     }
 
     #[test]
@@ -601,7 +503,7 @@ mod tests {
         // ...and forgotten when it ends.
         fs::remove_dir_all(tree.job_dir(0)).unwrap();
         scrape(&c);
-        assert!(!c.props.lock().unwrap().contains_key("1000000"));
+        assert!(!c.manager.props.lock().unwrap().contains_key("1000000"));
     }
 
     #[test]
@@ -693,7 +595,7 @@ mod tests {
                 fs::remove_dir_all(dir).unwrap();
             }
             scrape(&c);
-            let mapping = c.gpus.as_ref().unwrap();
+            let mapping = c.manager.gpus.as_ref().unwrap();
             let cache = mapping.cache.lock().unwrap();
             assert!(!cache.contains_key("1000000"), "{version:?}");
             assert!(cache.contains_key("1000001"), "{version:?}");

@@ -63,14 +63,15 @@ pub fn uid_from_path(path: &std::path::Path) -> Option<u32> {
 
 use std::path::Path;
 
-use super::{JobCgroup, JobInfoSource, SlurmCollector, SPEC};
+use super::{JobInfoSource, SlurmManager, SPEC};
+use crate::collect::units::UnitCgroup;
 use crate::host::cgroup::{self, FileFault};
 
-impl SlurmCollector {
+impl SlurmManager {
     /// A job's user, account, partition and name: the prolog's file, else a job process's
     /// environment, else the user of the `uid_<uid>` directory. Only complete answers are
     /// remembered, so a job found before its prolog wrote is asked again.
-    pub(super) fn job_props(&self, job: &JobCgroup, source: &JobInfoSource) -> JobProps {
+    pub(super) fn job_props(&self, job: &UnitCgroup, source: &JobInfoSource) -> JobProps {
         if let Some(p) = self
             .props
             .lock()

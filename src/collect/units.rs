@@ -1,0 +1,292 @@
+//! Compute units (batch jobs, VMs, pods) of any resource manager. The manager finds the node's
+//! units and says what it knows of them (owner, GPUs); [`UnitCollector`] reads their cgroups
+//! and processes and emits the `ceems_compute_unit_*` series, with the manager's name in the
+//! `manager` label. A new manager is one folder that implements [`ResourceManager`] and a
+//! `CollectorSpec` that builds a `UnitCollector` over it.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use super::gpu::GpuDevice;
+use super::{Capability, CollectError, Collector};
+use crate::host::cgroup::detail::{self, DetailOptions};
+use crate::host::cgroup::{
+    self, names, CgroupReader, CgroupVersion, FileFault, HostMemory, ReadOptions, UnitError,
+};
+use crate::host::{processes, procfs};
+use crate::metrics::{Labels, MetricSet};
+
+/// A unit's cgroup, as its manager's discovery found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitCgroup {
+    /// The manager's id of the unit (a Slurm job id).
+    pub uuid: String,
+    /// The node name of a host that runs several of the manager's daemons, else empty.
+    pub cgroup_host: String,
+    /// Path relative to the hierarchy (v2) or to each controller (v1).
+    pub rel: PathBuf,
+    /// The unit's directory in the hierarchy discovery walks.
+    pub dir: PathBuf,
+}
+
+/// `ceems_compute_unit_info` of one unit: its help text and the labels beside the unit's own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnitInfo {
+    pub help: &'static str,
+    pub labels: Vec<(&'static str, String)>,
+}
+
+/// The GPUs a unit holds, with its share of each.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnitGpus {
+    pub manager: &'static str,
+    pub uuid: String,
+    pub cgroup_host: String,
+    /// `(the manager's index, device, share)`: the device's fraction of its physical GPU
+    /// times the unit's share of the device (shards, MPS).
+    pub devices: Vec<(u32, GpuDevice, f64)>,
+}
+
+/// What a resource manager knows of the node's units.
+pub trait ResourceManager: Send + Sync + 'static {
+    /// The `manager` label of the units' series.
+    fn name(&self) -> &'static str;
+    /// The node's units that hold at least one process. A unit-level fault (a file that
+    /// cannot be read) goes to `faults`; only a hierarchy that cannot be read is an error.
+    fn discover(&self, faults: &mut Vec<FileFault>) -> Result<Vec<UnitCgroup>, CollectError>;
+    /// The unit's `ceems_compute_unit_info`, when the manager exports one.
+    fn info(&self, _unit: &UnitCgroup) -> Option<UnitInfo> {
+        None
+    }
+    /// The GPUs each of `units` holds; empty on a node without GPUs.
+    fn gpus(&self, _units: &[UnitCgroup]) -> Vec<UnitGpus> {
+        Vec::new()
+    }
+    /// Forgets what it keeps of units that are gone.
+    fn retain(&self, _present: &HashSet<&str>) {}
+}
+
+/// The mapping of the last scrape of the units collector, for the nvidia collector's per-unit
+/// series.
+static PUBLISHED: Mutex<Vec<UnitGpus>> = Mutex::new(Vec::new());
+
+pub fn publish(units: Vec<UnitGpus>) {
+    *PUBLISHED.lock().unwrap_or_else(|p| p.into_inner()) = units;
+}
+
+pub fn published() -> Vec<UnitGpus> {
+    PUBLISHED.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// The node's memory and swap, for limits that say "none".
+pub fn host_memory(procfs: &Path) -> HostMemory {
+    let mut host = HostMemory::default();
+    if let Ok(text) = std::fs::read_to_string(procfs.join("meminfo")) {
+        let _ = procfs::meminfo(&text, |name, v| match name.as_str() {
+            "MemTotal_bytes" => host.mem_total_bytes = v,
+            "SwapTotal_bytes" => host.swap_total_bytes = v,
+            _ => {}
+        });
+    }
+    host
+}
+
+/// Reads and emits the units a manager finds.
+pub struct UnitCollector<M> {
+    pub manager: M,
+    procfs: PathBuf,
+    hostname: String,
+    read_opts: ReadOptions,
+    reader: Mutex<CgroupReader>,
+    detail: DetailOptions,
+    /// `Some(exe limit)` with process metrics.
+    processes: Option<usize>,
+    /// What reading other users' `/proc/<pid>` files needs.
+    capabilities: &'static [Capability],
+}
+
+impl<M: ResourceManager> UnitCollector<M> {
+    /// A collector of `manager`'s units in the hierarchy at `cgroupfs`; reading other users'
+    /// processes takes `capabilities`.
+    pub fn new(
+        manager: M,
+        cgroupfs: &Path,
+        procfs: &Path,
+        version: CgroupVersion,
+        hostname: &str,
+        read_opts: ReadOptions,
+        capabilities: &'static [Capability],
+    ) -> UnitCollector<M> {
+        UnitCollector {
+            manager,
+            procfs: procfs.to_owned(),
+            hostname: hostname.to_owned(),
+            read_opts,
+            reader: Mutex::new(CgroupReader::new(cgroupfs, version, host_memory(procfs))),
+            detail: DetailOptions::default(),
+            processes: None,
+            capabilities,
+        }
+    }
+
+    /// Also export per-unit process detail, with at most `exe_limit` executables each.
+    pub fn with_processes(mut self, exe_limit: usize) -> UnitCollector<M> {
+        self.processes = Some(exe_limit);
+        self
+    }
+
+    /// Also read and export these detail groups.
+    pub fn with_detail(mut self, detail: DetailOptions) -> UnitCollector<M> {
+        self.detail = detail;
+        self
+    }
+
+    /// Finds the units through the manager.
+    pub fn discover(&self, faults: &mut Vec<FileFault>) -> Result<Vec<UnitCgroup>, CollectError> {
+        self.manager.discover(faults)
+    }
+
+    /// Reads and emits the discovered units; a unit whose cgroup vanished meanwhile is skipped.
+    pub fn collect_units(&self, units: &[UnitCgroup], out: &mut MetricSet) {
+        let manager = self.manager.name();
+        let mut faults = Vec::new();
+        let mut reader = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+        let mut count = 0usize;
+        let devices = if self.detail.io {
+            std::fs::read_to_string(self.procfs.join("diskstats"))
+                .map(|t| detail::diskstats_names(&t))
+                .unwrap_or_default()
+        } else {
+            HashMap::new()
+        };
+        let ticks = cgroup::clock_ticks();
+        // Other users' /proc/<pid>/fd and exe: one privileged call for all units.
+        let processes: HashMap<String, processes::JobProcesses> = match self.processes {
+            Some(_) => {
+                let pids: Vec<(String, Vec<u32>)> = units
+                    .iter()
+                    .map(|u| (u.uuid.clone(), processes::subtree_pids(&u.dir)))
+                    .collect();
+                let procfs = self.procfs.clone();
+                crate::security::privileged(self.capabilities, move || {
+                    pids.into_iter()
+                        .map(|(uuid, pids)| (uuid, processes::read_job(&procfs, &pids)))
+                        .collect()
+                })
+            }
+            None => HashMap::new(),
+        };
+        for unit in units {
+            let stats = match reader.read_unit(&unit.rel, self.read_opts, &mut faults) {
+                Ok(s) => s,
+                Err(UnitError::Vanished(_)) => {
+                    tracing::debug!(manager, unit = %unit.uuid, "unit cgroup vanished during the scrape");
+                    faults.clear();
+                    continue;
+                }
+            };
+            count += 1;
+            let base = [
+                ("cgrouphostname", unit.cgroup_host.as_str()),
+                ("hostname", self.hostname.as_str()),
+                ("manager", manager),
+                ("uuid", unit.uuid.as_str()),
+            ];
+            let labels = Labels::new(&base);
+            if !faults.is_empty() {
+                for f in faults.drain(..) {
+                    tracing::warn!(manager, unit = %unit.uuid, path = %f.path.display(), error = %f.message, "cannot read unit cgroup file");
+                }
+                out.gauge(
+                    names::COLLECT_ERROR,
+                    names::COLLECT_ERROR_HELP,
+                    labels.clone(),
+                    1.0,
+                );
+            }
+            cgroup::emit_unit(out, &labels, &stats, self.read_opts);
+            if self.detail.any() {
+                let d = reader.read_detail(&unit.rel, self.detail, &mut faults);
+                for f in faults.drain(..) {
+                    tracing::debug!(manager, unit = %unit.uuid, path = %f.path.display(), error = %f.message, "cannot read unit detail file");
+                }
+                detail::emit_detail(out, &base, &d, &devices);
+            }
+            if let (Some(limit), Some(p)) = (self.processes, processes.get(unit.uuid.as_str())) {
+                processes::emit(out, &base, p, limit, ticks);
+            }
+            if let Some(info) = self.manager.info(unit) {
+                let mut labels: Vec<(&str, &str)> = base.to_vec();
+                labels.extend(info.labels.iter().map(|(k, v)| (*k, v.as_str())));
+                out.gauge(
+                    "ceems_compute_unit_info",
+                    info.help,
+                    Labels::new(&labels),
+                    1.0,
+                );
+            }
+        }
+        let held = self.manager.gpus(units);
+        emit_gpus(out, &self.hostname, &held);
+        publish(held);
+        let present: HashSet<&str> = units.iter().map(|u| u.uuid.as_str()).collect();
+        self.manager.retain(&present);
+        out.gauge(
+            names::UNITS,
+            names::UNITS_HELP,
+            Labels::new(&[("hostname", &self.hostname), ("manager", manager)]),
+            count as f64,
+        );
+    }
+}
+
+/// `ceems_compute_unit_gpu_index_flag` and `_sm_count` of each GPU a unit holds.
+fn emit_gpus(out: &mut MetricSet, hostname: &str, held: &[UnitGpus]) {
+    for unit in held {
+        for (index, device, share) in &unit.devices {
+            let index_text = index.to_string();
+            let gpuiid = device
+                .gpu_instance_id
+                .map(|g| g.to_string())
+                .unwrap_or_default();
+            let hindex = format!("{hostname}/gpu-{index}");
+            let labels = Labels::new(&[
+                ("cgrouphostname", unit.cgroup_host.as_str()),
+                ("gpuiid", &gpuiid),
+                ("gpuuuid", &device.uuid),
+                ("hindex", &hindex),
+                ("hostname", hostname),
+                ("index", &index_text),
+                ("manager", unit.manager),
+                ("uuid", &unit.uuid),
+            ]);
+            out.gauge(
+                "ceems_compute_unit_gpu_index_flag",
+                "A value > 0 indicates the job using current GPU",
+                labels.clone(),
+                device.fraction * share,
+            );
+            if let Some(sm) = device.sm_count {
+                out.gauge(
+                    "ceems_compute_unit_gpu_sm_count",
+                    "Streaming multiprocessors of the GPU or MIG instance the job holds",
+                    labels,
+                    f64::from(sm),
+                );
+            }
+        }
+    }
+}
+
+impl<M: ResourceManager> Collector for UnitCollector<M> {
+    fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
+        let mut faults = Vec::new();
+        let units = self.discover(&mut faults)?;
+        for f in faults.drain(..) {
+            tracing::warn!(manager = self.manager.name(), path = %f.path.display(), error = %f.message, "cannot read unit processes");
+        }
+        self.collect_units(&units, out);
+        Ok(())
+    }
+}
