@@ -1,0 +1,106 @@
+//! One job's findings, and the admins' summary of them.
+
+use super::*;
+
+impl Api {
+    /// The job `cluster`/`job` (its latest run, should the id have been reused) if `user`
+    /// owns it or is an admin: 400 for a non-numeric id, 404 when unknown, 403 otherwise.
+    pub async fn authorize_job(&self, cluster: &str, job: &str, user: &str) -> Result<i64, Answer> {
+        if job.is_empty() || !job.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(Answer::bad(format!("job id `{job}` is not a number")));
+        }
+        let row = sqlx::query(
+            "SELECT id, usr FROM units WHERE cluster_id = ?1 AND uuid = ?2
+             ORDER BY started_at DESC LIMIT 1",
+        )
+        .bind(cluster)
+        .bind(job)
+        .fetch_optional(self.store.pool())
+        .await
+        .map_err(|e| Answer::error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+        let Some(row) = row else {
+            return Err(Answer::error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no job {job} on cluster {cluster}"),
+            ));
+        };
+        let owner: String = row.get(1);
+        if owner != user && !self.store.is_admin(user).await.unwrap_or(false) {
+            return Err(Answer::error(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("job {job} is not {user}'s"),
+            ));
+        }
+        Ok(row.get(0))
+    }
+
+    /// Every unit field of the row `id`, as a JSON object.
+    pub async fn unit(&self, id: i64) -> Result<Value, Answer> {
+        let mut q = Sql::new("SELECT json_object(");
+        q.push(&FieldSet::ALL.json_pairs())
+            .push(") FROM units WHERE id = ")
+            .bind(id);
+        let rows = self.fetch(q).await?;
+        let json: String = rows
+            .first()
+            .and_then(|r| r.try_get(0).ok())
+            .unwrap_or_else(|| "null".to_owned());
+        serde_json::from_str(&json).map_err(|e| {
+            Answer::error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        })
+    }
+
+    pub(super) async fn job_findings(
+        &self,
+        cluster: &str,
+        job: &str,
+        user: &str,
+    ) -> Result<Answer, Answer> {
+        let row = self.authorize_job(cluster, job, user).await?;
+        let mut q = Sql::new(
+            "SELECT json_object('cluster_id', cluster_id, 'uuid', uuid, 'user', usr,
+                'findings', json(coalesce(findings, '[]'))) FROM units WHERE id = ",
+        );
+        q.bind(row);
+        let rows = self.fetch(q).await?;
+        let json: String = rows
+            .first()
+            .and_then(|r| r.try_get(0).ok())
+            .unwrap_or_else(|| "null".to_owned());
+        Ok(Answer::raw_data(&json))
+    }
+
+    /// The most frequent findings per project over jobs that ended in the window.
+    pub(super) async fn findings_summary(&self, p: &Params, now: i64) -> Result<Answer, Answer> {
+        p.only(&["from", "to", "cluster_id", "project"])?;
+        let (from, to) = window(p, now)?;
+        let mut q = Sql::new(
+            "SELECT cluster_id, project, json_extract(f.value, '$.id') AS finding, count(*) AS n,
+                    count(DISTINCT usr)
+             FROM units, json_each(units.findings) AS f
+             WHERE findings IS NOT NULL AND ended_at >= ",
+        );
+        q.bind(from)
+            .push(" AND ended_at <= ")
+            .bind(to)
+            .push_in("cluster_id", p.all("cluster_id"))
+            .push_in("project", p.all("project"))
+            .push(" GROUP BY cluster_id, project, finding ORDER BY n DESC, cluster_id, project, finding LIMIT 1000");
+        let rows = self.fetch(q).await?;
+        let data: Vec<Value> = rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "cluster_id": cell(r, 0, Col::Text),
+                    "project": cell(r, 1, Col::Text),
+                    "finding": cell(r, 2, Col::Text),
+                    "num_units": cell(r, 3, Col::Int),
+                    "num_users": cell(r, 4, Col::Int),
+                })
+            })
+            .collect();
+        Ok(Answer::data(Value::Array(data)))
+    }
+}

@@ -1,0 +1,221 @@
+//! The stats-server's JSON API under `/api/v1`, in CEEMS's envelope:
+//! `{"status":"success","data":[…]}` or `{"status":"error","errorType":…,"error":…}`.
+//!
+//! The user is the value of a header that Grafana sets (`X-Grafana-User`). A user sees only
+//! their own jobs and usage; the `/admin` routes are for the configured admins. Every value
+//! from a request reaches SQL as a bound parameter; column names come from a fixed list.
+//!
+//! Routing and the answer cache are here; each family of routes (`units`, `usage`,
+//! `accounts`, `findings`) is a module, over the envelope (`answer`), the request's parameters
+//! (`params`), the `/units` field model (`fields`) and SQL with bound values (`sql`).
+
+use std::collections::BTreeMap;
+
+use hyper::StatusCode;
+use serde_json::{json, Map, Value};
+use sqlx::Row;
+
+use super::db::Store;
+use super::unit_cache::{self, JobSpan, Rendered, UnitCache, UserSpans};
+
+mod accounts;
+mod answer;
+mod fields;
+mod findings;
+mod params;
+mod sql;
+mod units;
+mod usage;
+
+pub use answer::Answer;
+use answer::*;
+use fields::*;
+pub use params::Params;
+use params::*;
+use sql::*;
+
+/// Default window of `/units` and `/usage/current` when `from` is not given.
+pub const DEFAULT_WINDOW_SECONDS: i64 = 24 * 3600;
+/// Most rows one `/units` answer holds.
+pub const MAX_UNITS: i64 = 100_000;
+
+/// Most answers kept, and most bytes in them; past either, the cache starts over.
+const CACHE_ENTRIES: usize = 4096;
+const CACHE_BYTES: usize = 64 << 20;
+
+/// Answers by request, valid while the store's generation is unchanged: Grafana asks the same
+/// questions at every refresh of every viewer's dashboard, and data changes only when the
+/// update loop writes.
+#[derive(Default)]
+struct Cache {
+    generation: u64,
+    bytes: usize,
+    answers: std::collections::HashMap<String, Answer>,
+}
+
+/// The API over a store.
+pub struct Api {
+    store: std::sync::Arc<Store>,
+    pub user_header: String,
+    cache: std::sync::Mutex<Cache>,
+    units: UnitCache,
+}
+
+impl Api {
+    pub fn new(store: std::sync::Arc<Store>, user_header: &str) -> Api {
+        Api {
+            store,
+            user_header: user_header.to_owned(),
+            cache: Default::default(),
+            units: Default::default(),
+        }
+    }
+
+    fn cached(&self, key: &str) -> Option<Answer> {
+        let cache = self.cache.lock().ok()?;
+        if cache.generation != self.store.generation() {
+            return None;
+        }
+        cache.answers.get(key).cloned()
+    }
+
+    fn remember(&self, key: String, generation: u64, answer: &Answer) {
+        let Ok(mut cache) = self.cache.lock() else {
+            return;
+        };
+        // A request that read before a write must not evict answers made after it.
+        if generation < cache.generation {
+            return;
+        }
+        let size = key.len() + answer.body.len();
+        if cache.generation != generation
+            || cache.answers.len() >= CACHE_ENTRIES
+            || cache.bytes + size > CACHE_BYTES
+        {
+            *cache = Cache {
+                generation,
+                ..Default::default()
+            };
+        }
+        if size <= CACHE_BYTES {
+            cache.bytes += size;
+            cache.answers.insert(key, answer.clone());
+        }
+    }
+
+    /// Answers `GET path?query` for `user` (the header's value, if any) at time `now`.
+    pub async fn handle(
+        &self,
+        path: &str,
+        query: Option<&str>,
+        user: Option<&str>,
+        now: i64,
+    ) -> Answer {
+        let Some(route) = path.strip_prefix("/api/v1") else {
+            return Answer::error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no route {path}"),
+            );
+        };
+        let route = route.trim_end_matches('/');
+        if route == "/health" {
+            return match self.store.integrity_ping().await {
+                Ok(()) => Answer::data(json!("ok")),
+                Err(e) => Answer::error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    e.to_string(),
+                ),
+            };
+        }
+        let user = match user.map(str::trim) {
+            Some(u) if !u.is_empty() => u,
+            _ => {
+                return Answer::error(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    format!("no user: the request has no {} header", self.user_header),
+                )
+            }
+        };
+        let (route, admin_route) = match route.strip_suffix("/admin") {
+            Some(r) => (r, true),
+            None => (route, false),
+        };
+        // The default window ends at the next full minute, so that answers can be shared
+        // for a minute.
+        let now = now.div_euclid(60) * 60 + 60;
+        // An admin route's answer is cached only for a user who was an admin at that
+        // generation; the admin list is written through the store, which bumps it.
+        let key = format!(
+            "{user}\0{admin_route}\0{route}\0{}\0{now}",
+            query.unwrap_or("")
+        );
+        if let Some(hit) = self.cached(&key) {
+            return hit;
+        }
+        let generation = self.store.generation();
+        if admin_route {
+            match self.store.is_admin(user).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Answer::error(
+                        StatusCode::FORBIDDEN,
+                        "forbidden",
+                        format!("{user} is not an admin"),
+                    )
+                }
+                Err(e) => {
+                    return Answer::error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "internal",
+                        e.to_string(),
+                    )
+                }
+            }
+        }
+        let p = Params::parse(query);
+        let scope = if admin_route { None } else { Some(user) };
+        let result = match route {
+            "/units" => self.units(&p, scope, now).await,
+            "/usage/current" => self.usage_current(&p, scope, now).await,
+            "/usage/global" => self.usage_global(&p, scope).await,
+            "/projects" => self.projects(&p, scope).await,
+            "/users" => self.users(&p, scope).await,
+            "/clusters" if admin_route => self.clusters(&p).await,
+            "/findings" if admin_route => self.findings_summary(&p, now).await,
+            r if r.starts_with("/units/") && r.ends_with("/findings") && !admin_route => {
+                let ids = &r["/units/".len()..r.len() - "/findings".len()];
+                match ids.split_once('/') {
+                    Some((cluster, job)) => self.job_findings(cluster, job, user).await,
+                    None => Err(Answer::bad("expected /units/{cluster}/{jobid}/findings")),
+                }
+            }
+            _ => Err(Answer::error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no route {path}"),
+            )),
+        };
+        let answer = result.unwrap_or_else(|a| a);
+        if answer.status == StatusCode::OK {
+            self.remember(key, generation, &answer);
+        }
+        answer
+    }
+
+    async fn fetch(&self, sql: Sql) -> Result<Vec<sqlx::sqlite::SqliteRow>, Answer> {
+        let mut q = sqlx::query(&sql.text);
+        for arg in &sql.args {
+            q = match arg {
+                Arg::Int(v) => q.bind(*v),
+                Arg::Text(v) => q.bind(v.as_str()),
+            };
+        }
+        q.fetch_all(self.store.pool()).await.map_err(query_failed)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

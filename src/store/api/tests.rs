@@ -1,0 +1,570 @@
+use super::*;
+use crate::store::sacct::{self, Associations};
+use std::sync::Arc;
+
+pub(crate) const NOW: i64 = 1_800_000_000;
+
+pub(crate) fn line(id: u32, user: &str, project: &str, start: i64, end: Option<i64>) -> String {
+    let (end, state) = match end {
+        Some(e) => (e.to_string(), "COMPLETED"),
+        None => ("Unknown".to_owned(), "RUNNING"),
+    };
+    format!("{id}|debug|normal|{project}|{user}|100|{user}|100|{start}|{start}|{end}|00:10:00|600|0:0|{state}|billing=1,cpu=2,mem=1G,node=1|localhost|/tmp|60|job {id}")
+}
+
+pub(crate) async fn api_with(lines: &[String], admins: &[&str]) -> (Api, tempfile::TempDir) {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(&tmp.path().join("ceems.db")).await.unwrap();
+    let (jobs, errors) = sacct::parse_output(&lines.join("\n"));
+    assert!(errors.is_empty(), "{errors:?}");
+    store.ingest("lab", &jobs, 0, NOW).await.unwrap();
+    let mut assoc = Associations::default();
+    for j in &jobs {
+        if !assoc.projects.contains(&j.account) {
+            assoc.projects.push(j.account.clone());
+        }
+        let m = (j.user.clone(), j.account.clone());
+        if !assoc.members.contains(&m) {
+            assoc.members.push(m);
+        }
+    }
+    store
+        .replace_associations("lab", &assoc, NOW)
+        .await
+        .unwrap();
+    store.rebuild_usage("lab", NOW).await.unwrap();
+    store
+        .refresh_findings("lab", &crate::store::findings::Thresholds::default(), NOW)
+        .await
+        .unwrap();
+    store
+        .set_admins(
+            "config",
+            &admins.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap();
+    (Api::new(Arc::new(store), "X-Grafana-User"), tmp)
+}
+
+fn data(a: &Answer) -> Vec<Value> {
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    a.json()["data"].as_array().expect("data array").clone()
+}
+
+fn sample() -> Vec<String> {
+    vec![
+        line(1, "alice", "physics", NOW - 3600, Some(NOW - 600)),
+        line(2, "bob", "chemistry", NOW - 3600, None),
+        line(
+            3,
+            "alice",
+            "physics",
+            NOW - 10 * 86400,
+            Some(NOW - 9 * 86400),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn who_gets_what_on_every_route() {
+    let (api, _tmp) = api_with(&sample(), &["root"]).await;
+    let user_routes = [
+        "/units",
+        "/usage/current",
+        "/usage/global",
+        "/projects",
+        "/users",
+    ];
+    let admin_routes = [
+        "/units/admin",
+        "/usage/current/admin",
+        "/usage/global/admin",
+        "/projects/admin",
+        "/users/admin",
+        "/clusters/admin",
+        "/findings/admin",
+    ];
+    for route in user_routes.iter().chain(&admin_routes) {
+        let path = format!("/api/v1{route}");
+        let none = api.handle(&path, None, None, NOW).await;
+        assert_eq!(
+            none.status,
+            StatusCode::UNAUTHORIZED,
+            "{route} without a user"
+        );
+        assert_eq!(none.json()["errorType"], "unauthorized");
+        let empty = api.handle(&path, None, Some(" "), NOW).await;
+        assert_eq!(
+            empty.status,
+            StatusCode::UNAUTHORIZED,
+            "{route} with an empty user"
+        );
+        let alice = api.handle(&path, None, Some("alice"), NOW).await;
+        let expected = if admin_routes.contains(route) {
+            StatusCode::FORBIDDEN
+        } else {
+            StatusCode::OK
+        };
+        assert_eq!(alice.status, expected, "{route} as alice: {}", alice.text());
+        let root = api.handle(&path, None, Some("root"), NOW).await;
+        assert_eq!(
+            root.status,
+            StatusCode::OK,
+            "{route} as root: {}",
+            root.text()
+        );
+        assert_eq!(root.json()["status"], "success");
+    }
+    let health = api.handle("/api/v1/health", None, None, NOW).await;
+    assert_eq!(
+        (health.status, &health.json()["data"]),
+        (StatusCode::OK, &json!("ok"))
+    );
+    assert_eq!(
+        api.handle("/api/v1/nope", None, Some("alice"), NOW)
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn findings_of_a_job_for_its_owner_and_admins_and_per_project_for_admins() {
+    let mut lines = sample();
+    lines[0] = lines[0].replace("COMPLETED", "TIMEOUT");
+    let (api, _tmp) = api_with(&lines, &["root"]).await;
+    let get = |path: &'static str, user: Option<&'static str>| {
+        let api = &api;
+        let (path, query) = match path.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (path, None),
+        };
+        async move { api.handle(path, query, user, NOW).await }
+    };
+    let own = get("/api/v1/units/lab/1/findings", Some("alice")).await;
+    assert_eq!(own.status, StatusCode::OK, "{}", own.text());
+    let f = &own.json()["data"];
+    assert_eq!((&f["uuid"], &f["user"]), (&json!("1"), &json!("alice")));
+    assert_eq!(f["findings"][0]["id"], "job_failed");
+    assert!(f["findings"][0]["message"]
+        .as_str()
+        .unwrap()
+        .contains("TIMEOUT"));
+    assert!(f["findings"][0]["advice"]
+        .as_str()
+        .unwrap()
+        .contains("--time"));
+    for (path, user, status) in [
+        ("/api/v1/units/lab/1/findings", Some("root"), StatusCode::OK),
+        (
+            "/api/v1/units/lab/1/findings",
+            Some("bob"),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "/api/v1/units/lab/1/findings",
+            None,
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            "/api/v1/units/lab/x1/findings",
+            Some("alice"),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "/api/v1/units/lab/42/findings",
+            Some("alice"),
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            "/api/v1/units/1/findings",
+            Some("alice"),
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let a = get(path, user).await;
+        assert_eq!(a.status, status, "{path} as {user:?}: {}", a.text());
+    }
+    // The `findings` field on /units.
+    let units = get("/api/v1/units?field=uuid&field=findings", Some("alice")).await;
+    assert_eq!(data(&units)[0]["findings"][0]["id"], "job_failed");
+    // The admin summary counts finding ids per project.
+    let summary = get("/api/v1/findings/admin", Some("root")).await;
+    assert_eq!(
+        data(&summary),
+        [
+            json!({"cluster_id": "lab", "project": "physics", "finding": "job_failed", "num_units": 1, "num_users": 1})
+        ]
+    );
+}
+
+#[tokio::test]
+async fn units_filter_by_window_and_fields_and_reject_bad_parameters() {
+    let (api, _tmp) = api_with(&sample(), &["root"]).await;
+    // Default window (the last day): job 1 only for alice; job 3 ended 9 days ago.
+    let a = api.handle("/api/v1/units", None, Some("alice"), NOW).await;
+    let uuids: Vec<Value> = data(&a).iter().map(|u| u["uuid"].clone()).collect();
+    assert_eq!(uuids, [json!("1")]);
+    assert_eq!(data(&a)[0]["alloc_cpus"], 2);
+    assert_eq!(data(&a)[0]["user"], "alice");
+    let from = (NOW - 11 * 86400).to_string();
+    let a = api
+        .handle(
+            "/api/v1/units",
+            Some(&format!("from={from}&field=uuid&field=state")),
+            Some("alice"),
+            NOW,
+        )
+        .await;
+    assert_eq!(data(&a).len(), 2);
+    assert_eq!(data(&a)[1], json!({"uuid": "3", "state": "COMPLETED"}));
+    // Admin: any user's, filtered by user.
+    let a = api
+        .handle(
+            "/api/v1/units/admin",
+            Some("user=bob&running"),
+            Some("root"),
+            NOW,
+        )
+        .await;
+    assert_eq!(data(&a).len(), 1);
+    assert_eq!(data(&a)[0]["uuid"], "2");
+
+    for (query, says) in [
+        ("from=yesterday", "not a unix time"),
+        ("from=-5", "not a unix time"),
+        ("field=password", "unknown field `password`"),
+        ("from=20&to=10", "is after"),
+        ("running=maybe", "not true or false"),
+        ("sort=uuid", "unknown query parameter `sort`"),
+        ("user=bob", "/units/admin"),
+    ] {
+        let a = api
+            .handle("/api/v1/units", Some(query), Some("alice"), NOW)
+            .await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{query}");
+        assert_eq!(a.json()["errorType"], "bad_data");
+        assert!(
+            a.json()["error"].as_str().unwrap().contains(says),
+            "{query}: {}",
+            a.text()
+        );
+    }
+    // A quote in a value is data, not SQL.
+    let a = api
+        .handle(
+            "/api/v1/units",
+            Some("project=%27%20OR%20%271%27%3D%271"),
+            Some("alice"),
+            NOW,
+        )
+        .await;
+    assert!(data(&a).is_empty());
+}
+
+#[tokio::test]
+async fn usage_sums_jobs_per_project_and_user() {
+    let (api, _tmp) = api_with(&sample(), &["root"]).await;
+    let a = api
+        .handle("/api/v1/usage/global", None, Some("alice"), NOW)
+        .await;
+    assert_eq!(data(&a).len(), 1);
+    assert_eq!(data(&a)[0]["num_units"], 2);
+    assert_eq!(data(&a)[0]["project"], "physics");
+    let a = api
+        .handle(
+            "/api/v1/usage/global/admin",
+            Some("groupby=project"),
+            Some("root"),
+            NOW,
+        )
+        .await;
+    let projects: Vec<Value> = data(&a).iter().map(|u| u["project"].clone()).collect();
+    assert_eq!(projects, [json!("chemistry"), json!("physics")]);
+    assert!(data(&a)[0].get("user").is_none());
+    let a = api
+        .handle("/api/v1/usage/current", None, Some("alice"), NOW)
+        .await;
+    assert_eq!(data(&a)[0]["num_units"], 1);
+    let a = api
+        .handle(
+            "/api/v1/usage/current",
+            Some("groupby=node"),
+            Some("alice"),
+            NOW,
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+    let a = api
+        .handle("/api/v1/projects", None, Some("alice"), NOW)
+        .await;
+    assert_eq!(
+        data(&a),
+        vec![json!({"cluster_id": "lab", "name": "physics", "users": ["alice"]})]
+    );
+}
+
+#[tokio::test]
+async fn cached_answers_end_with_the_next_write() {
+    let (api, _tmp) = api_with(&sample(), &["root"]).await;
+    let first = api.handle("/api/v1/units", None, Some("alice"), NOW).await;
+    assert_eq!(data(&first).len(), 1);
+    // Within the same minute the answer comes from the cache; a new job is a write.
+    let (jobs, _) = sacct::parse_output(&line(9, "alice", "physics", NOW - 60, None));
+    api.store.ingest("lab", &jobs, 0, NOW).await.unwrap();
+    let second = api
+        .handle("/api/v1/units", None, Some("alice"), NOW + 1)
+        .await;
+    assert_eq!(data(&second).len(), 2, "a stale answer was served");
+    // Another user never gets alice's cached answer.
+    let bob = api
+        .handle("/api/v1/units", None, Some("bob"), NOW + 1)
+        .await;
+    assert!(data(&bob).iter().all(|u| u["user"] == "bob"));
+    // Nor a non-admin an admin's.
+    assert_eq!(
+        api.handle("/api/v1/units/admin", None, Some("root"), NOW)
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        api.handle("/api/v1/units/admin", None, Some("alice"), NOW)
+            .await
+            .status,
+        StatusCode::FORBIDDEN
+    );
+}
+
+/// An answer read before a write, and kept after a newer one, neither stands nor evicts it.
+#[tokio::test]
+async fn a_late_answer_from_before_a_write_does_not_evict_newer_ones() {
+    let (api, _tmp) = api_with(&sample(), &[]).await;
+    let answer = |text: &'static str| Answer {
+        status: StatusCode::OK,
+        body: bytes::Bytes::from_static(text.as_bytes()),
+    };
+    api.remember("new".into(), 2, &answer("new"));
+    api.remember("old".into(), 1, &answer("old"));
+    let cache = api.cache.lock().unwrap();
+    assert_eq!(cache.generation, 2);
+    assert_eq!(cache.answers.get("new"), Some(&answer("new")));
+    assert!(!cache.answers.contains_key("old"));
+}
+
+/// A job's rendering is shared by requests for other windows and field sets only while
+/// nothing was written: a job that ended since is shown ended, whatever the window.
+#[tokio::test]
+async fn rendered_jobs_are_reused_across_windows_only_until_a_write() {
+    let (api, _tmp) = api_with(&sample(), &["root"]).await;
+    let units = |from: i64, fields: &str| {
+        let query = format!("from={from}{fields}");
+        let api = &api;
+        async move {
+            data(
+                &api.handle("/api/v1/units", Some(&query), Some("bob"), NOW)
+                    .await,
+            )
+        }
+    };
+    let running = units(NOW - 7200, "").await;
+    assert_eq!(running.len(), 1);
+    assert_eq!(running[0]["state"], "RUNNING");
+    assert_eq!(running[0]["ended_at_ts"], Value::Null);
+    assert_eq!(running[0].as_object().unwrap().len(), UNIT_FIELDS.len());
+    // The same job for another window, then with one field: each set of fields its own.
+    let one_field = units(NOW - 7201, "&field=uuid").await;
+    assert_eq!(one_field, vec![json!({"uuid": "2"})]);
+    assert_eq!(units(NOW - 7202, "").await, running);
+    // The job ends: the next answer, for yet another window, says so.
+    let (jobs, _) = sacct::parse_output(&line(2, "bob", "chemistry", NOW - 3600, Some(NOW - 60)));
+    api.store.ingest("lab", &jobs, 0, NOW).await.unwrap();
+    let ended = units(NOW - 7203, "").await;
+    assert_eq!(ended.len(), 1);
+    assert_eq!(ended[0]["state"], "COMPLETED");
+    assert_eq!(ended[0]["ended_at_ts"], NOW - 60);
+}
+
+/// A user's window in SQL is one range of the index `units_by_user_end`: were the query
+/// and the index to spell the end differently, every request with a filter besides the
+/// user would read all of the user's jobs.
+#[tokio::test]
+async fn a_users_window_is_searched_as_a_range_of_the_index() {
+    let (api, _tmp) = api_with(&sample(), &[]).await;
+    let mut q = Sql::new("EXPLAIN QUERY PLAN SELECT id, started_at FROM units WHERE 1 = 1");
+    q.push_in("usr", &["alice".to_owned()])
+        .push_overlap(NOW - 86400, NOW, false);
+    let plan: Vec<String> = api
+        .fetch(q)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<String, _>(3))
+        .collect();
+    assert!(
+        plan.iter()
+            .any(|p| p.contains("INDEX units_by_user_end (usr=? AND <expr>>?)")),
+        "{plan:?}"
+    );
+}
+
+/// Every query of the example dashboard is a route that answers, with the columns it reads.
+#[tokio::test]
+async fn the_example_grafana_dashboard_reads_fields_the_api_has() {
+    let (api, _tmp) = api_with(&sample(), &["root"]).await;
+    let dashboard: Value = serde_json::from_str(include_str!(
+        "../../../examples/grafana/dashboards/ceems-my-jobs.json"
+    ))
+    .unwrap();
+    let datasource =
+        include_str!("../../../examples/grafana/provisioning/datasources/ceems-api.yml");
+    assert!(datasource.contains("httpHeaderName1: X-Grafana-User"));
+    assert!(datasource.contains("httpHeaderValue1: ${__user.login}"));
+    let mut checked = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let url = target["url"].as_str().unwrap();
+            let path = &url[url.find("/api/").unwrap()..];
+            let query: Vec<String> = target["url_options"]["params"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| {
+                    let v = match p["value"].as_str().unwrap() {
+                        "${__from:date:seconds}" => (NOW - 7 * 86400).to_string(),
+                        "${__to:date:seconds}" => NOW.to_string(),
+                        v => v.to_owned(),
+                    };
+                    format!("{}={v}", p["key"].as_str().unwrap())
+                })
+                .collect();
+            let a = api
+                .handle(path, Some(&query.join("&")), Some("alice"), NOW)
+                .await;
+            let rows = data(&a);
+            assert!(!rows.is_empty(), "{path}?{query:?}: no rows");
+            for col in target["columns"].as_array().unwrap() {
+                let sel = col["selector"].as_str().unwrap();
+                assert!(
+                    rows[0].get(sel).is_some(),
+                    "panel {}: no field {sel} in {path}",
+                    panel["title"]
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 6);
+}
+
+mod no_leaks {
+    use super::*;
+    use proptest::prelude::*;
+
+    const USERS: &[&str] = &["alice", "bob", "carol", "dave"];
+    const PROJECTS: &[&str] = &["physics", "chemistry", "biology"];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        /// Whatever the jobs and whatever a user asks for, a non-admin's answers name no
+        /// other user and hold no other user's job.
+        #[test]
+        fn a_user_never_sees_another_users_jobs(
+            jobs in proptest::collection::vec((0usize..4, 0usize..3, 0i64..20, proptest::option::of(1i64..10)), 1..40),
+            asker in 0usize..4,
+        ) {
+            let lines: Vec<String> = jobs
+                .iter()
+                .enumerate()
+                .map(|(i, (u, p, start_h, len_h))| {
+                    let start = NOW - start_h * 3600;
+                    line(i as u32 + 1, USERS[*u], PROJECTS[*p], start, len_h.map(|l| (start + l * 3600).min(NOW)))
+                })
+                .collect();
+            let owner: Vec<&str> = jobs.iter().map(|(u, ..)| USERS[*u]).collect();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let (api, _tmp) = api_with(&lines, &["root"]).await;
+                let me = USERS[asker];
+                let others: Vec<String> = (1..=jobs.len())
+                    .filter(|i| owner[i - 1] != me)
+                    .map(|i| i.to_string())
+                    .collect();
+                let all_projects = PROJECTS.iter().map(|p| format!("project={p}")).collect::<Vec<_>>().join("&");
+                let all_uuids = others.iter().map(|u| format!("uuid={u}")).collect::<Vec<_>>().join("&");
+                let wide = format!("from=0&to={}", NOW + 1);
+                let asks = [
+                    ("/api/v1/units", format!("{wide}&running")),
+                    ("/api/v1/units", format!("{wide}&{all_projects}")),
+                    ("/api/v1/units", format!("{wide}&{all_uuids}")),
+                    ("/api/v1/usage/current", format!("{wide}&{all_projects}")),
+                    ("/api/v1/usage/current", format!("{wide}&groupby=project")),
+                    ("/api/v1/usage/global", all_projects.clone()),
+                    ("/api/v1/usage/global", "groupby=project".to_owned()),
+                    ("/api/v1/users", String::new()),
+                    ("/api/v1/projects", all_projects.clone()),
+                ];
+                let mine = owner.iter().filter(|o| **o == me).count();
+                for (path, query) in asks {
+                    let a = api.handle(path, Some(&query), Some(me), NOW).await;
+                    prop_assert_eq!(a.status, StatusCode::OK, "{} {}", path, a.text());
+                    let text = a.text().to_owned();
+                    for other in USERS.iter().filter(|u| **u != me) {
+                        prop_assert!(!text.contains(&format!("\"{other}\"")), "{} {} shows {}: {}", path, query, other, text);
+                    }
+                    for row in a.json()["data"].as_array().unwrap() {
+                        if let Some(uuid) = row.get("uuid").and_then(Value::as_str) {
+                            prop_assert!(!others.iter().any(|o| o == uuid), "{} shows job {}", path, uuid);
+                        }
+                        if let Some(n) = row.get("num_units").and_then(Value::as_u64) {
+                            prop_assert!(n as usize <= mine, "{} counts {} jobs; {} has {}", path, n, me, mine);
+                        }
+                    }
+                }
+                // The admin sees them all.
+                let a = api.handle("/api/v1/units/admin", Some(&format!("{wide}&running")), Some("root"), NOW).await;
+                prop_assert_eq!(a.json()["data"].as_array().unwrap().len(), jobs.len());
+                Ok(())
+            })?;
+        }
+
+        /// A user's window answered from the cached spans selects the same jobs, in the
+        /// same order, as SQL does (a filter on the cluster sends a request to SQL).
+        #[test]
+        fn spans_select_what_sql_selects(
+            jobs in proptest::collection::vec((0usize..2, 0i64..48, proptest::option::of(0i64..12)), 1..40),
+            windows in proptest::collection::vec((0i64..48, 0i64..24, any::<bool>()), 1..6),
+        ) {
+            let lines: Vec<String> = jobs
+                .iter()
+                .enumerate()
+                .map(|(i, (u, start_h, len_h))| {
+                    let start = NOW - start_h * 1800;
+                    line(i as u32 + 1, USERS[*u], "physics", start, len_h.map(|l| (start + l * 1800).min(NOW)))
+                })
+                .collect();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let (api, _tmp) = api_with(&lines, &["root"]).await;
+                let uuids = |a: Answer| -> Vec<String> {
+                    a.json()["data"].as_array().unwrap().iter()
+                        .map(|u| u["uuid"].as_str().unwrap().to_owned()).collect()
+                };
+                for (from_h, len_h, running) in windows {
+                    let from = NOW - from_h * 1800;
+                    let to = from + len_h * 1800;
+                    let window = format!("from={from}&to={to}&field=uuid{}", if running { "&running" } else { "" });
+                    for me in ["alice", "bob"] {
+                        let spans = uuids(api.handle("/api/v1/units", Some(&window), Some(me), NOW).await);
+                        let sql = uuids(api.handle("/api/v1/units", Some(&format!("{window}&cluster_id=lab")), Some(me), NOW).await);
+                        prop_assert_eq!(&spans, &sql, "{} {}", me, window);
+                        let admin = uuids(api.handle("/api/v1/units/admin", Some(&format!("{window}&user={me}")), Some("root"), NOW).await);
+                        prop_assert_eq!(&admin, &sql, "root for {} {}", me, window);
+                    }
+                }
+                Ok(())
+            })?;
+        }
+    }
+}

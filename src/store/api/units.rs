@@ -1,0 +1,191 @@
+//! `/units`: a user's jobs in a window.
+
+use super::*;
+
+impl Api {
+    /// A user's jobs as spans, from the cache or read once per generation.
+    pub(super) async fn user_spans(
+        &self,
+        generation: u64,
+        user: &str,
+    ) -> Result<UserSpans, Answer> {
+        if let Some(spans) = self.units.spans(generation, user) {
+            return Ok(spans);
+        }
+        let mut q = Sql::new("SELECT id, started_at, ");
+        q.push(OPEN_END)
+            .push(", ended_at IS NULL AND state = 'RUNNING' FROM units WHERE usr = ")
+            .bind(user)
+            .push(" LIMIT ")
+            .bind(unit_cache::MAX_SPANS_PER_USER as i64 + 1);
+        let rows = self.fetch(q).await?;
+        let spans = if rows.len() > unit_cache::MAX_SPANS_PER_USER {
+            UserSpans::TooMany
+        } else {
+            // A row that cannot be read is an error, not a job left out of every answer.
+            let spans: Result<Vec<JobSpan>, sqlx::Error> = rows
+                .iter()
+                .map(|r| {
+                    Ok(JobSpan {
+                        id: r.try_get(0)?,
+                        started_at: r.try_get(1)?,
+                        ended_at: r.try_get(2)?,
+                        running: r.try_get(3)?,
+                    })
+                })
+                .collect();
+            UserSpans::Kept(spans.map_err(query_failed)?.into())
+        };
+        self.units.keep_spans(generation, user, spans.clone());
+        Ok(spans)
+    }
+
+    /// The ids of the jobs of `users` in the window, from their spans; `None` where a user
+    /// has too many jobs to keep.
+    pub(super) async fn ids_from_spans(
+        &self,
+        generation: u64,
+        users: &[String],
+        (from, to): (i64, i64),
+        running: bool,
+    ) -> Result<Option<Vec<i64>>, Answer> {
+        let mut all = Vec::with_capacity(users.len());
+        for user in users {
+            match self.user_spans(generation, user).await? {
+                UserSpans::Kept(spans) => all.push(spans),
+                UserSpans::TooMany => return Ok(None),
+            }
+        }
+        Ok(Some(unit_cache::select(
+            all.iter().flat_map(|s| s.iter()),
+            from,
+            to,
+            running,
+            MAX_UNITS as usize,
+        )))
+    }
+
+    pub(super) async fn units(
+        &self,
+        p: &Params,
+        scope: Option<&str>,
+        now: i64,
+    ) -> Result<Answer, Answer> {
+        p.only(&[
+            "uuid",
+            "project",
+            "cluster_id",
+            "running",
+            "from",
+            "to",
+            "field",
+            "user",
+        ])?;
+        if scope.is_some() && !p.all("user").is_empty() {
+            return Err(Answer::bad("`user` is for /units/admin"));
+        }
+        let fields = FieldSet::parse(p.all("field"))?;
+        let (from, to) = window(p, now)?;
+        let running = p.flag("running")?;
+        // Read before the query: rows rendered from data newer than this are dropped with it.
+        let generation = self.store.generation();
+        let mut users: Vec<String> = match scope {
+            Some(u) => vec![u.to_owned()],
+            None => p.all("user").to_vec(),
+        };
+        users.sort_unstable();
+        users.dedup();
+        let by_user_only = !users.is_empty()
+            && ["uuid", "project", "cluster_id"]
+                .iter()
+                .all(|k| p.all(k).is_empty());
+        let spans = match by_user_only {
+            true => {
+                self.ids_from_spans(generation, &users, (from, to), running)
+                    .await?
+            }
+            false => None,
+        };
+        let ids = match spans {
+            Some(ids) => ids,
+            None => {
+                let mut q = Sql::new(
+                    "SELECT group_concat(id, ',' ORDER BY started_at DESC, id DESC) \
+                     FROM (SELECT id, started_at FROM units WHERE 1 = 1",
+                );
+                q.push_in("usr", &users)
+                    .push_in("uuid", p.all("uuid"))
+                    .push_in("project", p.all("project"))
+                    .push_in("cluster_id", p.all("cluster_id"))
+                    .push_overlap(from, to, running)
+                    .push(" ORDER BY started_at DESC, id DESC LIMIT ")
+                    .bind(MAX_UNITS)
+                    .push(")");
+                // The ids in one row: sqlx hands each row over from its thread on its own.
+                self.fetch(q)
+                    .await?
+                    .first()
+                    .and_then(|r| r.try_get::<Option<String>, _>(0).ok().flatten())
+                    .map(|list| list.split(',').filter_map(|id| id.parse().ok()).collect())
+                    .unwrap_or_default()
+            }
+        };
+        if let Some(body) = self.units.answer(generation, fields.0, &ids) {
+            return Ok(Answer {
+                status: StatusCode::OK,
+                body,
+            });
+        }
+        let mut rendered = self.units.rows(generation, fields.0, &ids);
+        let missing: Vec<i64> = ids
+            .iter()
+            .zip(&rendered)
+            .filter(|(_, json)| json.is_none())
+            .map(|(id, _)| *id)
+            .collect();
+        let mut fresh = std::collections::HashMap::with_capacity(missing.len());
+        for chunk in missing.chunks(RENDER_CHUNK) {
+            let mut q = Sql::new("SELECT id, json_object(");
+            q.push(&fields.json_pairs())
+                .push(") FROM units WHERE id IN (");
+            for (i, id) in chunk.iter().enumerate() {
+                q.push(if i == 0 { "" } else { ", " }).bind(*id);
+            }
+            q.push(")");
+            for row in self.fetch(q).await? {
+                if let (Ok(id), Ok(json)) = (row.try_get::<i64, _>(0), row.try_get::<String, _>(1))
+                {
+                    fresh.insert(id, Rendered::from(json));
+                }
+            }
+        }
+        for (id, json) in ids.iter().zip(rendered.iter_mut()) {
+            if json.is_none() {
+                // A job deleted between the two queries (retention) is left out.
+                *json = fresh.get(id).cloned();
+            }
+        }
+        let mut body = String::with_capacity(
+            SUCCESS_HEAD.len()
+                + 3
+                + rendered
+                    .iter()
+                    .flatten()
+                    .map(|j| j.len() + 1)
+                    .sum::<usize>(),
+        );
+        body.push_str(SUCCESS_HEAD);
+        body.push('[');
+        for (i, json) in rendered.iter().flatten().enumerate() {
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str(json);
+        }
+        body.push(']');
+        let answer = Answer::success_body(body);
+        self.units
+            .keep_answer(generation, fields.0, &fresh, ids, &answer.body);
+        Ok(answer)
+    }
+}
