@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 
 use super::cgroup::{self, FileFault};
 use super::procfs::{self, PidStat};
-use crate::metrics::{Labels, MetricSet};
 
 /// Executables beyond this many per job are summed as `exe="other"` unless configured.
 pub const DEFAULT_EXE_LIMIT: usize = 10;
@@ -96,51 +95,6 @@ pub fn cap_executables(ticks: &HashMap<String, u64>, limit: usize) -> Vec<(Strin
         v.push(("other".to_owned(), other));
     }
     v
-}
-
-/// Emits one job's process series.
-pub fn emit(
-    out: &mut MetricSet,
-    base: &[(&str, &str)],
-    j: &JobProcesses,
-    exe_limit: usize,
-    ticks_per_second: f64,
-) {
-    let with = |name: &str, value: &str| {
-        let mut pairs = base.to_vec();
-        pairs.push((name, value));
-        Labels::new(&pairs)
-    };
-    for (state, n) in &j.processes_by_state {
-        out.gauge(
-            "ceems_compute_unit_processes",
-            "Processes of the job by state",
-            with("state", state),
-            *n as f64,
-        );
-    }
-    for (state, n) in &j.threads_by_state {
-        out.gauge(
-            "ceems_compute_unit_threads",
-            "Threads of the job by state",
-            with("state", state),
-            *n as f64,
-        );
-    }
-    out.gauge(
-        "ceems_compute_unit_open_fds",
-        "Open file descriptors of the job's processes",
-        Labels::new(base),
-        j.open_fds as f64,
-    );
-    for (exe, ticks) in cap_executables(&j.ticks_by_exe, exe_limit) {
-        out.gauge(
-            "ceems_compute_unit_process_cpu_seconds",
-            "CPU seconds (user and system) of the job's live processes per executable; drops when a process exits",
-            with("exe", &exe),
-            ticks as f64 / ticks_per_second,
-        );
-    }
 }
 
 #[cfg(test)]

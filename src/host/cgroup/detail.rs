@@ -7,7 +7,6 @@ use std::path::Path;
 use super::parse::{self, IoStat};
 use super::{CgroupReader, CgroupVersion, FileFault};
 use crate::host::ParseError;
-use crate::metrics::{Labels, MetricSet};
 
 /// Which detail groups to read.
 #[derive(Debug, Clone, Copy, Default)]
@@ -237,105 +236,6 @@ impl CgroupReader {
     }
 }
 
-/// Emits the detail series of one unit with its `base` labels; devices are named through
-/// `devices`.
-pub fn emit_detail(
-    out: &mut MetricSet,
-    base: &[(&str, &str)],
-    d: &UnitDetail,
-    devices: &HashMap<(u32, u32), String>,
-) {
-    let labels = &Labels::new(base);
-    let with = |name: &str, value: &str| {
-        let mut pairs = base.to_vec();
-        pairs.push((name, value));
-        Labels::new(&pairs)
-    };
-    if let Some(m) = &d.memory {
-        for (name, help, v) in [
-            (
-                "ceems_compute_unit_memory_rss_huge_bytes",
-                "Anonymous transparent huge pages in bytes",
-                m.rss_huge,
-            ),
-            (
-                "ceems_compute_unit_memory_mapped_file_bytes",
-                "Memory-mapped file pages in bytes",
-                m.mapped_file,
-            ),
-            (
-                "ceems_compute_unit_memory_active_file_bytes",
-                "Active file cache in bytes",
-                m.active_file,
-            ),
-            (
-                "ceems_compute_unit_memory_inactive_file_bytes",
-                "Inactive file cache in bytes",
-                m.inactive_file,
-            ),
-            (
-                "ceems_compute_unit_memory_unevictable_bytes",
-                "Unevictable memory in bytes",
-                m.unevictable,
-            ),
-            (
-                "ceems_compute_unit_memory_shmem_bytes",
-                "Shared memory (tmpfs, shm) in bytes",
-                m.shmem,
-            ),
-        ] {
-            out.gauge(name, help, labels.clone(), v);
-        }
-        if let Some(max) = m.max_used {
-            out.gauge(
-                "ceems_compute_unit_memory_max_used_bytes",
-                "Highest memory use of the job in bytes",
-                labels.clone(),
-                max,
-            );
-        }
-    }
-    for (core, secs) in d.per_core_seconds.iter().enumerate() {
-        out.counter(
-            "ceems_compute_unit_cpu_per_core_seconds_total",
-            "Total job CPU seconds per core (cgroups v1)",
-            with("core", &core.to_string()),
-            *secs,
-        );
-    }
-    for io in &d.io {
-        let device = devices
-            .get(&(io.major, io.minor))
-            .cloned()
-            .unwrap_or_else(|| format!("{}:{}", io.major, io.minor));
-        let l = with("device", &device);
-        for (name, help, v) in [
-            (
-                "ceems_compute_unit_blkio_read_bytes_total",
-                "Total block IO read bytes",
-                io.rbytes,
-            ),
-            (
-                "ceems_compute_unit_blkio_write_bytes_total",
-                "Total block IO write bytes",
-                io.wbytes,
-            ),
-            (
-                "ceems_compute_unit_blkio_read_requests_total",
-                "Total block IO read requests",
-                io.rios,
-            ),
-            (
-                "ceems_compute_unit_blkio_write_requests_total",
-                "Total block IO write requests",
-                io.wios,
-            ),
-        ] {
-            out.counter(name, help, l.clone(), v as f64);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -357,6 +257,8 @@ mod tests {
     }
 
     fn text(d: &UnitDetail) -> String {
+        use crate::collect::units::emit_detail;
+        use crate::metrics::MetricSet;
         let mut out = MetricSet::new();
         let devices = HashMap::from([((8, 0), "sda".to_owned())]);
         emit_detail(&mut out, &[("uuid", "7")], d, &devices);

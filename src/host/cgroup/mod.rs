@@ -10,8 +10,6 @@ pub mod parse;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-use crate::metrics::{Labels, MetricSet};
-
 use crate::host::ParseError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -563,103 +561,6 @@ pub fn subtree(dir: &Path, faults: &mut Vec<FileFault>) -> (Vec<u32>, SubtreeSha
 /// The first process of a unit's subtree, if it has any.
 pub fn first_pid(dir: &Path, faults: &mut Vec<FileFault>) -> Option<u32> {
     find_pid(dir, faults, &mut |_| true)
-}
-
-/// Help texts and names of the per-unit series, as CEEMS exports them.
-pub mod names {
-    pub const UNITS: &str = "ceems_compute_units";
-    pub const UNITS_HELP: &str = "Total number of jobs";
-    pub const COLLECT_ERROR: &str = "ceems_compute_collect_error";
-    pub const COLLECT_ERROR_HELP: &str = "Indicates collection error, 0=no error, 1=error";
-}
-
-/// Emits the `ceems_compute_unit_*` series of one unit.
-pub fn emit_unit(out: &mut MetricSet, labels: &Labels, s: &UnitStats, opts: ReadOptions) {
-    let g = |out: &mut MetricSet, name: &str, help: &str, v: f64| {
-        out.gauge(name, help, labels.clone(), v)
-    };
-    out.counter(
-        "ceems_compute_unit_cpu_user_seconds_total",
-        "Total job CPU user seconds",
-        labels.clone(),
-        s.cpu_user_seconds,
-    );
-    out.counter(
-        "ceems_compute_unit_cpu_system_seconds_total",
-        "Total job CPU system seconds",
-        labels.clone(),
-        s.cpu_system_seconds,
-    );
-    g(
-        out,
-        "ceems_compute_unit_cpus",
-        "Total number of job CPUs",
-        s.cpus as f64,
-    );
-    g(
-        out,
-        "ceems_compute_unit_memory_rss_bytes",
-        "Memory RSS used in bytes",
-        s.memory_rss_bytes,
-    );
-    g(
-        out,
-        "ceems_compute_unit_memory_cache_bytes",
-        "Memory cache used in bytes",
-        s.memory_cache_bytes,
-    );
-    g(
-        out,
-        "ceems_compute_unit_memory_used_bytes",
-        "Memory used in bytes",
-        s.memory_used_bytes,
-    );
-    g(
-        out,
-        "ceems_compute_unit_memory_total_bytes",
-        "Memory total in bytes",
-        s.memory_total_bytes,
-    );
-    g(
-        out,
-        "ceems_compute_unit_memory_fail_count",
-        "Memory fail count",
-        s.memory_fail_count,
-    );
-    if opts.swap {
-        g(
-            out,
-            "ceems_compute_unit_memsw_used_bytes",
-            "Swap used in bytes",
-            s.memsw_used_bytes,
-        );
-        g(
-            out,
-            "ceems_compute_unit_memsw_total_bytes",
-            "Swap total in bytes",
-            s.memsw_total_bytes,
-        );
-        g(
-            out,
-            "ceems_compute_unit_memsw_fail_count",
-            "Swap fail count",
-            s.memsw_fail_count,
-        );
-    }
-    if opts.psi {
-        g(
-            out,
-            "ceems_compute_unit_cpu_psi_seconds",
-            "Total CPU PSI in seconds",
-            s.cpu_psi_seconds,
-        );
-        g(
-            out,
-            "ceems_compute_unit_memory_psi_seconds",
-            "Total memory PSI in seconds",
-            s.memory_psi_seconds,
-        );
-    }
 }
 
 #[cfg(test)]

@@ -8,14 +8,17 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+mod emit;
+
 use super::gpu::GpuDevice;
 use super::{Capability, CollectError, Collector};
 use crate::host::cgroup::detail::{self, DetailOptions};
 use crate::host::cgroup::{
-    self, names, CgroupReader, CgroupVersion, FileFault, HostMemory, ReadOptions, UnitError,
+    self, CgroupReader, CgroupVersion, FileFault, HostMemory, ReadOptions, UnitError,
 };
 use crate::host::{processes, procfs};
 use crate::metrics::{Labels, MetricSet};
+pub use emit::{emit_detail, emit_processes, emit_unit, names};
 
 /// A unit's cgroup, as its manager's discovery found it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -205,16 +208,16 @@ impl<M: ResourceManager> UnitCollector<M> {
                     1.0,
                 );
             }
-            cgroup::emit_unit(out, &labels, &stats, self.read_opts);
+            emit_unit(out, &labels, &stats, self.read_opts);
             if self.detail.any() {
                 let d = reader.read_detail(&unit.rel, self.detail, &mut faults);
                 for f in faults.drain(..) {
                     tracing::debug!(manager, unit = %unit.uuid, path = %f.path.display(), error = %f.message, "cannot read unit detail file");
                 }
-                detail::emit_detail(out, &base, &d, &devices);
+                emit_detail(out, &base, &d, &devices);
             }
             if let (Some(limit), Some(p)) = (self.processes, processes.get(unit.uuid.as_str())) {
-                processes::emit(out, &base, p, limit, ticks);
+                emit_processes(out, &base, p, limit, ticks);
             }
             if let Some(info) = self.manager.info(unit) {
                 let mut labels: Vec<(&str, &str)> = base.to_vec();

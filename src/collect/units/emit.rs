@@ -1,0 +1,249 @@
+//! The `ceems_compute_unit_*` series of one unit, from what the host layer read of it.
+
+use std::collections::HashMap;
+
+use crate::host::cgroup::detail::UnitDetail;
+use crate::host::cgroup::{ReadOptions, UnitStats};
+use crate::host::processes::{cap_executables, JobProcesses};
+use crate::metrics::{Labels, MetricSet};
+
+/// Help texts and names of the per-unit series, as CEEMS exports them.
+pub mod names {
+    pub const UNITS: &str = "ceems_compute_units";
+    pub const UNITS_HELP: &str = "Total number of jobs";
+    pub const COLLECT_ERROR: &str = "ceems_compute_collect_error";
+    pub const COLLECT_ERROR_HELP: &str = "Indicates collection error, 0=no error, 1=error";
+}
+
+/// Emits the `ceems_compute_unit_*` series of one unit.
+pub fn emit_unit(out: &mut MetricSet, labels: &Labels, s: &UnitStats, opts: ReadOptions) {
+    let g = |out: &mut MetricSet, name: &str, help: &str, v: f64| {
+        out.gauge(name, help, labels.clone(), v)
+    };
+    out.counter(
+        "ceems_compute_unit_cpu_user_seconds_total",
+        "Total job CPU user seconds",
+        labels.clone(),
+        s.cpu_user_seconds,
+    );
+    out.counter(
+        "ceems_compute_unit_cpu_system_seconds_total",
+        "Total job CPU system seconds",
+        labels.clone(),
+        s.cpu_system_seconds,
+    );
+    g(
+        out,
+        "ceems_compute_unit_cpus",
+        "Total number of job CPUs",
+        s.cpus as f64,
+    );
+    g(
+        out,
+        "ceems_compute_unit_memory_rss_bytes",
+        "Memory RSS used in bytes",
+        s.memory_rss_bytes,
+    );
+    g(
+        out,
+        "ceems_compute_unit_memory_cache_bytes",
+        "Memory cache used in bytes",
+        s.memory_cache_bytes,
+    );
+    g(
+        out,
+        "ceems_compute_unit_memory_used_bytes",
+        "Memory used in bytes",
+        s.memory_used_bytes,
+    );
+    g(
+        out,
+        "ceems_compute_unit_memory_total_bytes",
+        "Memory total in bytes",
+        s.memory_total_bytes,
+    );
+    g(
+        out,
+        "ceems_compute_unit_memory_fail_count",
+        "Memory fail count",
+        s.memory_fail_count,
+    );
+    if opts.swap {
+        g(
+            out,
+            "ceems_compute_unit_memsw_used_bytes",
+            "Swap used in bytes",
+            s.memsw_used_bytes,
+        );
+        g(
+            out,
+            "ceems_compute_unit_memsw_total_bytes",
+            "Swap total in bytes",
+            s.memsw_total_bytes,
+        );
+        g(
+            out,
+            "ceems_compute_unit_memsw_fail_count",
+            "Swap fail count",
+            s.memsw_fail_count,
+        );
+    }
+    if opts.psi {
+        g(
+            out,
+            "ceems_compute_unit_cpu_psi_seconds",
+            "Total CPU PSI in seconds",
+            s.cpu_psi_seconds,
+        );
+        g(
+            out,
+            "ceems_compute_unit_memory_psi_seconds",
+            "Total memory PSI in seconds",
+            s.memory_psi_seconds,
+        );
+    }
+}
+
+/// Emits the detail series of one unit with its `base` labels; devices are named through
+/// `devices`.
+pub fn emit_detail(
+    out: &mut MetricSet,
+    base: &[(&str, &str)],
+    d: &UnitDetail,
+    devices: &HashMap<(u32, u32), String>,
+) {
+    let labels = &Labels::new(base);
+    let with = |name: &str, value: &str| {
+        let mut pairs = base.to_vec();
+        pairs.push((name, value));
+        Labels::new(&pairs)
+    };
+    if let Some(m) = &d.memory {
+        for (name, help, v) in [
+            (
+                "ceems_compute_unit_memory_rss_huge_bytes",
+                "Anonymous transparent huge pages in bytes",
+                m.rss_huge,
+            ),
+            (
+                "ceems_compute_unit_memory_mapped_file_bytes",
+                "Memory-mapped file pages in bytes",
+                m.mapped_file,
+            ),
+            (
+                "ceems_compute_unit_memory_active_file_bytes",
+                "Active file cache in bytes",
+                m.active_file,
+            ),
+            (
+                "ceems_compute_unit_memory_inactive_file_bytes",
+                "Inactive file cache in bytes",
+                m.inactive_file,
+            ),
+            (
+                "ceems_compute_unit_memory_unevictable_bytes",
+                "Unevictable memory in bytes",
+                m.unevictable,
+            ),
+            (
+                "ceems_compute_unit_memory_shmem_bytes",
+                "Shared memory (tmpfs, shm) in bytes",
+                m.shmem,
+            ),
+        ] {
+            out.gauge(name, help, labels.clone(), v);
+        }
+        if let Some(max) = m.max_used {
+            out.gauge(
+                "ceems_compute_unit_memory_max_used_bytes",
+                "Highest memory use of the job in bytes",
+                labels.clone(),
+                max,
+            );
+        }
+    }
+    for (core, secs) in d.per_core_seconds.iter().enumerate() {
+        out.counter(
+            "ceems_compute_unit_cpu_per_core_seconds_total",
+            "Total job CPU seconds per core (cgroups v1)",
+            with("core", &core.to_string()),
+            *secs,
+        );
+    }
+    for io in &d.io {
+        let device = devices
+            .get(&(io.major, io.minor))
+            .cloned()
+            .unwrap_or_else(|| format!("{}:{}", io.major, io.minor));
+        let l = with("device", &device);
+        for (name, help, v) in [
+            (
+                "ceems_compute_unit_blkio_read_bytes_total",
+                "Total block IO read bytes",
+                io.rbytes,
+            ),
+            (
+                "ceems_compute_unit_blkio_write_bytes_total",
+                "Total block IO write bytes",
+                io.wbytes,
+            ),
+            (
+                "ceems_compute_unit_blkio_read_requests_total",
+                "Total block IO read requests",
+                io.rios,
+            ),
+            (
+                "ceems_compute_unit_blkio_write_requests_total",
+                "Total block IO write requests",
+                io.wios,
+            ),
+        ] {
+            out.counter(name, help, l.clone(), v as f64);
+        }
+    }
+}
+
+/// Emits one job's process series.
+pub fn emit_processes(
+    out: &mut MetricSet,
+    base: &[(&str, &str)],
+    j: &JobProcesses,
+    exe_limit: usize,
+    ticks_per_second: f64,
+) {
+    let with = |name: &str, value: &str| {
+        let mut pairs = base.to_vec();
+        pairs.push((name, value));
+        Labels::new(&pairs)
+    };
+    for (state, n) in &j.processes_by_state {
+        out.gauge(
+            "ceems_compute_unit_processes",
+            "Processes of the job by state",
+            with("state", state),
+            *n as f64,
+        );
+    }
+    for (state, n) in &j.threads_by_state {
+        out.gauge(
+            "ceems_compute_unit_threads",
+            "Threads of the job by state",
+            with("state", state),
+            *n as f64,
+        );
+    }
+    out.gauge(
+        "ceems_compute_unit_open_fds",
+        "Open file descriptors of the job's processes",
+        Labels::new(base),
+        j.open_fds as f64,
+    );
+    for (exe, ticks) in cap_executables(&j.ticks_by_exe, exe_limit) {
+        out.gauge(
+            "ceems_compute_unit_process_cpu_seconds",
+            "CPU seconds (user and system) of the job's live processes per executable; drops when a process exits",
+            with("exe", &exe),
+            ticks as f64 / ticks_per_second,
+        );
+    }
+}
