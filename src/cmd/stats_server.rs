@@ -428,6 +428,12 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("cannot open {}", db_path.display()))?,
         );
         store.set_admins("config", &admins).await.context("saving the admin users")?;
+        for s in sources.iter() {
+            store
+                .register_cluster(&s.cluster.id, ingest::MANAGER)
+                .await
+                .with_context(|| format!("recording cluster `{}`", s.cluster.id))?;
+        }
         tracing::info!(db = %db_path.display(), clusters = sources.len(), admins = admins.len(), "stats-server started");
         tokio::spawn(update_loop(
             Arc::clone(&store),

@@ -184,6 +184,21 @@ async fn upsert(
 
 impl Store {
     /// Where the next sacct window of `cluster` starts, if a batch was ever committed.
+    /// Records that `cluster`'s jobs come from `manager` (a cluster's manager can change only
+    /// by configuration).
+    pub async fn register_cluster(&self, cluster: &str, manager: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO clusters (id, manager) VALUES (?1, ?2)
+             ON CONFLICT (id) DO UPDATE SET manager = excluded.manager",
+        )
+        .bind(cluster)
+        .bind(manager)
+        .execute(&self.pool)
+        .await?;
+        self.written();
+        Ok(())
+    }
+
     pub async fn window_start(&self, cluster: &str) -> Result<Option<i64>, StoreError> {
         Ok(
             sqlx::query("SELECT window_start FROM ingest_state WHERE cluster_id = ?1")

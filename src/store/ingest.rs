@@ -10,6 +10,8 @@ use super::runner::SlurmCommand;
 use super::sacct::{self, FIELDS};
 use crate::host::command;
 
+/// The resource manager of the clusters ingested here, as the schema records it.
+pub const MANAGER: &str = "slurm";
 /// Largest sacct answer read (about six million jobs).
 pub const MAX_SACCT_OUTPUT: u64 = 1 << 30;
 /// Largest sacctmgr answer read.

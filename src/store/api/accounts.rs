@@ -47,7 +47,8 @@ impl Api {
         p.only(&[])?;
         let q = Sql::new(
             "SELECT u.cluster_id, count(*), min(NULLIF(u.started_at, 0)), max(u.last_updated_at),
-                    (SELECT window_start FROM ingest_state s WHERE s.cluster_id = u.cluster_id)
+                    (SELECT window_start FROM ingest_state s WHERE s.cluster_id = u.cluster_id),
+                    (SELECT c.manager FROM clusters c WHERE c.id = u.cluster_id)
              FROM units u GROUP BY u.cluster_id ORDER BY u.cluster_id",
         );
         let rows = self.fetch(q).await?;
@@ -56,7 +57,7 @@ impl Api {
             .map(|r| {
                 json!({
                     "id": cell(r, 0, Col::Text),
-                    "manager": "slurm",
+                    "manager": cell(r, 5, Col::Text),
                     "num_units": cell(r, 1, Col::Int),
                     "first_started_at_ts": cell(r, 2, Col::Int),
                     "last_updated_at_ts": cell(r, 3, Col::Int),

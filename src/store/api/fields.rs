@@ -17,7 +17,10 @@ pub(super) enum Col {
 
 pub(super) const UNIT_FIELDS: &[UnitField] = &[
     UnitField { name: "cluster_id", sql: "cluster_id" },
-    UnitField { name: "resource_manager", sql: "'slurm'" },
+    UnitField {
+        name: "resource_manager",
+        sql: "(SELECT c.manager FROM clusters c WHERE c.id = cluster_id)",
+    },
     UnitField { name: "uuid", sql: "uuid" },
     UnitField { name: "name", sql: "name" },
     UnitField { name: "project", sql: "project" },

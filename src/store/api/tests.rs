@@ -17,6 +17,7 @@ pub(crate) async fn api_with(lines: &[String], admins: &[&str]) -> (Api, tempfil
     let store = Store::open(&tmp.path().join("ceems.db")).await.unwrap();
     let (jobs, errors) = sacct::parse_output(&lines.join("\n"));
     assert!(errors.is_empty(), "{errors:?}");
+    store.register_cluster("lab", "slurm").await.unwrap();
     store.ingest("lab", &jobs, 0, NOW).await.unwrap();
     let mut assoc = Associations::default();
     for j in &jobs {
@@ -567,4 +568,41 @@ mod no_leaks {
             })?;
         }
     }
+}
+
+#[tokio::test]
+async fn each_cluster_answers_with_its_own_manager() {
+    let (api, _tmp) = api_with(&sample(), &["root"]).await;
+    let (jobs, _) = sacct::parse_output(&line(9, "carol", "bio", NOW - 60, None));
+    api.store.ingest("cloud", &jobs, 0, NOW).await.unwrap();
+    api.store
+        .register_cluster("cloud", "openstack")
+        .await
+        .unwrap();
+    let clusters = data(
+        &api.handle("/api/v1/clusters/admin", None, Some("root"), NOW)
+            .await,
+    );
+    let managers: Vec<(&str, &str)> = clusters
+        .iter()
+        .map(|c| (c["id"].as_str().unwrap(), c["manager"].as_str().unwrap()))
+        .collect();
+    assert_eq!(managers, [("cloud", "openstack"), ("lab", "slurm")]);
+    let units = data(
+        &api.handle(
+            "/api/v1/units/admin",
+            Some("field=uuid&field=resource_manager"),
+            Some("root"),
+            NOW,
+        )
+        .await,
+    );
+    let of = |uuid: &str| {
+        units
+            .iter()
+            .find(|u| u["uuid"] == uuid)
+            .map(|u| u["resource_manager"].clone())
+    };
+    assert_eq!(of("9"), Some(Value::from("openstack")));
+    assert_eq!(of("1"), Some(Value::from("slurm")));
 }
