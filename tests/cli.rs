@@ -195,7 +195,7 @@ fn run_with(config: &str, env: &[(&str, &str)], args: &[&str]) -> (common::Runni
         cmd.env(k, v);
     }
     let running = common::Running {
-        child: cmd.spawn().unwrap(),
+        child: common::KillOnDrop(cmd.spawn().unwrap()),
         port,
     };
     let start = Instant::now();

@@ -8,21 +8,18 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::lab::{as_user, lab, submit, wait_until};
-use common::{parse_series, start_exporter, stub};
+use common::{parse_series, start_exporter, stub, KillOnDrop};
 
-struct Cleanup(Vec<String>, Option<Child>);
+/// Cancels the jobs when dropped.
+struct Cleanup(Vec<String>);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
         let _ = Command::new("scancel").args(&self.0).status();
-        if let Some(c) = &mut self.1 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 
@@ -69,7 +66,9 @@ fn real_slurm_jobs_are_mapped_to_the_gpus_slurm_gave_them() {
         .stderr(Stdio::null())
         .spawn()
         .expect("srun");
-    let mut cleanup = Cleanup(vec![batch.clone()], Some(srun));
+    // Dropped after `cleanup`: the jobs are cancelled, then srun is killed.
+    let _srun = KillOnDrop(srun);
+    let mut cleanup = Cleanup(vec![batch.clone()]);
     let mut srun_job = String::new();
     wait_until("both jobs running", Duration::from_secs(60), || {
         let out = as_user("root", "squeue -h -t R -o '%i %j'");

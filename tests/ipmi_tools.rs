@@ -7,10 +7,10 @@ mod common;
 
 use std::net::UdpSocket;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ensure_tools, parse_series, runnable, start_exporter};
+use common::{ensure_tools, parse_series, runnable, start_exporter, KillOnDrop};
 
 /// A tool's full path: PATH, then the sbin directories (a CI PATH may lack /usr/sbin).
 fn tool(name: &str) -> String {
@@ -37,13 +37,10 @@ fn tools_present() -> bool {
             .is_ok_and(|s| s.success())
 }
 
-struct Bmc(Child, u16);
-
-impl Drop for Bmc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// The simulated BMC, stopped when dropped, and its UDP port.
+struct Bmc {
+    _process: KillOnDrop,
+    port: u16,
 }
 
 fn simulated_bmc() -> Bmc {
@@ -58,7 +55,10 @@ fn simulated_bmc() -> Bmc {
         .stdout(Stdio::null())
         .spawn()
         .expect("start simulated BMC");
-    let bmc = Bmc(child, port);
+    let bmc = Bmc {
+        _process: KillOnDrop(child),
+        port,
+    };
     // Ready when ipmitool gets an answer.
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(10) {
@@ -83,7 +83,7 @@ fn real_ipmitool_and_ipmi_dcmi_output_is_read() {
         return;
     }
     let bmc = simulated_bmc();
-    let port = bmc.1;
+    let port = bmc.port;
     for cmd in [
         format!(
             "{} -I lanplus -H 127.0.0.1 -p {port} -U admin -P password dcmi power reading",

@@ -6,10 +6,10 @@ mod common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{label_of, name_of, parse_series, start_exporter};
+use common::{label_of, name_of, parse_series, start_exporter, KillOnDrop};
 
 const CGROUPFS: &str = "/sys/fs/cgroup";
 const MEMORY_MIB: u64 = 256;
@@ -17,15 +17,13 @@ const MEMORY_MIB: u64 = 256;
 /// The job's directories, removed (deepest first) when dropped.
 struct JobCgroups {
     dirs: Vec<PathBuf>,
-    child: Option<Child>,
+    child: Option<KillOnDrop>,
 }
 
 impl Drop for JobCgroups {
     fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        // The processes leave first: a cgroup with one cannot be removed.
+        drop(self.child.take());
         // The kernel needs a moment to release a killed task from its cgroups.
         for dir in self.dirs.iter().rev() {
             for _ in 0..50 {
@@ -155,7 +153,7 @@ fn scrape_agrees_with_kernel_accounting() {
         .stdin(Stdio::null())
         .spawn()
         .expect("start burner");
-    job.child = Some(child);
+    job.child = Some(KillOnDrop(child));
 
     // Wait for the burner to finish burning (it then sleeps, so the numbers hold still).
     let user_ticks = cpuacct.join(&job_rel).join("cpuacct.stat");
@@ -294,7 +292,7 @@ fn subtree_shape_follows_steps_not_processes() {
         .spawn()
         .expect("start sleeper");
     let pid = child.id();
-    job.child = Some(child);
+    job.child = Some(KillOnDrop(child));
     let start = Instant::now();
     while !fs::read_to_string(task.join("cgroup.procs"))
         .unwrap_or_default()

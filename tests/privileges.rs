@@ -7,34 +7,25 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, Running};
+use common::{free_port, KillOnDrop, Running};
 
 fn is_root() -> bool {
     nix::unistd::Uid::effective().is_root()
 }
 
-struct Job(Child);
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A process of user `daemon` with `SLURM_JOB_ID` in its environment, in a fake cgroup v2
 /// tree whose job directory has an opaque name (Slurm 26.05): the exporter must read the
 /// process's environ to know the job.
-fn foreign_job(root: &Path, job_id: &str) -> Job {
+fn foreign_job(root: &Path, job_id: &str) -> KillOnDrop {
     let child = Command::new("setpriv")
         .args(["--reuid=daemon", "--regid=daemon", "--clear-groups", "--"])
         .args(["env", &format!("SLURM_JOB_ID={job_id}"), "sleep", "120"])
         .spawn()
         .expect("setpriv");
-    let job = Job(child);
+    let job = KillOnDrop(child);
     let dir = root.join("system.slice/slurmstepd.scope/0f6c1d2e-opaque");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("cgroup.procs"), format!("{}\n", job.0.id())).unwrap();
@@ -89,7 +80,10 @@ fn start(prefix: &[&str], args: &[&str]) -> Running {
         .stdout(Stdio::null())
         .spawn()
         .expect("start exporter");
-    let mut running = Running { child, port };
+    let mut running = Running {
+        child: KillOnDrop(child),
+        port,
+    };
     let start = Instant::now();
     while ureq::get(&running.url("/health")).call().is_err() {
         if let Ok(Some(status)) = running.child.try_wait() {

@@ -7,13 +7,15 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ceems::collect::redfish::{RedfishCollector, WebConfig};
 use ceems::collect::Collector;
 use ceems::metrics::MetricSet;
-use common::{ensure_tools, fixtures, free_port, runnable, start_exporter, start_subcommand};
+use common::{
+    ensure_tools, fixtures, free_port, runnable, start_exporter, start_subcommand, KillOnDrop,
+};
 
 /// `sushy-static`, run through the interpreter pip installed it for, so that a PATH without
 /// pip's script directory does not matter.
@@ -29,13 +31,10 @@ fn sushy_present() -> bool {
         .is_ok_and(|s| s.success())
 }
 
-struct Emulator(Child, u16);
-
-impl Drop for Emulator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// The emulator, stopped when dropped, and its port.
+struct Emulator {
+    _process: KillOnDrop,
+    port: u16,
 }
 
 /// CEEMS's Redfish bodies laid out as a mockup directory (`<path>/index.json`).
@@ -66,7 +65,10 @@ fn emulator(dir: &Path) -> Emulator {
         .stderr(Stdio::null())
         .spawn()
         .expect("start sushy-static");
-    let e = Emulator(child, port);
+    let e = Emulator {
+        _process: KillOnDrop(child),
+        port,
+    };
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(15) {
         if ureq::get(&format!("http://127.0.0.1:{port}/redfish/v1/"))
@@ -106,7 +108,7 @@ fn collector_reads_chassis_power_from_sushy_static() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let emu = emulator(&tmp.path().join("mockup"));
-    let cfg = WebConfig::load(&config(tmp.path(), emu.1, None)).unwrap();
+    let cfg = WebConfig::load(&config(tmp.path(), emu.port, None)).unwrap();
     let c = RedfishCollector::new(&cfg, "node", "").unwrap();
     let mut set = MetricSet::new();
     c.collect(&mut set).unwrap();
@@ -123,11 +125,11 @@ fn exporter_reaches_sushy_static_through_the_proxy() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let emu = emulator(&tmp.path().join("mockup"));
-    let target = format!("--redfish.target=10.0.0.5=http://127.0.0.1:{}", emu.1);
+    let target = format!("--redfish.target=10.0.0.5=http://127.0.0.1:{}", emu.port);
     let proxy = start_subcommand("redfish-proxy", tmp.path(), &[&target], &[]);
     let flag = format!(
         "--collector.redfish.web-config={}",
-        config(tmp.path(), emu.1, Some(&proxy.url(""))).display()
+        config(tmp.path(), emu.port, Some(&proxy.url(""))).display()
     );
     let exporter = start_exporter(
         tmp.path(),

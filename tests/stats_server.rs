@@ -49,7 +49,10 @@ fn start_server(dir: &Path, sacct: &Path) -> Running {
         .stderr(Stdio::null())
         .spawn()
         .expect("start stats-server");
-    Running { child, port }
+    Running {
+        child: common::KillOnDrop(child),
+        port,
+    }
 }
 
 async fn counts(db: &Path) -> (i64, i64, String) {

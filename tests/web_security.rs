@@ -118,7 +118,10 @@ fn tls_client_certificates_basic_auth_headers_and_certificate_reload() {
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        common::Running { child, port }
+        common::Running {
+            child: common::KillOnDrop(child),
+            port,
+        }
     };
     let url = format!("https://localhost:{}/metrics", exporter.port);
     let cacert = dir.join("server-ca.pem").display().to_string();

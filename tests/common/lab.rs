@@ -2,7 +2,9 @@
 //! end-to-end tests.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+
+use super::KillOnDrop;
 use std::time::{Duration, Instant};
 
 /// Brings the lab up (idempotent). Needs root.
@@ -71,16 +73,9 @@ pub fn prometheus_tools() -> Result<(), String> {
 
 /// A Prometheus on a fresh TSDB, killed when dropped.
 pub struct Prometheus {
-    child: Child,
+    _child: KillOnDrop,
     pub port: u16,
     _dir: tempfile::TempDir,
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Prometheus {
@@ -113,7 +108,7 @@ impl Prometheus {
             .spawn()
             .expect("start prometheus");
         Prometheus {
-            child,
+            _child: KillOnDrop(child),
             port,
             _dir: dir,
         }

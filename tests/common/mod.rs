@@ -22,17 +22,33 @@ pub fn free_port() -> u16 {
         .expect("no free port on 127.0.0.1")
 }
 
-/// A running `ceems exporter`, killed when dropped.
-pub struct Running {
-    pub child: Child,
-    pub port: u16,
+/// A child process, killed and reaped when dropped: a failing test leaves nothing running.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl std::ops::Deref for KillOnDrop {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
     }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+/// A running `ceems exporter`, killed when dropped.
+pub struct Running {
+    pub child: KillOnDrop,
+    pub port: u16,
 }
 
 impl Running {
@@ -81,7 +97,10 @@ pub fn start_subcommand(
         .stderr(Stdio::inherit())
         .spawn()
         .expect("cannot start ceems");
-    let mut running = Running { child, port };
+    let mut running = Running {
+        child: KillOnDrop(child),
+        port,
+    };
     let start = Instant::now();
     loop {
         // Any HTTP answer means it is up (a 401 behind basic auth included).
