@@ -479,11 +479,11 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                     return web::text_response(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
                 }
                 let path = req.uri().path();
+                let user = req
+                    .headers()
+                    .get(api.user_header.as_str())
+                    .and_then(|v| v.to_str().ok());
                 if path.starts_with("/report/") {
-                    let user = req
-                        .headers()
-                        .get(api.user_header.as_str())
-                        .and_then(|v| v.to_str().ok());
                     let page = reports.handle(path, user, unix_now()).await;
                     let mut resp =
                         web::body_response(page.body, page.content_type, web::accepts_gzip(&req));
@@ -491,10 +491,6 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                     return resp;
                 }
                 if path.starts_with("/api/") {
-                    let user = req
-                        .headers()
-                        .get(api.user_header.as_str())
-                        .and_then(|v| v.to_str().ok());
                     let answer = api.handle(path, req.uri().query(), user, unix_now()).await;
                     let mut resp = web::body_response(
                         answer.body,

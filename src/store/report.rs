@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::aggregate::{HttpPrometheus, PromError};
-use super::api::{Answer, Api};
+use super::api::{Answer, Api, ApiError};
 
 /// A Prometheus range query: the points `(unix time, value)` of the first series.
 pub trait RangeQuery: Send + Sync {
@@ -186,22 +186,21 @@ pub struct Page {
 }
 
 impl Page {
-    fn error(a: Answer, html: bool) -> Page {
+    fn error(e: ApiError, html: bool) -> Page {
+        let status = e.status();
         if !html {
             return Page {
-                status: a.status,
+                status,
                 content_type: "application/json",
-                body: a.text().to_owned(),
+                body: Answer::from(e).text().to_owned(),
             };
         }
-        let message = a.json()["error"].as_str().unwrap_or("error").to_owned();
         Page {
-            status: a.status,
+            status,
             content_type: "text/html; charset=utf-8",
             body: format!(
-                "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Job report</title></head><body><h1>{}</h1><p>{}</p></body></html>\n",
-                a.status,
-                escape(&message)
+                "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Job report</title></head><body><h1>{status}</h1><p>{}</p></body></html>\n",
+                escape(&e.to_string())
             ),
         }
     }
@@ -229,29 +228,13 @@ impl Reports {
         };
         let Some((cluster, job)) = rest.split_once('/') else {
             return Page::error(
-                Answer::error(
-                    StatusCode::NOT_FOUND,
-                    "not_found",
-                    "expected /report/{cluster}/{jobid}",
-                ),
+                ApiError::NotFound("expected /report/{cluster}/{jobid}".into()),
                 html,
             );
         };
-        let user = match user.map(str::trim) {
-            Some(u) if !u.is_empty() => u,
-            _ => {
-                return Page::error(
-                    Answer::error(
-                        StatusCode::UNAUTHORIZED,
-                        "unauthorized",
-                        format!(
-                            "no user: the request has no {} header",
-                            self.api.user_header
-                        ),
-                    ),
-                    html,
-                )
-            }
+        let user = match self.api.user(user) {
+            Ok(u) => u,
+            Err(a) => return Page::error(a, html),
         };
         let id = match self.api.authorize_job(cluster, job, user).await {
             Ok(id) => id,
@@ -282,7 +265,7 @@ impl Reports {
         cluster: &str,
         job: &str,
         now: i64,
-    ) -> Result<ReportData, Answer> {
+    ) -> Result<ReportData, ApiError> {
         let facts = self.api.unit(id).await?;
         let findings = facts.get("findings").cloned().unwrap_or(json!([]));
         let mut notes = Vec::new();

@@ -5,7 +5,11 @@ use super::*;
 impl Api {
     /// Projects with their members; a user gets only their own projects, and only themselves
     /// as a member.
-    pub(super) async fn projects(&self, p: &Params, scope: Option<&str>) -> Result<Answer, Answer> {
+    pub(super) async fn projects(
+        &self,
+        p: &Params,
+        scope: Option<&str>,
+    ) -> Result<Answer, ApiError> {
         p.only(&["cluster_id", "project"])?;
         let mut q = Sql::new(
             "SELECT p.cluster_id, p.name, a.usr FROM projects p
@@ -23,10 +27,10 @@ impl Api {
     }
 
     /// Users with their projects; a user gets only their own record.
-    pub(super) async fn users(&self, p: &Params, scope: Option<&str>) -> Result<Answer, Answer> {
+    pub(super) async fn users(&self, p: &Params, scope: Option<&str>) -> Result<Answer, ApiError> {
         p.only(&["cluster_id", "user"])?;
         if scope.is_some() && !p.all("user").is_empty() {
-            return Err(Answer::bad("`user` is for /users/admin"));
+            return Err(ApiError::bad("`user` is for /users/admin"));
         }
         let mut q = Sql::new(
             "SELECT u.cluster_id, u.name, a.project FROM users u
@@ -43,7 +47,7 @@ impl Api {
         Ok(Answer::data(grouped(&rows, "name", "projects")))
     }
 
-    pub(super) async fn clusters(&self, p: &Params) -> Result<Answer, Answer> {
+    pub(super) async fn clusters(&self, p: &Params) -> Result<Answer, ApiError> {
         p.only(&[])?;
         let q = Sql::new(
             "SELECT u.cluster_id, count(*), min(NULLIF(u.started_at, 0)), max(u.last_updated_at),

@@ -39,7 +39,7 @@ impl Answer {
         }
     }
 
-    pub fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Answer {
+    fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Answer {
         Answer {
             status,
             body: json!({"status": "error", "errorType": kind, "error": message.into()})
@@ -57,17 +57,67 @@ impl Answer {
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or(Value::Null)
     }
+}
 
-    pub(super) fn bad(message: impl Into<String>) -> Answer {
-        Answer::error(StatusCode::BAD_REQUEST, "bad_data", message)
+/// Why a request got no data. The kind makes the HTTP status and the envelope's `errorType`;
+/// the message is the envelope's `error`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    /// A parameter or path the API does not take.
+    #[error("{0}")]
+    BadData(String),
+    /// No user named in the user header.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// Someone else's job, or an admin route for a user who is not one.
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Internal(String),
+    /// The database does not answer.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl ApiError {
+    pub(super) fn bad(message: impl Into<String>) -> ApiError {
+        ApiError::BadData(message.into())
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadData(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The envelope's `errorType`, as CEEMS names it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ApiError::BadData(_) => "bad_data",
+            ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::Forbidden(_) => "forbidden",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::Internal(_) => "internal",
+            ApiError::Unavailable(_) => "unavailable",
+        }
     }
 }
 
-pub(super) fn query_failed(e: impl std::fmt::Display) -> Answer {
+impl From<ApiError> for Answer {
+    fn from(e: ApiError) -> Answer {
+        Answer::error(e.status(), e.kind(), e.to_string())
+    }
+}
+
+/// A failed query: the log says why, the answer only that it failed.
+pub(super) fn query_failed(e: impl std::fmt::Display) -> ApiError {
     tracing::warn!(error = %e, "API query failed");
-    Answer::error(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "internal",
-        "database query failed",
-    )
+    ApiError::Internal("database query failed".into())
 }

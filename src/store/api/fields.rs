@@ -70,7 +70,7 @@ const _: () = assert!(UNIT_FIELDS.len() <= 64, "FieldSet holds one bit per field
 impl FieldSet {
     pub(super) const ALL: FieldSet = FieldSet(u64::MAX >> (64 - UNIT_FIELDS.len()));
 
-    pub(super) fn parse(names: &[String]) -> Result<FieldSet, Answer> {
+    pub(super) fn parse(names: &[String]) -> Result<FieldSet, ApiError> {
         if names.is_empty() {
             return Ok(FieldSet::ALL);
         }
@@ -80,7 +80,7 @@ impl FieldSet {
                 .iter()
                 .position(|u| u.name == name)
                 .ok_or_else(|| {
-                    Answer::bad(format!(
+                    ApiError::bad(format!(
                         "unknown field `{name}` (known: {})",
                         UNIT_FIELDS
                             .iter()

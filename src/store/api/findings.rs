@@ -5,9 +5,14 @@ use super::*;
 impl Api {
     /// The job `cluster`/`job` (its latest run, should the id have been reused) if `user`
     /// owns it or is an admin: 400 for a non-numeric id, 404 when unknown, 403 otherwise.
-    pub async fn authorize_job(&self, cluster: &str, job: &str, user: &str) -> Result<i64, Answer> {
+    pub async fn authorize_job(
+        &self,
+        cluster: &str,
+        job: &str,
+        user: &str,
+    ) -> Result<i64, ApiError> {
         if job.is_empty() || !job.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(Answer::bad(format!("job id `{job}` is not a number")));
+            return Err(ApiError::bad(format!("job id `{job}` is not a number")));
         }
         let row = sqlx::query(
             "SELECT id, usr FROM units WHERE cluster_id = ?1 AND uuid = ?2
@@ -17,27 +22,21 @@ impl Api {
         .bind(job)
         .fetch_optional(self.store.pool())
         .await
-        .map_err(|e| Answer::error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
         let Some(row) = row else {
-            return Err(Answer::error(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                format!("no job {job} on cluster {cluster}"),
-            ));
+            return Err(ApiError::NotFound(format!(
+                "no job {job} on cluster {cluster}"
+            )));
         };
         let owner: String = row.get(1);
         if owner != user && !self.store.is_admin(user).await.unwrap_or(false) {
-            return Err(Answer::error(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                format!("job {job} is not {user}'s"),
-            ));
+            return Err(ApiError::Forbidden(format!("job {job} is not {user}'s")));
         }
         Ok(row.get(0))
     }
 
     /// Every unit field of the row `id`, as a JSON object.
-    pub async fn unit(&self, id: i64) -> Result<Value, Answer> {
+    pub async fn unit(&self, id: i64) -> Result<Value, ApiError> {
         let mut q = Sql::new("SELECT json_object(");
         q.push(&FieldSet::ALL.json_pairs())
             .push(") FROM units WHERE id = ")
@@ -47,9 +46,7 @@ impl Api {
             .first()
             .and_then(|r| r.try_get(0).ok())
             .unwrap_or_else(|| "null".to_owned());
-        serde_json::from_str(&json).map_err(|e| {
-            Answer::error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-        })
+        serde_json::from_str(&json).map_err(|e| ApiError::Internal(e.to_string()))
     }
 
     pub(super) async fn job_findings(
@@ -57,7 +54,7 @@ impl Api {
         cluster: &str,
         job: &str,
         user: &str,
-    ) -> Result<Answer, Answer> {
+    ) -> Result<Answer, ApiError> {
         let row = self.authorize_job(cluster, job, user).await?;
         let mut q = Sql::new(
             "SELECT json_object('cluster_id', cluster_id, 'uuid', uuid, 'user', usr,
@@ -73,7 +70,7 @@ impl Api {
     }
 
     /// The most frequent findings per project over jobs that ended in the window.
-    pub(super) async fn findings_summary(&self, p: &Params, now: i64) -> Result<Answer, Answer> {
+    pub(super) async fn findings_summary(&self, p: &Params, now: i64) -> Result<Answer, ApiError> {
         p.only(&["from", "to", "cluster_id", "project"])?;
         let (from, to) = window(p, now)?;
         let mut q = Sql::new(

@@ -27,8 +27,8 @@ mod sql;
 mod units;
 mod usage;
 
-pub use answer::Answer;
 use answer::*;
+pub use answer::{Answer, ApiError};
 use fields::*;
 pub use params::Params;
 use params::*;
@@ -62,6 +62,17 @@ pub struct Api {
 }
 
 impl Api {
+    /// The user a request names in the user header, trimmed; 401 when it names none.
+    pub fn user<'a>(&self, header: Option<&'a str>) -> Result<&'a str, ApiError> {
+        match header.map(str::trim) {
+            Some(u) if !u.is_empty() => Ok(u),
+            _ => Err(ApiError::Unauthorized(format!(
+                "no user: the request has no {} header",
+                self.user_header
+            ))),
+        }
+    }
+
     pub fn new(store: std::sync::Arc<Store>, user_header: &str) -> Api {
         Api {
             store,
@@ -112,32 +123,18 @@ impl Api {
         now: i64,
     ) -> Answer {
         let Some(route) = path.strip_prefix("/api/v1") else {
-            return Answer::error(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                format!("no route {path}"),
-            );
+            return ApiError::NotFound(format!("no route {path}")).into();
         };
         let route = route.trim_end_matches('/');
         if route == "/health" {
             return match self.store.integrity_ping().await {
                 Ok(()) => Answer::data(json!("ok")),
-                Err(e) => Answer::error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "unavailable",
-                    e.to_string(),
-                ),
+                Err(e) => ApiError::Unavailable(e.to_string()).into(),
             };
         }
-        let user = match user.map(str::trim) {
-            Some(u) if !u.is_empty() => u,
-            _ => {
-                return Answer::error(
-                    StatusCode::UNAUTHORIZED,
-                    "unauthorized",
-                    format!("no user: the request has no {} header", self.user_header),
-                )
-            }
+        let user = match self.user(user) {
+            Ok(u) => u,
+            Err(e) => return e.into(),
         };
         let (route, admin_route) = match route.strip_suffix("/admin") {
             Some(r) => (r, true),
@@ -159,20 +156,8 @@ impl Api {
         if admin_route {
             match self.store.is_admin(user).await {
                 Ok(true) => {}
-                Ok(false) => {
-                    return Answer::error(
-                        StatusCode::FORBIDDEN,
-                        "forbidden",
-                        format!("{user} is not an admin"),
-                    )
-                }
-                Err(e) => {
-                    return Answer::error(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "internal",
-                        e.to_string(),
-                    )
-                }
+                Ok(false) => return ApiError::Forbidden(format!("{user} is not an admin")).into(),
+                Err(e) => return ApiError::Internal(e.to_string()).into(),
             }
         }
         let p = Params::parse(query);
@@ -189,23 +174,19 @@ impl Api {
                 let ids = &r["/units/".len()..r.len() - "/findings".len()];
                 match ids.split_once('/') {
                     Some((cluster, job)) => self.job_findings(cluster, job, user).await,
-                    None => Err(Answer::bad("expected /units/{cluster}/{jobid}/findings")),
+                    None => Err(ApiError::bad("expected /units/{cluster}/{jobid}/findings")),
                 }
             }
-            _ => Err(Answer::error(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                format!("no route {path}"),
-            )),
+            _ => Err(ApiError::NotFound(format!("no route {path}"))),
         };
-        let answer = result.unwrap_or_else(|a| a);
+        let answer = result.unwrap_or_else(Answer::from);
         if answer.status == StatusCode::OK {
             self.remember(key, generation, &answer);
         }
         answer
     }
 
-    async fn fetch(&self, sql: Sql) -> Result<Vec<sqlx::sqlite::SqliteRow>, Answer> {
+    async fn fetch(&self, sql: Sql) -> Result<Vec<sqlx::sqlite::SqliteRow>, ApiError> {
         let mut q = sqlx::query(&sql.text);
         for arg in &sql.args {
             q = match arg {

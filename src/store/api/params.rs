@@ -23,7 +23,7 @@ impl Params {
         self.all(key).last().map(String::as_str)
     }
 
-    pub(super) fn time(&self, key: &str) -> Result<Option<i64>, Answer> {
+    pub(super) fn time(&self, key: &str) -> Result<Option<i64>, ApiError> {
         match self.one(key) {
             None | Some("") => Ok(None),
             Some(v) => v
@@ -32,24 +32,26 @@ impl Params {
                 .filter(|t| *t >= 0)
                 .map(Some)
                 .ok_or_else(|| {
-                    Answer::bad(format!("`{key}`: `{v}` is not a unix time in seconds"))
+                    ApiError::bad(format!("`{key}`: `{v}` is not a unix time in seconds"))
                 }),
         }
     }
 
-    pub(super) fn flag(&self, key: &str) -> Result<bool, Answer> {
+    pub(super) fn flag(&self, key: &str) -> Result<bool, ApiError> {
         match self.one(key) {
             None => Ok(false),
             Some("" | "true" | "1") => Ok(true),
             Some("false" | "0") => Ok(false),
-            Some(v) => Err(Answer::bad(format!("`{key}`: `{v}` is not true or false"))),
+            Some(v) => Err(ApiError::bad(format!(
+                "`{key}`: `{v}` is not true or false"
+            ))),
         }
     }
 
     /// Rejects parameters the route does not know, so a typo is not silently ignored.
-    pub(super) fn only(&self, known: &[&str]) -> Result<(), Answer> {
+    pub(super) fn only(&self, known: &[&str]) -> Result<(), ApiError> {
         match self.0.keys().find(|k| !known.contains(&k.as_str())) {
-            Some(k) => Err(Answer::bad(format!(
+            Some(k) => Err(ApiError::bad(format!(
                 "unknown query parameter `{k}` (known: {})",
                 known.join(", ")
             ))),
@@ -59,11 +61,13 @@ impl Params {
 }
 
 /// Time window of a request: `[from, to]`, by default the last day.
-pub(super) fn window(p: &Params, now: i64) -> Result<(i64, i64), Answer> {
+pub(super) fn window(p: &Params, now: i64) -> Result<(i64, i64), ApiError> {
     let to = p.time("to")?.unwrap_or(now);
     let from = p.time("from")?.unwrap_or(to - DEFAULT_WINDOW_SECONDS);
     if from > to {
-        return Err(Answer::bad(format!("`from` ({from}) is after `to` ({to})")));
+        return Err(ApiError::bad(format!(
+            "`from` ({from}) is after `to` ({to})"
+        )));
     }
     Ok((from, to))
 }

@@ -8,7 +8,7 @@ impl Api {
         &self,
         generation: u64,
         user: &str,
-    ) -> Result<UserSpans, Answer> {
+    ) -> Result<UserSpans, ApiError> {
         if let Some(spans) = self.units.spans(generation, user) {
             return Ok(spans);
         }
@@ -48,7 +48,7 @@ impl Api {
         users: &[String],
         (from, to): (i64, i64),
         running: bool,
-    ) -> Result<Option<Vec<i64>>, Answer> {
+    ) -> Result<Option<Vec<i64>>, ApiError> {
         let mut all = Vec::with_capacity(users.len());
         for user in users {
             match self.user_spans(generation, user).await? {
@@ -70,7 +70,7 @@ impl Api {
         p: &Params,
         scope: Option<&str>,
         now: i64,
-    ) -> Result<Answer, Answer> {
+    ) -> Result<Answer, ApiError> {
         p.only(&[
             "uuid",
             "project",
@@ -82,7 +82,7 @@ impl Api {
             "user",
         ])?;
         if scope.is_some() && !p.all("user").is_empty() {
-            return Err(Answer::bad("`user` is for /units/admin"));
+            return Err(ApiError::bad("`user` is for /units/admin"));
         }
         let fields = FieldSet::parse(p.all("field"))?;
         let (from, to) = window(p, now)?;

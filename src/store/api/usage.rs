@@ -50,7 +50,7 @@ pub(super) fn usage_columns(pre_aggregated: bool) -> Vec<(&'static str, String)>
 
 impl Api {
     /// `groupby`: `user` and/or `project` (default both), always within a cluster.
-    pub(super) fn group_columns(p: &Params) -> Result<Vec<(&'static str, &'static str)>, Answer> {
+    pub(super) fn group_columns(p: &Params) -> Result<Vec<(&'static str, &'static str)>, ApiError> {
         let wanted = p.all("groupby");
         let mut cols = vec![("cluster_id", "cluster_id")];
         if wanted.is_empty() {
@@ -62,7 +62,7 @@ impl Api {
                 "project" => cols.push(("project", "project")),
                 "user" => cols.push(("user", "usr")),
                 other => {
-                    return Err(Answer::bad(format!(
+                    return Err(ApiError::bad(format!(
                         "`groupby`: `{other}` is not user or project"
                     )))
                 }
@@ -102,7 +102,7 @@ impl Api {
         p: &Params,
         scope: Option<&str>,
         now: i64,
-    ) -> Result<Answer, Answer> {
+    ) -> Result<Answer, ApiError> {
         p.only(&["from", "to", "cluster_id", "project", "user", "groupby"])?;
         let window = window(p, now)?;
         self.usage(p, scope, "/usage/current", Some(window)).await
@@ -112,7 +112,7 @@ impl Api {
         &self,
         p: &Params,
         scope: Option<&str>,
-    ) -> Result<Answer, Answer> {
+    ) -> Result<Answer, ApiError> {
         p.only(&["cluster_id", "project", "user", "groupby"])?;
         self.usage(p, scope, "/usage/global", None).await
     }
@@ -125,9 +125,9 @@ impl Api {
         scope: Option<&str>,
         route: &str,
         window: Option<(i64, i64)>,
-    ) -> Result<Answer, Answer> {
+    ) -> Result<Answer, ApiError> {
         if scope.is_some() && !p.all("user").is_empty() {
-            return Err(Answer::bad(format!("`user` is for {route}/admin")));
+            return Err(ApiError::bad(format!("`user` is for {route}/admin")));
         }
         let groups = Self::group_columns(p)?;
         let cols: Vec<&str> = groups.iter().map(|g| g.1).collect();
