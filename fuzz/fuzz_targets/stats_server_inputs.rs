@@ -8,10 +8,10 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    use ceems::store::{aggregate, report, sacct};
+    use ceems::store::{prometheus, sacct};
     let _ = sacct::parse_output(text);
     let _ = sacct::parse_associations(text);
     let _ = sacct::parse_tres(text);
-    let _ = aggregate::parse_vector(text);
-    let _ = report::parse_matrix(text);
+    let _ = prometheus::parse_vector(text);
+    let _ = prometheus::parse_matrix(text);
 });

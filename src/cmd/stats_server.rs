@@ -14,12 +14,13 @@ use serde::Deserialize;
 
 use crate::config::{self, Kind, Layered, LogConfig, Opt};
 use crate::metrics::{Labels, MetricSet, TEXT_CONTENT_TYPE};
-use crate::store::aggregate::{self, HttpPrometheus, Limits, Prometheus, Queries};
+use crate::store::aggregate::{self, Limits, Queries};
 use crate::store::api::Api;
 use crate::store::db::{self, Store};
 use crate::store::findings::Thresholds;
 use crate::store::ingest::{self, Cluster};
-use crate::store::report::{RangeQuery, Reports};
+use crate::store::prometheus::{HttpPrometheus, Prometheus, RangeQuery};
+use crate::store::report::Reports;
 use crate::store::runner::{self, RunMode, SlurmCommand};
 use crate::web;
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::db::{AggregateDelta, AggregateTarget, Store, StoreError};
+use super::prometheus::{PromError, Prometheus};
 
 /// How an aggregate's query result adds to a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,106 +138,6 @@ impl Queries {
             }
         }
         Ok(())
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum PromError {
-    #[error("Prometheus at {url}: {message}")]
-    Request { url: String, message: String },
-    #[error("Prometheus answered something that is not a vector: {0}")]
-    Shape(String),
-}
-
-/// An instant query: `(uuid, value)` of each series of the result.
-pub trait Prometheus: Send + Sync {
-    fn query(&self, promql: &str, at: i64) -> Result<Vec<(String, f64)>, PromError>;
-}
-
-/// Prometheus's HTTP API (`POST /api/v1/query`).
-pub struct HttpPrometheus {
-    pub url: String,
-    pub agent: ureq::Agent,
-}
-
-impl HttpPrometheus {
-    pub fn new(url: &str, timeout: Duration) -> HttpPrometheus {
-        HttpPrometheus {
-            url: url.trim_end_matches('/').to_owned(),
-            agent: ureq::AgentBuilder::new().timeout(timeout).build(),
-        }
-    }
-}
-
-#[derive(Deserialize)]
-struct PromResponse {
-    status: String,
-    #[serde(default)]
-    data: Option<PromData>,
-    #[serde(default)]
-    error: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct PromData {
-    #[serde(rename = "resultType")]
-    result_type: String,
-    result: Vec<PromSample>,
-}
-
-#[derive(Deserialize)]
-struct PromSample {
-    metric: HashMap<String, String>,
-    value: (f64, String),
-}
-
-/// Parses an instant query's JSON answer into `(uuid, value)`.
-pub fn parse_vector(body: &str) -> Result<Vec<(String, f64)>, PromError> {
-    let r: PromResponse =
-        serde_json::from_str(body).map_err(|e| PromError::Shape(e.to_string()))?;
-    if r.status != "success" {
-        return Err(PromError::Shape(r.error.unwrap_or(r.status)));
-    }
-    let data = r.data.ok_or_else(|| PromError::Shape("no data".into()))?;
-    if data.result_type != "vector" {
-        return Err(PromError::Shape(format!(
-            "result type {}",
-            data.result_type
-        )));
-    }
-    Ok(data
-        .result
-        .into_iter()
-        .filter_map(|s| {
-            let v: f64 = s.value.1.parse().ok()?;
-            Some((s.metric.get("uuid")?.clone(), v))
-        })
-        .filter(|(_, v)| v.is_finite())
-        .collect())
-}
-
-impl Prometheus for HttpPrometheus {
-    fn query(&self, promql: &str, at: i64) -> Result<Vec<(String, f64)>, PromError> {
-        let url = format!("{}/api/v1/query", self.url);
-        let err = |message: String| PromError::Request {
-            url: url.clone(),
-            message,
-        };
-        let at = at.to_string();
-        let body = match self
-            .agent
-            .post(&url)
-            .send_form(&[("query", promql), ("time", &at)])
-        {
-            Ok(r) => r.into_string().map_err(|e| err(e.to_string()))?,
-            // Prometheus explains a bad query in the JSON body of a 400/422.
-            Err(ureq::Error::Status(code, r)) => {
-                let text = r.into_string().unwrap_or_default();
-                return Err(err(format!("status {code}: {}", text.trim())));
-            }
-            Err(e) => return Err(err(e.to_string())),
-        };
-        parse_vector(&body)
     }
 }
 
@@ -526,21 +427,6 @@ mod tests {
                 900
             ),
             1
-        );
-    }
-
-    #[test]
-    fn a_prometheus_answer_is_read_and_a_bad_one_is_an_error() {
-        let ok = r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"uuid":"7"},"value":[1,"12.5"]},{"metric":{},"value":[1,"3"]},{"metric":{"uuid":"8"},"value":[1,"NaN"]}]}}"#;
-        assert_eq!(parse_vector(ok).unwrap(), vec![("7".to_owned(), 12.5)]);
-        assert!(parse_vector(r#"{"status":"error","error":"parse error"}"#)
-            .unwrap_err()
-            .to_string()
-            .contains("parse error"));
-        assert!(parse_vector("<html>").is_err());
-        assert!(
-            parse_vector(r#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#)
-                .is_err()
         );
     }
 

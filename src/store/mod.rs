@@ -5,6 +5,7 @@ pub mod api;
 pub mod db;
 pub mod findings;
 pub mod ingest;
+pub mod prometheus;
 pub mod report;
 pub mod runner;
 pub mod sacct;

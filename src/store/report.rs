@@ -12,81 +12,8 @@ use hyper::StatusCode;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::aggregate::{HttpPrometheus, PromError};
 use super::api::{Answer, Api, ApiError};
-
-/// A Prometheus range query: the points `(unix time, value)` of the first series.
-pub trait RangeQuery: Send + Sync {
-    fn query_range(
-        &self,
-        promql: &str,
-        start: i64,
-        end: i64,
-        step: i64,
-    ) -> Result<Vec<(f64, f64)>, PromError>;
-}
-
-impl RangeQuery for HttpPrometheus {
-    fn query_range(
-        &self,
-        promql: &str,
-        start: i64,
-        end: i64,
-        step: i64,
-    ) -> Result<Vec<(f64, f64)>, PromError> {
-        let url = format!("{}/api/v1/query_range", self.url);
-        let err = |message: String| PromError::Request {
-            url: url.clone(),
-            message,
-        };
-        let (start, end, step) = (start.to_string(), end.to_string(), step.to_string());
-        let body = match self.agent.post(&url).send_form(&[
-            ("query", promql),
-            ("start", &start),
-            ("end", &end),
-            ("step", &step),
-        ]) {
-            Ok(r) => r.into_string().map_err(|e| err(e.to_string()))?,
-            Err(ureq::Error::Status(code, r)) => {
-                let text = r.into_string().unwrap_or_default();
-                return Err(err(format!("status {code}: {}", text.trim())));
-            }
-            Err(e) => return Err(err(e.to_string())),
-        };
-        parse_matrix(&body)
-    }
-}
-
-/// The first series of a range query's JSON answer.
-pub fn parse_matrix(body: &str) -> Result<Vec<(f64, f64)>, PromError> {
-    let v: Value = serde_json::from_str(body).map_err(|e| PromError::Shape(e.to_string()))?;
-    if v["status"] != "success" {
-        return Err(PromError::Shape(
-            v["error"].as_str().unwrap_or("not a success").to_owned(),
-        ));
-    }
-    if v["data"]["resultType"] != "matrix" {
-        return Err(PromError::Shape(format!(
-            "result type {}",
-            v["data"]["resultType"]
-        )));
-    }
-    let Some(first) = v["data"]["result"].as_array().and_then(|r| r.first()) else {
-        return Ok(Vec::new());
-    };
-    Ok(first["values"]
-        .as_array()
-        .map(|vals| {
-            vals.iter()
-                .filter_map(|p| {
-                    let t = p.get(0)?.as_f64()?;
-                    let y: f64 = p.get(1)?.as_str()?.parse().ok()?;
-                    y.is_finite().then_some((t, y))
-                })
-                .collect()
-        })
-        .unwrap_or_default())
-}
+use super::prometheus::{PromError, RangeQuery};
 
 /// One plot of the report.
 struct PlotSpec {
@@ -524,16 +451,6 @@ table{{border-collapse:collapse}}td,th{{text-align:left;padding:.2rem .8rem .2re
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_range_answer_is_read_and_a_bad_one_is_an_error() {
-        let ok = r#"{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[10,"1.5"],[20,"NaN"],[30,"2"]]}]}}"#;
-        assert_eq!(parse_matrix(ok).unwrap(), vec![(10.0, 1.5), (30.0, 2.0)]);
-        let empty = r#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#;
-        assert!(parse_matrix(empty).unwrap().is_empty());
-        assert!(parse_matrix(r#"{"status":"error","error":"bad query"}"#).is_err());
-        assert!(parse_matrix("[").is_err());
-    }
 
     #[test]
     fn a_plot_is_an_svg_with_a_path_and_text_is_escaped() {

@@ -1,0 +1,201 @@
+//! The stats-server's Prometheus client: instant queries for the per-job aggregates, range
+//! queries for the report's plots, both as form POSTs to Prometheus's HTTP API.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PromError {
+    #[error("Prometheus at {url}: {message}")]
+    Request { url: String, message: String },
+    #[error("Prometheus answered something that is not what was asked: {0}")]
+    Shape(String),
+}
+
+/// An instant query: `(uuid, value)` of each series of the result.
+pub trait Prometheus: Send + Sync {
+    fn query(&self, promql: &str, at: i64) -> Result<Vec<(String, f64)>, PromError>;
+}
+
+/// A range query: the points `(unix time, value)` of the first series.
+pub trait RangeQuery: Send + Sync {
+    fn query_range(
+        &self,
+        promql: &str,
+        start: i64,
+        end: i64,
+        step: i64,
+    ) -> Result<Vec<(f64, f64)>, PromError>;
+}
+
+/// Prometheus's HTTP API at `url`.
+pub struct HttpPrometheus {
+    pub url: String,
+    pub agent: ureq::Agent,
+}
+
+impl HttpPrometheus {
+    pub fn new(url: &str, timeout: Duration) -> HttpPrometheus {
+        HttpPrometheus {
+            url: url.trim_end_matches('/').to_owned(),
+            agent: ureq::AgentBuilder::new().timeout(timeout).build(),
+        }
+    }
+
+    /// The body of `POST <url>/api/v1/<endpoint>` with `form`.
+    fn post(&self, endpoint: &str, form: &[(&str, &str)]) -> Result<String, PromError> {
+        let url = format!("{}/api/v1/{endpoint}", self.url);
+        let err = |message: String| PromError::Request {
+            url: url.clone(),
+            message,
+        };
+        match self.agent.post(&url).send_form(form) {
+            Ok(r) => r.into_string().map_err(|e| err(e.to_string())),
+            // Prometheus explains a bad query in the JSON body of a 400/422.
+            Err(ureq::Error::Status(code, r)) => {
+                let text = r.into_string().unwrap_or_default();
+                Err(err(format!("status {code}: {}", text.trim())))
+            }
+            Err(e) => Err(err(e.to_string())),
+        }
+    }
+}
+
+impl Prometheus for HttpPrometheus {
+    fn query(&self, promql: &str, at: i64) -> Result<Vec<(String, f64)>, PromError> {
+        let body = self.post("query", &[("query", promql), ("time", &at.to_string())])?;
+        parse_vector(&body)
+    }
+}
+
+impl RangeQuery for HttpPrometheus {
+    fn query_range(
+        &self,
+        promql: &str,
+        start: i64,
+        end: i64,
+        step: i64,
+    ) -> Result<Vec<(f64, f64)>, PromError> {
+        let body = self.post(
+            "query_range",
+            &[
+                ("query", promql),
+                ("start", &start.to_string()),
+                ("end", &end.to_string()),
+                ("step", &step.to_string()),
+            ],
+        )?;
+        parse_matrix(&body)
+    }
+}
+
+#[derive(Deserialize)]
+struct PromResponse {
+    status: String,
+    #[serde(default)]
+    data: Option<PromData>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct PromData {
+    #[serde(rename = "resultType")]
+    result_type: String,
+    result: Vec<PromSample>,
+}
+
+#[derive(Deserialize)]
+struct PromSample {
+    metric: HashMap<String, String>,
+    value: (f64, String),
+}
+
+/// Parses an instant query's JSON answer into `(uuid, value)`.
+pub fn parse_vector(body: &str) -> Result<Vec<(String, f64)>, PromError> {
+    let r: PromResponse =
+        serde_json::from_str(body).map_err(|e| PromError::Shape(e.to_string()))?;
+    if r.status != "success" {
+        return Err(PromError::Shape(r.error.unwrap_or(r.status)));
+    }
+    let data = r.data.ok_or_else(|| PromError::Shape("no data".into()))?;
+    if data.result_type != "vector" {
+        return Err(PromError::Shape(format!(
+            "result type {}",
+            data.result_type
+        )));
+    }
+    Ok(data
+        .result
+        .into_iter()
+        .filter_map(|s| {
+            let v: f64 = s.value.1.parse().ok()?;
+            Some((s.metric.get("uuid")?.clone(), v))
+        })
+        .filter(|(_, v)| v.is_finite())
+        .collect())
+}
+
+/// The first series of a range query's JSON answer.
+pub fn parse_matrix(body: &str) -> Result<Vec<(f64, f64)>, PromError> {
+    let v: Value = serde_json::from_str(body).map_err(|e| PromError::Shape(e.to_string()))?;
+    if v["status"] != "success" {
+        return Err(PromError::Shape(
+            v["error"].as_str().unwrap_or("not a success").to_owned(),
+        ));
+    }
+    if v["data"]["resultType"] != "matrix" {
+        return Err(PromError::Shape(format!(
+            "result type {}",
+            v["data"]["resultType"]
+        )));
+    }
+    let Some(first) = v["data"]["result"].as_array().and_then(|r| r.first()) else {
+        return Ok(Vec::new());
+    };
+    Ok(first["values"]
+        .as_array()
+        .map(|vals| {
+            vals.iter()
+                .filter_map(|p| {
+                    let t = p.get(0)?.as_f64()?;
+                    let y: f64 = p.get(1)?.as_str()?.parse().ok()?;
+                    y.is_finite().then_some((t, y))
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prometheus_answer_is_read_and_a_bad_one_is_an_error() {
+        let ok = r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"uuid":"7"},"value":[1,"12.5"]},{"metric":{},"value":[1,"3"]},{"metric":{"uuid":"8"},"value":[1,"NaN"]}]}}"#;
+        assert_eq!(parse_vector(ok).unwrap(), vec![("7".to_owned(), 12.5)]);
+        assert!(parse_vector(r#"{"status":"error","error":"parse error"}"#)
+            .unwrap_err()
+            .to_string()
+            .contains("parse error"));
+        assert!(parse_vector("<html>").is_err());
+        assert!(
+            parse_vector(r#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn a_range_answer_is_read_and_a_bad_one_is_an_error() {
+        let ok = r#"{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[10,"1.5"],[20,"NaN"],[30,"2"]]}]}}"#;
+        assert_eq!(parse_matrix(ok).unwrap(), vec![(10.0, 1.5), (30.0, 2.0)]);
+        let empty = r#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#;
+        assert!(parse_matrix(empty).unwrap().is_empty());
+        assert!(parse_matrix(r#"{"status":"error","error":"bad query"}"#).is_err());
+        assert!(parse_matrix("[").is_err());
+    }
+}
