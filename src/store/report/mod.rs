@@ -5,7 +5,6 @@
 //! scripts. The user and admins are as for the API.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use hyper::StatusCode;
@@ -14,6 +13,12 @@ use serde_json::{json, Value};
 
 use super::api::{Answer, Api, ApiError};
 use super::prometheus::{PromError, RangeQuery};
+
+mod html;
+mod svg;
+
+use html::{escape, render_html};
+pub use svg::svg;
 
 /// One plot of the report.
 struct PlotSpec {
@@ -89,21 +94,6 @@ pub struct Reports {
 
 /// Points per plot at most: the step is fitted to the job's length.
 const MAX_POINTS: i64 = 240;
-
-fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '&' => out.push_str("&amp;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
 
 /// The page's response: status, content type and body.
 pub struct Page {
@@ -246,206 +236,6 @@ impl Reports {
             notes,
         })
     }
-}
-
-/// Draws a plot as SVG: time since the job's start against the value.
-pub fn svg(plot: &Plot) -> String {
-    use plotters::prelude::*;
-    let mut out = String::new();
-    let t0 = plot.points.first().map(|p| p.0).unwrap_or(0.0);
-    let data_max = plot.points.iter().map(|p| p.1).fold(0.0, f64::max);
-    let top = data_max.max(plot.y_top.unwrap_or(0.0));
-    // Bytes in the unit that gives readable ticks.
-    let (scale, unit) = match plot.unit.as_str() {
-        "bytes" if top >= 1073741824.0 => (1073741824.0, "GiB"),
-        "bytes" => (1048576.0, "MiB"),
-        u => (1.0, u),
-    };
-    let span = plot.points.last().map(|p| p.0 - t0).unwrap_or(0.0);
-    let (per, x_unit) = match span {
-        s if s < 180.0 => (1.0, "seconds"),
-        s if s < 3.0 * 3600.0 => (60.0, "minutes"),
-        _ => (3600.0, "hours"),
-    };
-    let pts: Vec<(f64, f64)> = plot
-        .points
-        .iter()
-        .map(|(t, v)| ((t - t0) / per, v / scale))
-        .collect();
-    let x_max = (span / per).max(1.0 / per);
-    let y_max = if top > 0.0 { 1.05 * top / scale } else { 1.0 };
-    {
-        let root = SVGBackend::with_string(&mut out, (720, 260)).into_drawing_area();
-        let drawn = (|| -> Result<(), Box<dyn std::error::Error + '_>> {
-            root.fill(&WHITE)?;
-            let mut chart = ChartBuilder::on(&root)
-                .caption(format!("{} ({unit})", plot.title), ("sans-serif", 18))
-                .margin(12)
-                .x_label_area_size(36)
-                .y_label_area_size(56)
-                .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
-            chart
-                .configure_mesh()
-                .x_desc(format!("{x_unit} since start"))
-                .light_line_style(WHITE.mix(0.0))
-                .draw()?;
-            chart.draw_series(LineSeries::new(pts.iter().copied(), BLUE.stroke_width(2)))?;
-            root.present()?;
-            Ok(())
-        })();
-        if let Err(e) = drawn {
-            tracing::warn!(plot = plot.title, error = %e, "cannot draw plot");
-        }
-    }
-    polylines_to_paths(&out)
-}
-
-/// plotters writes lines as `<polyline points="x,y x,y"/>`; a `<path>` is what every SVG
-/// consumer (and our browser test) reads as a drawn line.
-fn polylines_to_paths(svg: &str) -> String {
-    let mut out = String::with_capacity(svg.len());
-    let mut rest = svg;
-    while let Some(i) = rest.find("<polyline") {
-        out.push_str(&rest[..i]);
-        let tail = &rest[i..];
-        let Some(end) = tail.find("/>") else {
-            out.push_str(tail);
-            return out;
-        };
-        let element = &tail[..end];
-        let points = element
-            .split("points=\"")
-            .nth(1)
-            .and_then(|p| p.split('"').next())
-            .unwrap_or("");
-        let attrs = element
-            .trim_start_matches("<polyline")
-            .replace(&format!("points=\"{points}\""), "");
-        let mut d = String::new();
-        for (k, xy) in points.split_whitespace().enumerate() {
-            d.push_str(if k == 0 { "M" } else { " L" });
-            d.push_str(xy);
-        }
-        let _ = write!(out, "<path d=\"{d}\"{}/>", attrs.trim_end());
-        rest = &tail[end + 2..];
-    }
-    out.push_str(rest);
-    out
-}
-
-fn human_duration(s: i64) -> String {
-    let s = s.max(0);
-    format!("{}:{:02}:{:02}", s / 3600, (s % 3600) / 60, s % 60)
-}
-
-fn render_html(cluster: &str, job: &str, data: &ReportData) -> String {
-    let j = &data.job;
-    let text = |k: &str| escape(j[k].as_str().unwrap_or(""));
-    let num = |k: &str| j[k].as_f64().unwrap_or(0.0);
-    let time = |k: &str| match j[k].as_i64().and_then(|t| u64::try_from(t).ok()) {
-        Some(t) => {
-            let at = humantime::format_rfc3339_seconds(
-                std::time::UNIX_EPOCH + std::time::Duration::from_secs(t),
-            )
-            .to_string();
-            format!(
-                "<time datetime=\"{at}\">{} UTC</time>",
-                at.replace('T', " ").trim_end_matches('Z')
-            )
-        }
-        None => "—".to_owned(),
-    };
-    let mut h = String::new();
-    let _ = write!(
-        h,
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-<meta name=\"viewport\" content=\"width=device-width\">\
-<title>Job {job} on {cluster}</title><style>\
-body{{font-family:sans-serif;max-width:60rem;margin:1rem auto;padding:0 1rem;color:#222}}\
-table{{border-collapse:collapse}}td,th{{text-align:left;padding:.2rem .8rem .2rem 0}}\
-.finding{{border-left:.3rem solid #888;padding:.3rem .8rem;margin:.6rem 0;background:#f6f6f6}}\
-.critical{{border-color:#c0392b}}.warning{{border-color:#e67e22}}.info{{border-color:#2980b9}}\
-.advice{{color:#555}}svg{{max-width:100%;height:auto}}</style></head><body>\n",
-        job = escape(job),
-        cluster = escape(cluster)
-    );
-    let _ = write!(
-        h,
-        "<h1>Job {} “{}”</h1>\n<table>\
-<tr><th>Cluster</th><td>{}</td></tr><tr><th>User</th><td>{}</td></tr>\
-<tr><th>Project</th><td>{}</td></tr><tr><th>Partition</th><td>{}</td></tr>\
-<tr><th>State</th><td>{} (exit code {})</td></tr>\
-<tr><th>Started</th><td>{}</td></tr><tr><th>Ended</th><td>{}</td></tr>\
-<tr><th>Elapsed</th><td>{}{}</td></tr>\
-<tr><th>Asked for</th><td>{} CPU cores, {:.1} GiB of memory, {} GPU(s)</td></tr>\
-<tr><th>Nodes</th><td>{}</td></tr></table>\n",
-        escape(job),
-        text("name"),
-        escape(cluster),
-        text("user"),
-        text("project"),
-        text("partition"),
-        text("state"),
-        text("exit_code"),
-        time("started_at_ts"),
-        time("ended_at_ts"),
-        human_duration(j["elapsed_seconds"].as_i64().unwrap_or(0)),
-        match j["time_limit_seconds"].as_i64() {
-            Some(l) => format!(" of {} asked for", human_duration(l)),
-            None => String::new(),
-        },
-        num("alloc_cpus"),
-        num("alloc_mem_bytes") / 1073741824.0,
-        num("alloc_gpus"),
-        text("nodes"),
-    );
-    h.push_str("<h2>Energy and emissions</h2>\n<table>");
-    let _ = writeln!(
-        h,
-        "<tr><th>Host energy</th><td>{:.3} kWh</td></tr><tr><th>CPU energy</th><td>{:.3} kWh</td></tr>\
-<tr><th>GPU energy</th><td>{:.3} kWh</td></tr><tr><th>Emissions</th><td>{:.1} g CO2e</td></tr>\
-<tr><th>CPU time</th><td>{:.0} s (mean use {})</td></tr></table>",
-        num("total_host_energy_usage_kwh"),
-        num("total_cpu_energy_usage_kwh"),
-        num("total_gpu_energy_usage_kwh"),
-        num("total_emissions_gms"),
-        num("total_cpu_seconds"),
-        match j["avg_cpu_usage"].as_f64() {
-            Some(u) => format!("{u:.0}% of the allocated cores"),
-            None => "unknown".to_owned(),
-        },
-    );
-    h.push_str("<h2>Findings</h2>\n");
-    match data.findings.as_array() {
-        Some(list) if !list.is_empty() => {
-            for f in list {
-                let sev = f["severity"].as_str().unwrap_or("info");
-                let _ = writeln!(
-                    h,
-                    "<div class=\"finding {}\"><strong>{}</strong> <span>{}</span><p class=\"advice\">{}</p></div>",
-                    escape(sev),
-                    escape(&sev.to_uppercase()),
-                    escape(f["message"].as_str().unwrap_or("")),
-                    escape(f["advice"].as_str().unwrap_or(""))
-                );
-            }
-        }
-        _ => h.push_str("<p>Nothing to report: no rule found a problem with this job (or its data is not in yet).</p>\n"),
-    }
-    h.push_str("<h2>Over the job's life</h2>\n");
-    for p in &data.plots {
-        let _ = writeln!(
-            h,
-            "<figure class=\"plot\" aria-label=\"{}\">{}</figure>",
-            escape(&p.title),
-            svg(p)
-        );
-    }
-    for n in &data.notes {
-        let _ = writeln!(h, "<p class=\"note\">{}</p>", escape(n));
-    }
-    h.push_str("</body></html>\n");
-    h
 }
 
 #[cfg(test)]
