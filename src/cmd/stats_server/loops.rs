@@ -1,0 +1,219 @@
+//! What runs on timers once the server is up: the update of every cluster, backups, and the
+//! counters served on /metrics.
+
+use super::*;
+
+/// Counters of one cluster, served on /metrics.
+#[derive(Default)]
+pub(super) struct Stats {
+    pub(super) rows: AtomicU64,
+    pub(super) malformed: AtomicU64,
+    pub(super) failures: AtomicU64,
+    pub(super) last_success: AtomicU64,
+    /// When the last full update (jobs, aggregates, findings, usage) of the cluster ended.
+    pub(super) last_update: AtomicU64,
+    pub(super) aggregated: AtomicU64,
+    pub(super) aggregate_failures: AtomicU64,
+    pub(super) association_failures: AtomicU64,
+}
+
+pub(super) fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// A cluster with what it needs at run time.
+pub(super) struct Source {
+    pub(super) cluster: Cluster,
+    pub(super) prometheus: Option<Arc<HttpPrometheus>>,
+    pub(super) stats: Stats,
+}
+
+pub(super) fn metrics(sources: &[Source]) -> String {
+    let mut set = MetricSet::new();
+    for s in sources {
+        let labels = Labels::new(&[("cluster_id", &s.cluster.id)]);
+        let st = &s.stats;
+        for (name, help, v) in [
+            (
+                "ceems_stats_ingested_rows_total",
+                "Job rows written from sacct",
+                &st.rows,
+            ),
+            (
+                "ceems_stats_sacct_malformed_lines_total",
+                "sacct lines skipped as malformed",
+                &st.malformed,
+            ),
+            (
+                "ceems_stats_ingest_failures_total",
+                "Ingestion runs that failed",
+                &st.failures,
+            ),
+            (
+                "ceems_stats_aggregated_units_total",
+                "Job aggregate updates written from Prometheus",
+                &st.aggregated,
+            ),
+            (
+                "ceems_stats_aggregate_failures_total",
+                "Aggregate runs that failed (retried at the next run)",
+                &st.aggregate_failures,
+            ),
+            (
+                "ceems_stats_sacctmgr_failures_total",
+                "Runs of sacctmgr that failed",
+                &st.association_failures,
+            ),
+        ] {
+            set.counter(name, help, labels.clone(), v.load(Ordering::Relaxed) as f64);
+        }
+        set.gauge(
+            "ceems_stats_last_ingest_timestamp_seconds",
+            "When the last ingestion succeeded",
+            labels.clone(),
+            st.last_success.load(Ordering::Relaxed) as f64,
+        );
+        set.gauge(
+            "ceems_stats_last_update_timestamp_seconds",
+            "When the last update of jobs, aggregates, findings and usage ended",
+            labels,
+            st.last_update.load(Ordering::Relaxed) as f64,
+        );
+    }
+    let mut body = String::new();
+    set.encode_text(&mut body);
+    body
+}
+
+/// What the update loop does and how often.
+pub(super) struct UpdatePlan {
+    pub(super) queries: Queries,
+    pub(super) limits: Limits,
+    pub(super) thresholds: Thresholds,
+    pub(super) interval: Duration,
+    pub(super) first_window: Duration,
+    pub(super) retention: Duration,
+}
+
+/// Every interval: users and projects, jobs, aggregates and usage of each cluster, then
+/// retention.
+pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, plan: UpdatePlan) {
+    let UpdatePlan {
+        queries,
+        limits,
+        thresholds,
+        interval,
+        first_window,
+        retention,
+    } = plan;
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        for s in sources.iter() {
+            let id = s.cluster.id.as_str();
+            let st = &s.stats;
+            match ingest::sync_associations(&store, &s.cluster, unix_now()).await {
+                Ok(Some(n)) => {
+                    tracing::debug!(cluster = id, associations = n, "users and projects updated")
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    st.association_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(cluster = id, error = %e, "users and projects not updated");
+                }
+            }
+            match ingest::ingest_once(&store, &s.cluster, first_window, unix_now()).await {
+                Ok(r) => {
+                    st.rows.fetch_add(r.rows as u64, Ordering::Relaxed);
+                    st.malformed
+                        .fetch_add(r.malformed as u64, Ordering::Relaxed);
+                    st.last_success.store(unix_now() as u64, Ordering::Relaxed);
+                    tracing::info!(
+                        cluster = id,
+                        rows = r.rows,
+                        malformed = r.malformed,
+                        "jobs ingested"
+                    );
+                }
+                Err(e) => {
+                    st.failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(cluster = id, error = %e, "ingestion failed; retrying at the next interval");
+                }
+            }
+            if let Some(prometheus) = &s.prometheus {
+                match aggregate::update(
+                    &store,
+                    Arc::clone(prometheus) as Arc<dyn Prometheus>,
+                    &queries,
+                    &limits,
+                    id,
+                    unix_now(),
+                )
+                .await
+                {
+                    Ok(r) => {
+                        st.aggregated.fetch_add(r.updated as u64, Ordering::Relaxed);
+                        tracing::info!(
+                            cluster = id,
+                            jobs = r.updated,
+                            too_short = r.too_short,
+                            queries = r.queries,
+                            "aggregates updated"
+                        );
+                    }
+                    Err(e) => {
+                        st.aggregate_failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(cluster = id, error = %e, "aggregates not updated; retried at the next interval");
+                    }
+                }
+            }
+            match store.refresh_findings(id, &thresholds, unix_now()).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(cluster = id, jobs = n, "findings updated"),
+                Err(e) => tracing::warn!(cluster = id, error = %e, "findings not updated"),
+            }
+            if let Err(e) = store.rebuild_usage(id, unix_now()).await {
+                tracing::warn!(cluster = id, error = %e, "usage not rebuilt");
+            }
+            st.last_update.store(unix_now() as u64, Ordering::Relaxed);
+        }
+        let before = unix_now() - i64::try_from(retention.as_secs()).unwrap_or(i64::MAX / 2);
+        match store.delete_ended_before(before).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(jobs = n, "deleted jobs past the retention period"),
+            Err(e) => tracing::warn!(error = %e, "retention failed"),
+        }
+    }
+}
+
+pub(super) async fn backup_loop(store: Arc<Store>, dir: PathBuf, interval: Duration, keep: usize) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot create the backup directory");
+            continue;
+        }
+        let path = dir.join(db::backup_name(unix_now()));
+        match store.backup_to(&path).await {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), "database backed up");
+                match db::prune_backups(&dir, keep) {
+                    Ok(old) if !old.is_empty() => {
+                        tracing::info!(deleted = old.len(), "old backups pruned")
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(dir = %dir.display(), error = %e, "cannot prune backups")
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(path = %path.display(), error = %e, "backup failed"),
+        }
+    }
+}

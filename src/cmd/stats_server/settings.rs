@@ -1,0 +1,134 @@
+//! The stats-server's settings: storage, Slurm, clusters and Prometheus.
+
+use super::*;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) struct Storage {
+    pub(super) data: DataSettings,
+    #[serde(deserialize_with = "config::de_duration")]
+    pub(super) update_interval: Duration,
+    #[serde(deserialize_with = "config::de_duration")]
+    pub(super) first_window: Duration,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) struct DataSettings {
+    pub(super) path: PathBuf,
+    #[serde(deserialize_with = "config::de_duration")]
+    pub(super) retention_period: Duration,
+    pub(super) backup: BackupSettings,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct BackupSettings {
+    pub(super) path: String,
+    #[serde(deserialize_with = "config::de_duration")]
+    pub(super) interval: Duration,
+    pub(super) keep: i64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) struct SlurmSettings {
+    pub(super) sacct: SacctSettings,
+    pub(super) sacctmgr: PathSetting,
+    pub(super) cluster_id: String,
+    pub(super) run_as_user: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct SacctSettings {
+    pub(super) path: PathBuf,
+    #[serde(deserialize_with = "config::de_duration")]
+    pub(super) timeout: Duration,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct PathSetting {
+    pub(super) path: String,
+}
+
+/// One `[[stats-server.clusters]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(super) struct ClusterSettings {
+    pub(super) id: String,
+    #[serde(default)]
+    pub(super) sacct_path: Option<PathBuf>,
+    #[serde(default)]
+    pub(super) sacctmgr_path: Option<String>,
+    #[serde(default)]
+    pub(super) slurm_cluster_name: Option<String>,
+    #[serde(default)]
+    pub(super) prometheus_url: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) struct PrometheusSettings {
+    pub(super) url: String,
+    #[serde(deserialize_with = "config::de_duration")]
+    pub(super) timeout: Duration,
+    #[serde(deserialize_with = "config::de_duration")]
+    pub(super) cutoff: Duration,
+    pub(super) max_batch: i64,
+    pub(super) max_samples: i64,
+    #[serde(deserialize_with = "config::de_duration")]
+    pub(super) scrape_interval: Duration,
+    #[serde(default)]
+    pub(super) queries: Queries,
+}
+
+/// The Slurm clusters of the configuration: the `clusters` list, or the one of `--slurm.*`.
+pub(super) fn clusters(
+    settings: &Layered,
+    slurm: &SlurmSettings,
+) -> anyhow::Result<Vec<ClusterSettings>> {
+    let list: Option<Vec<ClusterSettings>> = match settings.table.contains_key("clusters") {
+        true => Some(settings.get("clusters")?),
+        false => None,
+    };
+    let list = list.unwrap_or_else(|| {
+        vec![ClusterSettings {
+            id: slurm.cluster_id.clone(),
+            sacct_path: None,
+            sacctmgr_path: None,
+            slurm_cluster_name: None,
+            prometheus_url: None,
+        }]
+    });
+    let mut seen = std::collections::HashSet::new();
+    for c in &list {
+        anyhow::ensure!(!c.id.is_empty(), "clusters: an entry has an empty id");
+        anyhow::ensure!(
+            seen.insert(c.id.clone()),
+            "clusters: id `{}` appears twice",
+            c.id
+        );
+    }
+    Ok(list)
+}
+
+/// Whether the stats-server keeps CAP_SETUID/CAP_SETGID: to run Slurm commands as a user.
+pub fn needed_capabilities(settings: &Layered) -> anyhow::Result<Vec<caps::Capability>> {
+    let user: String = settings.get("slurm.run-as-user")?;
+    Ok(if user.is_empty() {
+        Vec::new()
+    } else {
+        runner::CAPABILITIES.to_vec()
+    })
+}
+
+/// Decides how Slurm commands run, and logs the choice and why.
+pub fn run_mode(run_as_user: &str, probe: &std::path::Path) -> RunMode {
+    if run_as_user.is_empty() {
+        tracing::info!("Slurm commands run as this process's user (--slurm.run-as-user is empty)");
+        return RunMode::Native;
+    }
+    let facts = runner::Facts::of_process(run_as_user);
+    let (mode, why) = runner::choose(&facts, |sudo| runner::sudo_allows(sudo, probe));
+    tracing::info!(mode = %mode, reasons = %why.join("; "), "how sacct and sacctmgr run");
+    mode
+}
