@@ -49,10 +49,21 @@ fn start_server(dir: &Path, sacct: &Path) -> Running {
         .stderr(Stdio::null())
         .spawn()
         .expect("start stats-server");
-    Running {
+    let server = Running {
         child: common::KillOnDrop(child),
         port,
+    };
+    // It listens once its database is open and migrated: the test reads the database (as
+    // root) only after that, so that the files SQLite adds are the server's.
+    let start = Instant::now();
+    while ureq::get(&server.url("/health")).call().is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
+    server
 }
 
 async fn counts(db: &Path) -> (i64, i64, String) {

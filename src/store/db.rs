@@ -19,6 +19,11 @@ pub enum StoreError {
     Open { path: String, source: sqlx::Error },
     #[error("database migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("database {path}: {source}")]
+    Lock {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("database: {0}")]
     Sql(#[from] sqlx::Error),
 }
@@ -53,6 +58,28 @@ impl Store {
             // The WAL file shrinks back after a checkpoint has emptied it.
             .pragma("journal_size_limit", "67108864")
             .foreign_keys(true);
+        // sqlx takes no lock to migrate SQLite, and switching a new database to WAL does not
+        // wait for another connection: two processes opening one new database (the server and
+        // an admin's tool) would fail or apply a migration twice. An exclusive flock makes the
+        // second wait until the first is done. It is taken on the database's directory, never
+        // on the file: closing any descriptor of the file would drop SQLite's fcntl locks on
+        // it, and another process would then take the live WAL for a crashed one.
+        let lock_err = |source| StoreError::Lock {
+            path: path.display().to_string(),
+            source,
+        };
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let file = std::fs::File::open(dir).map_err(lock_err)?;
+        let lock = tokio::task::spawn_blocking(move || {
+            nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+                .map_err(|(_, errno)| std::io::Error::from(errno))
+        })
+        .await
+        .map_err(|e| lock_err(std::io::Error::other(e)))?
+        .map_err(lock_err)?;
         let pool = SqlitePoolOptions::new()
             // WAL lets readers run beside the writer; API requests take the rest.
             .max_connections(8)
@@ -60,6 +87,7 @@ impl Store {
             .await
             .map_err(open_err)?;
         sqlx::migrate!("./migrations").run(&pool).await?;
+        drop(lock);
         Ok(Store {
             pool,
             generation: Default::default(),
@@ -647,6 +675,20 @@ pub fn prune_backups(dir: &Path, keep: usize) -> std::io::Result<Vec<std::path::
 mod tests {
     use super::*;
     use crate::store::sacct;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn two_openers_of_a_new_database_migrate_it_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        for round in 0..8 {
+            let path = tmp.path().join(format!("{round}.db"));
+            let (a, b, c) =
+                tokio::join!(Store::open(&path), Store::open(&path), Store::open(&path));
+            for store in [a, b, c] {
+                let store = store.unwrap_or_else(|e| panic!("round {round}: {e}"));
+                assert_eq!(store.count_units("lab").await.unwrap(), 0);
+            }
+        }
+    }
 
     const LINES: &str = "\
 1|debug|normal|physics|alice|2001|alice|2001|1795358897|1795358897|1795358926|00:00:29|29|0:0|COMPLETED|billing=1,cpu=1,mem=300M,node=1|localhost|/tmp|60|wrap
