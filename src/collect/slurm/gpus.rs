@@ -106,7 +106,12 @@ impl SlurmManager {
         let mut pending: Vec<(&UnitCgroup, Vec<u32>, Vec<u32>, SubtreeShape)> = Vec::new();
         let mut faults = Vec::new();
         for job in found {
-            let known = cache.entry(job.uuid.clone()).or_default();
+            if !cache.contains_key(&job.uuid) {
+                cache.insert(job.uuid.clone(), GpuLookup::default());
+            }
+            let Some(known) = cache.get_mut(&job.uuid) else {
+                continue;
+            };
             if !known.held.is_empty() || known.shape.as_ref().is_some_and(|s| s.unchanged()) {
                 continue;
             }
