@@ -9,9 +9,9 @@ use std::io::Read;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ceems::collect::slurm::SlurmCollector;
 use ceems::collect::Collector;
 use ceems::host::cgroup::{CgroupVersion, ReadOptions};
+use ceems::manager::slurm::SlurmCollector;
 use ceems::metrics::MetricSet;
 use ceems::testing::{files_read_per_scrape, generate, JobTree, TreeSpec};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};

@@ -8,6 +8,7 @@ pub mod collect;
 pub mod config;
 pub mod host;
 pub mod log;
+pub mod manager;
 pub mod metrics;
 pub mod proxy;
 pub mod security;

@@ -7,8 +7,8 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::collect::slurm::SlurmCollector;
 use crate::host::cgroup::{CgroupVersion, ReadOptions};
+use crate::manager::slurm::SlurmCollector;
 
 /// Layout of a generated tree.
 #[derive(Debug, Clone)]

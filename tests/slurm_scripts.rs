@@ -33,7 +33,7 @@ fn prolog_writes_ceems_formats_and_epilog_removes_only_its_job() {
     run("prolog.sh", tmp.path(), &job);
     let props = std::fs::read_to_string(tmp.path().join("props/4711")).unwrap();
     assert_eq!(props, "alice physics node[1-2] /home/alice/run");
-    let parsed = ceems::collect::slurm::props::parse_props_file(&props).unwrap();
+    let parsed = ceems::manager::slurm::props::parse_props_file(&props).unwrap();
     assert_eq!(
         (parsed.user.as_str(), parsed.account.as_str()),
         ("alice", "physics")

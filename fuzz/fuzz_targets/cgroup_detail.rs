@@ -11,5 +11,5 @@ fuzz_target!(|data: &[u8]| {
     let _ = detail::percpu(text);
     let _ = detail::blkio_throttle(text);
     let _ = detail::diskstats_names(text);
-    let _ = ceems::collect::slurm::props::parse_props_file(text);
+    let _ = ceems::manager::slurm::props::parse_props_file(text);
 });

@@ -8,7 +8,8 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    use ceems::collect::gpu::{amd, jobs, nvidia_smi};
+    use ceems::collect::gpu::{amd, nvidia_smi};
+    use ceems::manager::slurm::gpu_env as jobs;
     let _ = nvidia_smi::parse(text);
     let _ = amd::parse_rocm_smi_csv(text);
     let _ = amd::parse_amd_smi_json(text);

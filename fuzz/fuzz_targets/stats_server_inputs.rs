@@ -8,7 +8,8 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    use ceems::store::{prometheus, sacct};
+    use ceems::manager::slurm::sacct;
+    use ceems::store::prometheus;
     let _ = sacct::parse_output(text);
     let _ = sacct::parse_associations(text);
     let _ = sacct::parse_tres(text);

@@ -391,7 +391,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         .and_then(toml::Value::as_bool)
         == Some(true)
     {
-        needed.extend_from_slice(collect::slurm::SPEC.capabilities);
+        needed.extend_from_slice(crate::manager::slurm::SPEC.capabilities);
         needed = crate::security::sorted(needed);
     }
     let security: crate::security::SecuritySettings = settings.get("security")?;

@@ -6,13 +6,13 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::slurm::SlurmManager;
 use super::units::ResourceManager;
 use super::{CollectError, Paths};
 use crate::config::{Kind, Layered, Opt};
 use crate::host::cgroup::{self, CgroupVersion};
 use crate::host::processes;
 use crate::host::procfs;
+use crate::manager::slurm::SlurmManager;
 
 pub fn options() -> Vec<Opt> {
     vec![
@@ -119,7 +119,7 @@ impl AlloyTargets {
         // Reading other users' environ (the opt-in variables) needs the slurm collector's
         // capabilities.
         Ok(crate::security::privileged(
-            super::slurm::SPEC.capabilities,
+            crate::manager::slurm::SPEC.capabilities,
             move || {
                 let mut out = Vec::new();
                 for (uuid, pids) in jobs {

@@ -12,7 +12,6 @@ pub mod ipmi;
 pub mod meminfo;
 pub mod rapl;
 pub mod redfish;
-pub mod slurm;
 pub mod slurm_cluster;
 pub mod trace;
 pub mod units;
@@ -156,7 +155,7 @@ pub struct CollectorSpec {
 pub static COLLECTORS: &[CollectorSpec] = &[
     cpu::SPEC,
     meminfo::SPEC,
-    slurm::SPEC,
+    crate::manager::slurm::SPEC,
     rapl::SPEC,
     hwmon::SPEC,
     cray_pm_counters::SPEC,

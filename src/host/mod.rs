@@ -1,9 +1,10 @@
 //! The host: what both wings (the exporter and the stats-server) read from the node, and
 //! nothing that knows a resource manager or a metric. Cgroup trees (v1 and v2), /proc, a unit's
-//! processes, the command runner, and the error every parser here returns.
+//! processes, the GPU device record, the command runner, and the error every parser here returns.
 
 pub mod cgroup;
 pub mod command;
+pub mod gpu;
 pub mod processes;
 pub mod procfs;
 

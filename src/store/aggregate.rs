@@ -353,7 +353,7 @@ async fn query_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::sacct;
+    use crate::manager::slurm::sacct;
     use std::sync::{Arc, Mutex};
 
     /// Answers each query with a value per job taken from `values`, recording the queries; or

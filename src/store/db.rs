@@ -11,7 +11,7 @@ use sqlx::sqlite::{
 };
 use sqlx::Row;
 
-use super::sacct::{Associations, Job};
+use crate::manager::{Associations, UnitRecord};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -113,7 +113,7 @@ impl Store {
     pub async fn upsert_jobs(
         &self,
         cluster: &str,
-        jobs: &[Job],
+        jobs: &[UnitRecord],
         now: i64,
     ) -> Result<usize, StoreError> {
         let mut tx = self.pool.begin().await?;
@@ -130,7 +130,7 @@ const ROWS_PER_STATEMENT: usize = 500;
 async fn upsert(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
     cluster: &str,
-    jobs: &[Job],
+    jobs: &[UnitRecord],
     now: i64,
 ) -> Result<(), StoreError> {
     let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
@@ -146,7 +146,7 @@ async fn upsert(
         let started: Vec<&str> = chunk
             .iter()
             .filter(|j| j.start.unwrap_or(0) != 0)
-            .map(|j| j.job_id.as_str())
+            .map(|j| j.uuid.as_str())
             .collect();
         if pending && !started.is_empty() {
             let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
@@ -168,7 +168,7 @@ async fn upsert(
         );
         q.push_values(chunk, |mut row, j| {
             row.push_bind(cluster)
-                .push_bind(j.job_id.as_str())
+                .push_bind(j.uuid.as_str())
                 .push_bind(j.start.unwrap_or(0))
                 .push_bind(j.name.as_str())
                 .push_bind(j.account.as_str())
@@ -183,10 +183,10 @@ async fn upsert(
                 .push_bind(int(j.elapsed_seconds))
                 .push_bind(j.state.as_str())
                 .push_bind(j.exit_code.as_str())
-                .push_bind(int(j.tres.cpus))
-                .push_bind(int(j.tres.mem_bytes))
-                .push_bind(int(j.tres.gpus))
-                .push_bind(int(j.tres.billing))
+                .push_bind(int(j.allocation.cpus))
+                .push_bind(int(j.allocation.mem_bytes))
+                .push_bind(int(j.allocation.gpus))
+                .push_bind(int(j.allocation.billing))
                 .push_bind(j.nodes.join(","))
                 .push_bind(j.workdir.as_str())
                 .push_bind(j.time_limit_seconds.map(int))
@@ -242,7 +242,7 @@ impl Store {
     pub async fn ingest(
         &self,
         cluster: &str,
-        jobs: &[Job],
+        jobs: &[UnitRecord],
         next_window: i64,
         now: i64,
     ) -> Result<usize, StoreError> {
@@ -674,7 +674,7 @@ pub fn prune_backups(dir: &Path, keep: usize) -> std::io::Result<Vec<std::path::
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::sacct;
+    use crate::manager::slurm::sacct;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn two_openers_of_a_new_database_migrate_it_once() {

@@ -1,4 +1,4 @@
-//! The stats-server's data: jobs from Slurm's accounting (`sacct`) into SQLite.
+//! The stats-server's data: units from a cluster's accounting (`crate::manager`) into SQLite.
 
 pub mod aggregate;
 pub mod api;
@@ -7,6 +7,4 @@ pub mod findings;
 pub mod ingest;
 pub mod prometheus;
 pub mod report;
-pub mod runner;
-pub mod sacct;
 pub mod unit_cache;

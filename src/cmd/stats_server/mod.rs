@@ -13,6 +13,8 @@ use hyper::{Method, StatusCode};
 use serde::Deserialize;
 
 use crate::config::{self, Kind, Layered, LogConfig, Opt};
+use crate::manager::slurm::accounting::SlurmAccounting;
+use crate::manager::slurm::runner::{self, RunMode, SlurmCommand};
 use crate::metrics::{Labels, MetricSet, TEXT_CONTENT_TYPE};
 use crate::store::aggregate::{self, Limits, Queries};
 use crate::store::api::Api;
@@ -21,7 +23,6 @@ use crate::store::findings::Thresholds;
 use crate::store::ingest::{self, Cluster};
 use crate::store::prometheus::{HttpPrometheus, Prometheus, RangeQuery};
 use crate::store::report::Reports;
-use crate::store::runner::{self, RunMode, SlurmCommand};
 use crate::web;
 
 mod loops;
@@ -251,13 +252,15 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             Source {
                 cluster: Cluster {
                     id: c.id.clone(),
-                    sacct: command(
-                        c.sacct_path
-                            .clone()
-                            .unwrap_or_else(|| slurm.sacct.path.clone()),
-                    ),
-                    sacctmgr: (!sacctmgr.is_empty()).then(|| command(PathBuf::from(sacctmgr))),
-                    slurm_name: c.slurm_cluster_name.clone(),
+                    accounting: Arc::new(SlurmAccounting {
+                        sacct: command(
+                            c.sacct_path
+                                .clone()
+                                .unwrap_or_else(|| slurm.sacct.path.clone()),
+                        ),
+                        sacctmgr: (!sacctmgr.is_empty()).then(|| command(PathBuf::from(sacctmgr))),
+                        slurm_name: c.slurm_cluster_name.clone(),
+                    }),
                 },
                 prometheus: (!url.is_empty())
                     .then(|| Arc::new(HttpPrometheus::new(&url, prom.timeout))),
@@ -282,7 +285,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         store.set_admins("config", &admins).await.context("saving the admin users")?;
         for s in sources.iter() {
             store
-                .register_cluster(&s.cluster.id, ingest::MANAGER)
+                .register_cluster(&s.cluster.id, s.cluster.accounting.manager())
                 .await
                 .with_context(|| format!("recording cluster `{}`", s.cluster.id))?;
         }

@@ -1,10 +1,8 @@
 //! The node's GPUs, as batch jobs see them: NVIDIA through NVML (or `nvidia-smi` XML when the
 //! library is absent), AMD through `rocm-smi` (or `amd-smi` JSON). MIG instances count as
 //! GPUs. Which vendor is auto-detected from PCI vendor ids unless `--collector.gpu.type` says.
-//! `jobs` maps Slurm's GPU indices of a job onto these devices.
 
 pub mod amd;
-pub mod jobs;
 pub mod nvidia;
 pub mod nvidia_smi;
 pub mod nvml;
@@ -15,27 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::host::command::{self, CommandError};
-
-/// One GPU as a job can hold it: a full GPU or a MIG instance.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GpuDevice {
-    /// Position among the node's devices: full GPUs in minor-number order, a MIG-enabled GPU
-    /// replaced by its instances in index order. Slurm numbers GPUs the same way unless
-    /// `--collector.slurm.gpu-order-map` says otherwise.
-    pub index: usize,
-    /// The physical GPU's minor number (`/dev/nvidia<minor>`), or AMD's card number.
-    pub minor: u32,
-    /// The physical GPU's UUID (NVIDIA) or serial number (AMD), as CEEMS labels it.
-    pub uuid: String,
-    /// The MIG GPU instance id; None for a full GPU.
-    pub gpu_instance_id: Option<u32>,
-    /// Streaming multiprocessors of the device, when known.
-    pub sm_count: Option<u32>,
-    /// The share of the physical GPU: 1 for a full GPU, the instance's SMs over all
-    /// instances' SMs for MIG.
-    pub fraction: f64,
-    pub model: String,
-}
+pub use crate::host::gpu::GpuDevice;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Vendor {

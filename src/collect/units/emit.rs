@@ -247,3 +247,82 @@ pub fn emit_processes(
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::cgroup::detail::DetailOptions;
+    use crate::host::cgroup::{CgroupReader, CgroupVersion, HostMemory};
+    use std::path::Path;
+
+    fn text(d: &UnitDetail) -> String {
+        let mut out = MetricSet::new();
+        let devices = HashMap::from([((8, 0), "sda".to_owned())]);
+        emit_detail(&mut out, &[("uuid", "7")], d, &devices);
+        let mut s = String::new();
+        out.encode_text(&mut s);
+        s
+    }
+
+    #[test]
+    fn v1_and_v2_files_give_the_same_series() {
+        let all = DetailOptions {
+            memory: true,
+            per_core: true,
+            io: true,
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let rel = Path::new("slurm/uid_1/job_7");
+        for (ctrl, file, body) in [
+            ("memory", "memory.stat", "rss_huge 9\ntotal_rss_huge 2097152\ntotal_mapped_file 4096\ntotal_active_file 1\ntotal_inactive_file 2\ntotal_unevictable 3\ntotal_shmem 8192\n"),
+            ("memory", "memory.max_usage_in_bytes", "1048576\n"),
+            ("cpuacct", "cpuacct.usage_percpu", "1000000000 500000000 \n"),
+            ("blkio", "blkio.throttle.io_service_bytes_recursive", "8:0 Read 4096\n8:0 Write 1048576\nTotal 1052672\n"),
+            ("blkio", "blkio.throttle.io_serviced_recursive", "8:0 Read 1\n8:0 Write 16\nTotal 17\n"),
+        ] {
+            let d = root.join(ctrl).join(rel);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join(file), body).unwrap();
+        }
+        let mut r = CgroupReader::new(root, CgroupVersion::V1, HostMemory::default());
+        let mut faults = Vec::new();
+        let v1 = text(&r.read_detail(rel, all, &mut faults));
+        assert!(faults.is_empty(), "{faults:?}");
+        for line in [
+            "ceems_compute_unit_memory_rss_huge_bytes{uuid=\"7\"} 2.097152e+06",
+            "ceems_compute_unit_memory_shmem_bytes{uuid=\"7\"} 8192",
+            "ceems_compute_unit_memory_max_used_bytes{uuid=\"7\"} 1.048576e+06",
+            "ceems_compute_unit_cpu_per_core_seconds_total{core=\"1\",uuid=\"7\"} 0.5",
+            "ceems_compute_unit_blkio_write_bytes_total{device=\"sda\",uuid=\"7\"} 1.048576e+06",
+            "ceems_compute_unit_blkio_write_requests_total{device=\"sda\",uuid=\"7\"} 16",
+        ] {
+            assert!(v1.contains(line), "{line} missing in\n{v1}");
+        }
+
+        let rel2 = Path::new("system.slice/slurmstepd.scope/job_7");
+        let d = root.join("v2").join(rel2);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(
+            d.join("memory.stat"),
+            "anon 1\nanon_thp 2097152\nfile_mapped 4096\nshmem 8192\n",
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("io.stat"),
+            "8:0 rbytes=4096 wbytes=1048576 rios=1 wios=16 dbytes=0 dios=0\n",
+        )
+        .unwrap();
+        let mut r = CgroupReader::new(&root.join("v2"), CgroupVersion::V2, HostMemory::default());
+        let v2 = text(&r.read_detail(rel2, all, &mut faults));
+        for line in [
+            "ceems_compute_unit_memory_rss_huge_bytes{uuid=\"7\"} 2.097152e+06",
+            "ceems_compute_unit_memory_shmem_bytes{uuid=\"7\"} 8192",
+            "ceems_compute_unit_blkio_write_bytes_total{device=\"sda\",uuid=\"7\"} 1.048576e+06",
+        ] {
+            assert!(v2.contains(line), "{line} missing in\n{v2}");
+        }
+        // No per-core figure on v2, and no peak without memory.peak.
+        assert!(!v2.contains("per_core") && !v2.contains("max_used"), "{v2}");
+    }
+}

@@ -1,8 +1,8 @@
 //! Compute units (batch jobs, VMs, pods) of any resource manager. The manager finds the node's
 //! units and says what it knows of them (owner, GPUs); [`UnitCollector`] reads their cgroups
 //! and processes and emits the `ceems_compute_unit_*` series, with the manager's name in the
-//! `manager` label. A new manager is one folder that implements [`ResourceManager`] and a
-//! `CollectorSpec` that builds a `UnitCollector` over it.
+//! `manager` label. A new manager is one folder under `src/manager/` that implements
+//! [`ResourceManager`] and a `CollectorSpec` that builds a `UnitCollector` over it.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -10,65 +10,15 @@ use std::sync::Mutex;
 
 mod emit;
 
-use super::gpu::GpuDevice;
 use super::{Capability, CollectError, Collector};
 use crate::host::cgroup::detail::{self, DetailOptions};
 use crate::host::cgroup::{
     self, CgroupReader, CgroupVersion, FileFault, HostMemory, ReadOptions, UnitError,
 };
 use crate::host::{processes, procfs};
+pub use crate::manager::{ResourceManager, UnitCgroup, UnitGpus, UnitInfo};
 use crate::metrics::{Labels, MetricSet};
 pub use emit::{emit_detail, emit_processes, emit_unit, names};
-
-/// A unit's cgroup, as its manager's discovery found it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnitCgroup {
-    /// The manager's id of the unit (a Slurm job id).
-    pub uuid: String,
-    /// The node name of a host that runs several of the manager's daemons, else empty.
-    pub cgroup_host: String,
-    /// Path relative to the hierarchy (v2) or to each controller (v1).
-    pub rel: PathBuf,
-    /// The unit's directory in the hierarchy discovery walks.
-    pub dir: PathBuf,
-}
-
-/// `ceems_compute_unit_info` of one unit: its help text and the labels beside the unit's own.
-#[derive(Debug, Clone, PartialEq)]
-pub struct UnitInfo {
-    pub help: &'static str,
-    pub labels: Vec<(&'static str, String)>,
-}
-
-/// The GPUs a unit holds, with its share of each.
-#[derive(Debug, Clone, PartialEq)]
-pub struct UnitGpus {
-    pub manager: &'static str,
-    pub uuid: String,
-    pub cgroup_host: String,
-    /// `(the manager's index, device, share)`: the device's fraction of its physical GPU
-    /// times the unit's share of the device (shards, MPS).
-    pub devices: Vec<(u32, GpuDevice, f64)>,
-}
-
-/// What a resource manager knows of the node's units.
-pub trait ResourceManager: Send + Sync + 'static {
-    /// The `manager` label of the units' series.
-    fn name(&self) -> &'static str;
-    /// The node's units that hold at least one process. A unit-level fault (a file that
-    /// cannot be read) goes to `faults`; only a hierarchy that cannot be read is an error.
-    fn discover(&self, faults: &mut Vec<FileFault>) -> Result<Vec<UnitCgroup>, CollectError>;
-    /// The unit's `ceems_compute_unit_info`, when the manager exports one.
-    fn info(&self, _unit: &UnitCgroup) -> Option<UnitInfo> {
-        None
-    }
-    /// The GPUs each of `units` holds; empty on a node without GPUs.
-    fn gpus(&self, _units: &[UnitCgroup]) -> Vec<UnitGpus> {
-        Vec::new()
-    }
-    /// Forgets what it keeps of units that are gone.
-    fn retain(&self, _present: &HashSet<&str>) {}
-}
 
 /// The mapping of the last scrape of the units collector, for the nvidia collector's per-unit
 /// series.

@@ -1,5 +1,6 @@
 use super::*;
-use crate::store::sacct::{self, Associations};
+use crate::manager::slurm::sacct;
+use crate::manager::Associations;
 use std::sync::Arc;
 
 pub(crate) const NOW: i64 = 1_800_000_000;

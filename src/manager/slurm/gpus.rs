@@ -6,13 +6,13 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use super::gpu_env::{self as jobs, GresShares, OrderMap};
 use super::{Settings, SlurmManager, MANAGER, SPEC};
-use crate::collect::gpu::jobs::{self, GresShares, OrderMap};
 use crate::collect::gpu::{self, GpuDevice};
-use crate::collect::units::{UnitCgroup, UnitGpus};
 use crate::collect::{CollectError, Context};
 use crate::host::cgroup::{self, SubtreeShape};
 use crate::host::procfs;
+use crate::manager::{UnitCgroup, UnitGpus};
 
 /// The node's GPUs and what maps Slurm's GPU indices onto them.
 pub struct GpuMapping {

@@ -64,8 +64,8 @@ pub fn uid_from_path(path: &std::path::Path) -> Option<u32> {
 use std::path::Path;
 
 use super::{JobInfoSource, SlurmManager, SPEC};
-use crate::collect::units::UnitCgroup;
 use crate::host::cgroup::{self, FileFault};
+use crate::manager::UnitCgroup;
 
 impl SlurmManager {
     /// A job's user, account, partition and name: the prolog's file, else a job process's

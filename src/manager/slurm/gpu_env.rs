@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::GpuDevice;
+use crate::host::gpu::GpuDevice;
 use crate::host::procfs;
 
 /// `--collector.slurm.gpu-order-map`: Slurm's GPU index → the device's minor number and, for a

@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::SlurmManager;
-use crate::collect::units::UnitCgroup;
 use crate::collect::CollectError;
 use crate::host::cgroup::{self, CgroupVersion, FileFault};
 use crate::host::procfs;
+use crate::manager::UnitCgroup;
 
 /// How long a job found with processes is trusted to still have some without walking its
 /// subtree again (where no `cgroup.events` says so in one read).

@@ -1,9 +1,11 @@
-//! `slurm`: per-job metrics of Slurm jobs from their cgroups (v1 and v2).
+//! Slurm. The exporter's `slurm` collector: per-job metrics of Slurm jobs from their cgroups
+//! (v1 and v2); the stats-server's jobs, users and projects from `sacct` and `sacctmgr`.
 //!
 //! - `discover`: finds the node's job cgroups at each scrape;
 //! - `props`: who a job belongs to (`ceems_compute_unit_info`);
-//! - `gpus`: which of the node's GPUs each job holds;
-//! - here: the collector's flags, and reading and emitting each job's accounting.
+//! - `gpus` and `gpu_env`: which of the node's GPUs each job holds;
+//! - `accounting`, `sacct`, `runner`: the stats-server's side;
+//! - here: the collector's flags and the [`ResourceManager`] over the parts above.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -11,15 +13,20 @@ use std::sync::Mutex;
 
 use serde::Deserialize;
 
-use super::units::{ResourceManager, UnitCgroup, UnitCollector, UnitGpus, UnitInfo};
-use super::{Capability, CollectError, Collector, CollectorSpec, Context};
+use crate::collect::units::UnitCollector;
+use crate::collect::{Capability, CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
 use crate::host::cgroup::detail::DetailOptions;
 use crate::host::cgroup::{self, CgroupVersion, FileFault, ReadOptions, V1Controllers};
+use crate::manager::{ResourceManager, UnitCgroup, UnitGpus, UnitInfo};
 
+pub mod accounting;
 mod discover;
+pub mod gpu_env;
 mod gpus;
 pub mod props;
+pub mod runner;
+pub mod sacct;
 
 use discover::DiscoveryCache;
 use gpus::gpu_mapping;
@@ -38,7 +45,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     }),
 };
 
-const MANAGER: &str = "slurm";
+pub const MANAGER: &str = "slurm";
 
 fn options() -> Vec<Opt> {
     vec![
@@ -294,8 +301,8 @@ impl SlurmCollector {
 
 #[cfg(test)]
 mod tests {
+    use super::gpu_env::{GresShares, OrderMap};
     use super::*;
-    use crate::collect::gpu::jobs::{GresShares, OrderMap};
     use crate::collect::gpu::GpuDevice;
     use crate::metrics::MetricSet;
     use crate::testing::{generate, JobTree, TreeSpec};

@@ -3,6 +3,7 @@
 //! offset with `%z`. The job name comes last, so a `|` in it cannot shift the other fields.
 
 use crate::host::ParseError;
+use crate::manager::{Allocation, Associations, UnitRecord};
 
 /// The fields asked of sacct, in this order.
 pub const FIELDS: &[&str] = &[
@@ -27,42 +28,6 @@ pub const FIELDS: &[&str] = &[
     "timelimitraw",
     "jobname",
 ];
-
-/// What AllocTRES says a job holds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Tres {
-    pub cpus: u64,
-    pub mem_bytes: u64,
-    pub gpus: u64,
-    pub billing: u64,
-    pub nodes: u64,
-}
-
-/// One job as sacct reports it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Job {
-    pub job_id: String,
-    pub partition: String,
-    pub qos: String,
-    pub account: String,
-    pub group: String,
-    pub gid: Option<u32>,
-    pub user: String,
-    pub uid: Option<u32>,
-    pub submit: Option<i64>,
-    pub start: Option<i64>,
-    pub end: Option<i64>,
-    pub elapsed_seconds: u64,
-    pub exit_code: String,
-    /// The state without its detail (`CANCELLED by 0` → `CANCELLED`).
-    pub state: String,
-    pub tres: Tres,
-    pub nodes: Vec<String>,
-    pub workdir: String,
-    /// The requested time limit (None: unlimited or the partition's).
-    pub time_limit_seconds: Option<u64>,
-    pub name: String,
-}
 
 /// `1795358897` → Some; `Unknown`, `None` and empty → None.
 fn time(line: usize, field: &str, v: &str) -> Result<Option<i64>, ParseError> {
@@ -101,8 +66,8 @@ pub fn memory_bytes(v: &str) -> Option<u64> {
 }
 
 /// `billing=1,cpu=4,mem=16G,node=1,gres/gpu=2` (and `gres/gpu:a100=2`).
-pub fn parse_tres(text: &str) -> Result<Tres, String> {
-    let mut t = Tres::default();
+pub fn parse_tres(text: &str) -> Result<Allocation, String> {
+    let mut t = Allocation::default();
     for item in text.split(',').filter(|s| !s.is_empty()) {
         let (k, v) = item
             .split_once('=')
@@ -188,7 +153,7 @@ pub fn expand_nodelist(text: &str) -> Result<Vec<String>, String> {
 }
 
 /// Parses one record. `line` numbers the error.
-pub fn parse_line(line_no: usize, line: &str) -> Result<Job, ParseError> {
+pub fn parse_line(line_no: usize, line: &str) -> Result<UnitRecord, ParseError> {
     let f: Vec<&str> = line.splitn(FIELDS.len(), '|').collect();
     if f.len() != FIELDS.len() {
         return Err(ParseError::new(
@@ -204,8 +169,8 @@ pub fn parse_line(line_no: usize, line: &str) -> Result<Job, ParseError> {
         ));
     }
     let bad = |m: String| ParseError::new(line_no, m);
-    Ok(Job {
-        job_id: job_id.to_owned(),
+    Ok(UnitRecord {
+        uuid: job_id.to_owned(),
         partition: f[1].to_owned(),
         qos: f[2].to_owned(),
         account: f[3].to_owned(),
@@ -229,7 +194,7 @@ pub fn parse_line(line_no: usize, line: &str) -> Result<Job, ParseError> {
             .next()
             .unwrap_or_default()
             .to_owned(),
-        tres: parse_tres(f[15]).map_err(bad)?,
+        allocation: parse_tres(f[15]).map_err(bad)?,
         nodes: expand_nodelist(f[16]).map_err(bad)?,
         workdir: f[17].to_owned(),
         time_limit_seconds: match f[18] {
@@ -245,7 +210,7 @@ pub fn parse_line(line_no: usize, line: &str) -> Result<Job, ParseError> {
 }
 
 /// Parses sacct's output; malformed lines are returned with their error and skipped.
-pub fn parse_output(text: &str) -> (Vec<Job>, Vec<ParseError>) {
+pub fn parse_output(text: &str) -> (Vec<UnitRecord>, Vec<ParseError>) {
     let mut jobs = Vec::new();
     let mut errors = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -262,13 +227,6 @@ pub fn parse_output(text: &str) -> (Vec<Job>, Vec<ParseError>) {
 
 /// Users and projects (accounts) of `sacctmgr list associations --noheader --parsable2
 /// format=account,user`: `physics|alice`, and `physics|` for the account's own association.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Associations {
-    pub projects: Vec<String>,
-    /// (user, project)
-    pub members: Vec<(String, String)>,
-}
-
 pub fn parse_associations(text: &str) -> (Associations, Vec<ParseError>) {
     let mut a = Associations::default();
     let mut errors = Vec::new();
@@ -337,19 +295,19 @@ mod tests {
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(jobs.len(), 4);
         assert_eq!(jobs[0].state, "CANCELLED");
-        assert_eq!(jobs[0].tres.mem_bytes, 300 << 20);
+        assert_eq!(jobs[0].allocation.mem_bytes, 300 << 20);
         assert_eq!(jobs[0].elapsed_seconds, 29);
         assert_eq!(jobs[1].start, None);
         assert!(jobs[1].nodes.is_empty());
-        assert_eq!(jobs[1].tres, Tres::default());
+        assert_eq!(jobs[1].allocation, Allocation::default());
         assert_eq!(
             jobs[2].name, "a|b name",
             "a `|` in the job name stays in it"
         );
         assert_eq!(jobs[3].end, None);
         assert_eq!(
-            jobs[3].tres,
-            Tres {
+            jobs[3].allocation,
+            Allocation {
                 cpus: 4,
                 mem_bytes: 16 << 30,
                 gpus: 2,

@@ -1,0 +1,145 @@
+//! Resource managers: what Slurm (or another manager) knows of its units, for both wings.
+//!
+//! - [`ResourceManager`]: the exporter's side. It finds the node's units in the cgroup tree,
+//!   says who owns them and which GPUs they hold; `collect::units` reads and emits them.
+//! - [`Accounting`]: the stats-server's side. It lists the cluster's units of a time window
+//!   and its users and projects; `store::ingest` writes them.
+//!
+//! A manager is one folder here, over the host layer. Its exporter side plugs into the
+//! exporter's registry (a `CollectorSpec` listed in `collect::COLLECTORS`, built on
+//! `collect::units::UnitCollector` and the exporter's GPU discovery); its accounting side is
+//! built by the stats-server from its settings. Neither wing's code is needed by the other.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+use crate::collect::CollectError;
+use crate::host::cgroup::FileFault;
+use crate::host::command::CommandError;
+use crate::host::gpu::GpuDevice;
+use crate::host::ParseError;
+
+pub mod slurm;
+
+/// A unit's cgroup, as its manager's discovery found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitCgroup {
+    /// The manager's id of the unit (a Slurm job id).
+    pub uuid: String,
+    /// The node name of a host that runs several of the manager's daemons, else empty.
+    pub cgroup_host: String,
+    /// Path relative to the hierarchy (v2) or to each controller (v1).
+    pub rel: PathBuf,
+    /// The unit's directory in the hierarchy discovery walks.
+    pub dir: PathBuf,
+}
+
+/// `ceems_compute_unit_info` of one unit: its help text and the labels beside the unit's own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnitInfo {
+    pub help: &'static str,
+    pub labels: Vec<(&'static str, String)>,
+}
+
+/// The GPUs a unit holds, with its share of each.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnitGpus {
+    pub manager: &'static str,
+    pub uuid: String,
+    pub cgroup_host: String,
+    /// `(the manager's index, device, share)`: the device's fraction of its physical GPU
+    /// times the unit's share of the device (shards, MPS).
+    pub devices: Vec<(u32, GpuDevice, f64)>,
+}
+
+/// What a resource manager knows of the node's units.
+pub trait ResourceManager: Send + Sync + 'static {
+    /// The `manager` label of the units' series.
+    fn name(&self) -> &'static str;
+    /// The node's units that hold at least one process. A unit-level fault (a file that
+    /// cannot be read) goes to `faults`; only a hierarchy that cannot be read is an error.
+    fn discover(&self, faults: &mut Vec<FileFault>) -> Result<Vec<UnitCgroup>, CollectError>;
+    /// The unit's `ceems_compute_unit_info`, when the manager exports one.
+    fn info(&self, _unit: &UnitCgroup) -> Option<UnitInfo> {
+        None
+    }
+    /// The GPUs each of `units` holds; empty on a node without GPUs.
+    fn gpus(&self, _units: &[UnitCgroup]) -> Vec<UnitGpus> {
+        Vec::new()
+    }
+    /// Forgets what it keeps of units that are gone.
+    fn retain(&self, _present: &HashSet<&str>) {}
+}
+
+/// What an accounting source says of one unit: a row of the stats-server's `units` table.
+/// Fields a manager does not know stay empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnitRecord {
+    /// The manager's id of the unit (a Slurm job id).
+    pub uuid: String,
+    /// The queue the unit ran in (Slurm's partition).
+    pub partition: String,
+    /// Its service class (Slurm's QoS).
+    pub qos: String,
+    /// The project it is charged to (Slurm's account).
+    pub account: String,
+    pub group: String,
+    pub gid: Option<u32>,
+    pub user: String,
+    pub uid: Option<u32>,
+    pub submit: Option<i64>,
+    pub start: Option<i64>,
+    pub end: Option<i64>,
+    pub elapsed_seconds: u64,
+    pub exit_code: String,
+    /// The state without its detail (`CANCELLED by 0` → `CANCELLED`).
+    pub state: String,
+    pub allocation: Allocation,
+    pub nodes: Vec<String>,
+    pub workdir: String,
+    /// The requested time limit (None: unlimited or the queue's).
+    pub time_limit_seconds: Option<u64>,
+    pub name: String,
+}
+
+/// What a unit holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Allocation {
+    pub cpus: u64,
+    pub mem_bytes: u64,
+    pub gpus: u64,
+    /// Slurm's billing units; 0 where the manager has none.
+    pub billing: u64,
+    pub nodes: u64,
+}
+
+/// A cluster's projects and their members.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Associations {
+    pub projects: Vec<String>,
+    /// (user, project)
+    pub members: Vec<(String, String)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AccountingError {
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A unit of an accounting answer, or the record that could not be read.
+pub type UnitRecords = Box<dyn Iterator<Item = Result<UnitRecord, ParseError>> + Send>;
+
+/// A cluster's accounting, as the stats-server pulls it. Both calls block: the server runs
+/// them off its async workers.
+pub trait Accounting: Send + Sync + 'static {
+    /// The manager's name, as the schema records it.
+    fn manager(&self) -> &'static str;
+    /// The units that were pending, running or ended in the last `seconds_ago` seconds.
+    fn units_since(&self, seconds_ago: i64) -> Result<UnitRecords, AccountingError>;
+    /// The cluster's projects and members, with the records that could not be read; None
+    /// when this cluster's are not pulled.
+    fn associations(&self) -> Option<Result<(Associations, Vec<ParseError>), AccountingError>>;
+}

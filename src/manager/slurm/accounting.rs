@@ -1,0 +1,158 @@
+//! The stats-server's side of Slurm: a cluster's jobs from `sacct`, its users and projects
+//! from `sacctmgr`, both run as `runner` decides.
+
+use super::runner::SlurmCommand;
+use super::sacct::{self, FIELDS};
+use crate::host::ParseError;
+use crate::manager::{Accounting, AccountingError, Associations, UnitRecords};
+
+/// Largest sacct answer read (about six million jobs).
+pub const MAX_SACCT_OUTPUT: u64 = 1 << 30;
+/// Largest sacctmgr answer read.
+pub const MAX_SACCTMGR_OUTPUT: u64 = 64 << 20;
+
+/// One Slurm cluster's accounting commands.
+#[derive(Debug, Clone)]
+pub struct SlurmAccounting {
+    pub sacct: SlurmCommand,
+    pub sacctmgr: Option<SlurmCommand>,
+    /// `--clusters=<name>` for both commands, for a slurmdbd that serves several clusters.
+    pub slurm_name: Option<String>,
+}
+
+impl SlurmAccounting {
+    /// The sacct arguments for jobs since `seconds_ago` until now, every user, allocations only.
+    pub fn sacct_args(&self, seconds_ago: i64) -> Vec<String> {
+        let mut args = vec![
+            "-D".into(),
+            "-X".into(),
+            "--noheader".into(),
+            "--allusers".into(),
+            "--parsable2".into(),
+            "--format".into(),
+            FIELDS.join(","),
+            // Relative times: sacct reads absolute ones in the server's local time zone.
+            "--starttime".into(),
+            format!("now-{}", seconds_ago.max(0)),
+            "--endtime".into(),
+            "now".into(),
+        ];
+        if let Some(name) = &self.slurm_name {
+            args.push(format!("--clusters={name}"));
+        }
+        args
+    }
+
+    pub fn sacctmgr_args(&self) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "list",
+            "associations",
+            "--noheader",
+            "--parsable2",
+            "format=account,user",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        if let Some(name) = &self.slurm_name {
+            args.push(format!("cluster={name}"));
+        }
+        args
+    }
+}
+
+impl Accounting for SlurmAccounting {
+    fn manager(&self) -> &'static str {
+        super::MANAGER
+    }
+
+    fn units_since(&self, seconds_ago: i64) -> Result<UnitRecords, AccountingError> {
+        let output = self.sacct.run(
+            &self.sacct_args(seconds_ago),
+            &[("SLURM_TIME_FORMAT", "%s")],
+            MAX_SACCT_OUTPUT,
+        )?;
+        // Lines are parsed as the caller pulls them, so a large window is never held twice.
+        let lines = OwnedLines {
+            text: output,
+            at: 0,
+            line: 0,
+        };
+        Ok(Box::new(lines.filter_map(|(no, line)| {
+            (!line.trim().is_empty()).then(|| sacct::parse_line(no, &line))
+        })))
+    }
+
+    fn associations(&self) -> Option<Result<(Associations, Vec<ParseError>), AccountingError>> {
+        let cmd = self.sacctmgr.as_ref()?;
+        Some(
+            cmd.run(&self.sacctmgr_args(), &[], MAX_SACCTMGR_OUTPUT)
+                .map(|out| sacct::parse_associations(&out))
+                .map_err(AccountingError::from),
+        )
+    }
+}
+
+/// The numbered lines of an owned text.
+struct OwnedLines {
+    text: String,
+    at: usize,
+    line: usize,
+}
+
+impl Iterator for OwnedLines {
+    type Item = (usize, String);
+
+    fn next(&mut self) -> Option<(usize, String)> {
+        let rest = self.text.get(self.at..).filter(|r| !r.is_empty())?;
+        let (line, len) = match rest.find('\n') {
+            Some(i) => (&rest[..i], i + 1),
+            None => (rest, rest.len()),
+        };
+        self.at += len;
+        self.line += 1;
+        Some((self.line, line.trim_end_matches('\r').to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manager::slurm::runner::RunMode;
+    use std::time::Duration;
+
+    fn stand_in(dir: &std::path::Path, body: &str) -> SlurmCommand {
+        let path = dir.join("sacct");
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        SlurmCommand {
+            path,
+            mode: RunMode::Native,
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    #[test]
+    fn records_come_with_their_line_numbers_and_bad_lines_are_errors_not_the_end() {
+        let tmp = tempfile::tempdir().unwrap();
+        let good = "1|debug|normal|physics|alice|2001|alice|2001|1795358897|1795358897|1795358926|00:00:29|29|0:0|COMPLETED|cpu=1,mem=300M,node=1|localhost|/tmp|60|wrap";
+        let acct = SlurmAccounting {
+            sacct: stand_in(
+                tmp.path(),
+                &format!(
+                    "[ \"$SLURM_TIME_FORMAT\" = %s ] || exit 7\nprintf '%s\\n\\nbroken\\n%s\\n' '{good}' '{}'",
+                    good.replacen("1|", "2|", 1)
+                ),
+            ),
+            sacctmgr: None,
+            slurm_name: Some("lab".into()),
+        };
+        assert!(acct.sacct_args(60).contains(&"--clusters=lab".to_owned()));
+        let got: Vec<_> = acct.units_since(60).unwrap().collect();
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert_eq!(got[0].as_ref().unwrap().uuid, "1");
+        assert_eq!(got[1].as_ref().unwrap_err().line, 3);
+        assert_eq!(got[2].as_ref().unwrap().uuid, "2");
+        assert!(acct.associations().is_none());
+    }
+}
