@@ -1,5 +1,5 @@
 #![no_main]
-//! Fuzzes the GPU tools' parsers: nvidia-smi XML, rocm-smi CSV, amd-smi JSON, and the Slurm
+//! Fuzzes the GPU tools' parsers: nvidia-smi XML and vGPU text, rocm-smi CSV, amd-smi JSON, and the Slurm
 //! GPU order map and gres.conf.
 
 use libfuzzer_sys::fuzz_target;
@@ -11,6 +11,7 @@ fuzz_target!(|data: &[u8]| {
     use ceems::collect::gpu::{amd, nvidia_smi};
     use ceems::manager::slurm::gpu_env as jobs;
     let _ = nvidia_smi::parse(text);
+    let _ = nvidia_smi::parse_vgpu_query(text);
     let _ = amd::parse_rocm_smi_csv(text);
     let _ = amd::parse_amd_smi_json(text);
     let _ = jobs::OrderMap::parse(text);

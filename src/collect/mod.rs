@@ -156,6 +156,7 @@ pub static COLLECTORS: &[CollectorSpec] = &[
     cpu::SPEC,
     meminfo::SPEC,
     crate::manager::slurm::SPEC,
+    crate::manager::libvirt::SPEC,
     rapl::SPEC,
     hwmon::SPEC,
     cray_pm_counters::SPEC,

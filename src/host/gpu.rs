@@ -20,4 +20,37 @@ pub struct GpuDevice {
     /// instances' SMs for MIG.
     pub fraction: f64,
     pub model: String,
+    /// The physical GPU's PCI address (`00000000:15:00.0`); empty where the tool does not
+    /// say it.
+    pub bus_id: String,
+    /// Whether the physical GPU runs in NVIDIA vGPU mode (its share goes to mdev devices).
+    pub vgpu: bool,
+}
+
+/// A PCI address as (domain, bus, device, function), whatever the zero padding:
+/// `00000000:15:00.0` and `0000:15:00.0` are one address.
+pub fn pci_address(text: &str) -> Option<(u32, u32, u32, u32)> {
+    let hex = |s: &str| u32::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok();
+    let (rest, function) = text.trim().rsplit_once('.')?;
+    let mut parts = rest.split(':');
+    let (domain, bus, device) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    Some((hex(domain)?, hex(bus)?, hex(device)?, hex(function)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pci_addresses_match_whatever_their_padding() {
+        assert_eq!(pci_address("00000000:15:00.0"), Some((0, 0x15, 0, 0)));
+        assert_eq!(pci_address("0000:15:00.0"), pci_address("00000000:15:00.0"));
+        assert_eq!(pci_address("0000:8a:1f.7"), Some((0, 0x8a, 0x1f, 7)));
+        for bad in ["", "15:00.0", "0000:15:00", "0000:zz:00.0", "0:0:0:0.0"] {
+            assert_eq!(pci_address(bad), None, "{bad}");
+        }
+    }
 }

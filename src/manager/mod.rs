@@ -19,6 +19,7 @@ use crate::host::command::CommandError;
 use crate::host::gpu::GpuDevice;
 use crate::host::ParseError;
 
+pub mod libvirt;
 pub mod slurm;
 
 /// A unit's cgroup, as its manager's discovery found it.

@@ -54,6 +54,8 @@ pub fn parse_rocm_smi_csv(text: &str) -> Result<Vec<GpuDevice>, GpuError> {
             sm_count: None,
             fraction: 1.0,
             model: model.and_then(cell).unwrap_or_default().to_owned(),
+            bus_id: String::new(),
+            vgpu: false,
         });
     }
     devices.sort_by_key(|d| d.minor);
@@ -78,11 +80,17 @@ pub fn parse_amd_smi_json(text: &str) -> Result<Vec<GpuDevice>, GpuError> {
         .map(|g| GpuDevice {
             index: 0,
             minor: g.gpu,
-            uuid: if g.uuid.is_empty() { g.bdf } else { g.uuid },
+            uuid: if g.uuid.is_empty() {
+                g.bdf.clone()
+            } else {
+                g.uuid
+            },
             gpu_instance_id: None,
             sm_count: None,
             fraction: 1.0,
             model: String::new(),
+            bus_id: g.bdf,
+            vgpu: false,
         })
         .collect();
     devices.sort_by_key(|d| d.minor);

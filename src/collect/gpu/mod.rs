@@ -146,6 +146,15 @@ pub fn discover(settings: &GpuSettings, sysfs: &Path) -> Result<Vec<GpuDevice>, 
     }
 }
 
+/// The mdev devices of the node's vGPU-mode NVIDIA GPUs, from `nvidia-smi vgpu --query`.
+pub fn vgpu_query(settings: &GpuSettings) -> Result<Vec<nvidia_smi::VgpuHost>, GpuError> {
+    let path = tool_path(&settings.nvidia_smi_path, "nvidia-smi").ok_or_else(|| {
+        GpuError::Other("vGPU-mode GPUs but no nvidia-smi (--collector.gpu.nvidia-smi-path)".into())
+    })?;
+    let text = command::run(&path, &["vgpu".into(), "--query".into()], TOOL_TIMEOUT)?;
+    nvidia_smi::parse_vgpu_query(&text)
+}
+
 /// Numbers devices in order and fills MIG instances' fractions from their SM counts.
 fn finish(mut devices: Vec<GpuDevice>) -> Vec<GpuDevice> {
     let total = |minor: u32, list: &[GpuDevice]| -> u32 {

@@ -375,6 +375,8 @@ mod tests {
             sm_count: None,
             fraction,
             model: "NVIDIA H100 80GB HBM3".into(),
+            bus_id: String::new(),
+            vgpu: false,
         }
     }
 

@@ -12,6 +12,8 @@ struct Log {
 
 #[derive(Debug, Deserialize)]
 struct Gpu {
+    #[serde(rename = "@id", default)]
+    id: String,
     #[serde(default)]
     product_name: String,
     uuid: String,
@@ -20,6 +22,14 @@ struct Gpu {
     mig_mode: Option<MigMode>,
     #[serde(default)]
     mig_devices: Option<MigDevices>,
+    #[serde(default)]
+    gpu_virtualization_mode: Option<VirtualizationMode>,
+}
+
+#[derive(Debug, Deserialize)]
+struct VirtualizationMode {
+    #[serde(default)]
+    virtualization_mode: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -107,6 +117,10 @@ pub fn parse(xml: &str) -> Result<Vec<GpuDevice>, GpuError> {
             .as_ref()
             .is_some_and(|m| m.current_mig.trim() == "Enabled");
         let instances = g.mig_devices.map(|m| m.devices).unwrap_or_default();
+        let bus_id = g.id.trim().to_owned();
+        let vgpu = g
+            .gpu_virtualization_mode
+            .is_some_and(|v| v.virtualization_mode.trim() == "VGPU");
         if mig && !instances.is_empty() {
             let mut parsed = Vec::new();
             for m in instances {
@@ -128,6 +142,8 @@ pub fn parse(xml: &str) -> Result<Vec<GpuDevice>, GpuError> {
                     sm_count: sm,
                     fraction: 1.0,
                     model: g.product_name.trim().to_owned(),
+                    bus_id: bus_id.clone(),
+                    vgpu,
                 });
             }
         } else {
@@ -139,10 +155,63 @@ pub fn parse(xml: &str) -> Result<Vec<GpuDevice>, GpuError> {
                 sm_count: full_gpu_sm_count(&g.product_name),
                 fraction: 1.0,
                 model: g.product_name.trim().to_owned(),
+                bus_id,
+                vgpu,
             });
         }
     }
     Ok(finish(devices))
+}
+
+/// One physical GPU of `nvidia-smi vgpu --query`: its PCI address and the mdev UUIDs of its
+/// vGPUs, each with the MIG instance it runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VgpuHost {
+    pub bus_id: String,
+    pub mdevs: Vec<(String, Option<u32>)>,
+}
+
+/// `nvidia-smi vgpu --query`: `GPU <bus id>` lines, then each vGPU's indented `MDEV UUID`
+/// and `GPU Instance ID` (`N/A` on a GPU without MIG).
+pub fn parse_vgpu_query(text: &str) -> Result<Vec<VgpuHost>, GpuError> {
+    let bad = |n: usize, m: String| GpuError::Parse {
+        tool: "nvidia-smi vgpu",
+        message: format!("line {}: {m}", n + 1),
+    };
+    let mut hosts: Vec<VgpuHost> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if let Some(bus) = line.strip_prefix("GPU ") {
+            hosts.push(VgpuHost {
+                bus_id: bus.trim().to_owned(),
+                mdevs: Vec::new(),
+            });
+            continue;
+        }
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let (key, value) = (key.trim(), value.trim());
+        match key {
+            "MDEV UUID" => {
+                let host = hosts
+                    .last_mut()
+                    .ok_or_else(|| bad(n, "an MDEV UUID before any `GPU` line".into()))?;
+                host.mdevs.push((value.to_owned(), None));
+            }
+            "GPU Instance ID" if value != "N/A" => {
+                let gi = value
+                    .parse()
+                    .map_err(|_| bad(n, format!("GPU Instance ID `{value}` is not a number")))?;
+                let mdev = hosts
+                    .last_mut()
+                    .and_then(|h| h.mdevs.last_mut())
+                    .ok_or_else(|| bad(n, "a GPU Instance ID before its MDEV UUID".into()))?;
+                mdev.1 = Some(gi);
+            }
+            _ => {}
+        }
+    }
+    Ok(hosts)
 }
 
 #[cfg(test)]

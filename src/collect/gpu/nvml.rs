@@ -2,6 +2,8 @@
 //! library only on a GPU node. The library is loaded at run time by its versioned name
 //! (`libnvidia-ml.so.1`, what the driver installs), so the binary runs where it is absent.
 
+use nvml_wrapper::enum_wrappers::device::GpuVirtualizationMode;
+
 use super::{finish, full_gpu_sm_count, GpuDevice};
 
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +124,11 @@ impl Nvml for RealNvml {
         for (minor, gpu) in gpus {
             let uuid = gpu.uuid().map_err(other)?;
             let model = gpu.name().unwrap_or_default();
+            let bus_id = gpu.pci_info().map(|p| p.bus_id).unwrap_or_default();
+            let vgpu = matches!(
+                gpu.virtualization_mode(),
+                Ok(GpuVirtualizationMode::Vgpu | GpuVirtualizationMode::HostVgpu)
+            );
             let mig = gpu.mig_mode().map(|m| m.current == 1).unwrap_or(false);
             let mut instances = Vec::new();
             if mig {
@@ -145,6 +152,8 @@ impl Nvml for RealNvml {
                     sm_count: full_gpu_sm_count(&model),
                     fraction: 1.0,
                     model,
+                    bus_id,
+                    vgpu,
                 });
             } else {
                 for (gi, sm) in instances {
@@ -156,6 +165,8 @@ impl Nvml for RealNvml {
                         sm_count: sm,
                         fraction: 1.0,
                         model: model.clone(),
+                        bus_id: bus_id.clone(),
+                        vgpu,
                     });
                 }
             }

@@ -45,6 +45,16 @@ pub fn host_memory(procfs: &Path) -> HostMemory {
     host
 }
 
+/// The cgroup version units are read in: `--collector.cgroups.force-version`, else what the
+/// hierarchy at `--path.cgroupfs` is.
+pub fn cgroup_version(ctx: &super::Context) -> Result<CgroupVersion, CollectError> {
+    match ctx.common.cgroups.force_version.as_deref() {
+        Some(v) => CgroupVersion::from_flag(v)
+            .ok_or_else(|| CollectError::Other(format!("unknown cgroup version `{v}`"))),
+        None => Ok(cgroup::detect_version(&ctx.paths.cgroupfs)),
+    }
+}
+
 /// Reads and emits the units a manager finds.
 pub struct UnitCollector<M> {
     pub manager: M,

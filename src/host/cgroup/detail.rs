@@ -209,6 +209,9 @@ impl CgroupReader {
                                 wios,
                             }
                         })
+                        // v1 lists every device the cgroup ever saw; v2's io.stat only those
+                        // with IO. Keep to v2's rule.
+                        .filter(|io| io.rbytes + io.wbytes + io.rios + io.wios > 0)
                         .collect();
                 }
             }

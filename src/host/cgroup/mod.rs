@@ -6,6 +6,9 @@
 
 pub mod detail;
 pub mod parse;
+mod populated;
+
+pub use populated::{subdirs, Populated};
 
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};

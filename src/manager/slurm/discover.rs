@@ -11,43 +11,25 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use super::SlurmManager;
 use crate::collect::CollectError;
-use crate::host::cgroup::{self, CgroupVersion, FileFault};
+use crate::host::cgroup::{subdirs, CgroupVersion, FileFault, Populated};
 use crate::host::procfs;
 use crate::manager::UnitCgroup;
-
-/// How long a job found with processes is trusted to still have some without walking its
-/// subtree again (where no `cgroup.events` says so in one read).
-const POPULATED_TTL: Duration = Duration::from_secs(30);
 
 /// What discovery remembers between scrapes, for job directories that still exist.
 #[derive(Default)]
 pub(super) struct DiscoveryCache {
     /// Opaque job directory → job id.
     pub(super) opaque_ids: HashMap<PathBuf, String>,
-    /// Job directory → when a process was last seen in it.
-    pub(super) populated: HashMap<PathBuf, Instant>,
+    /// Which job directories hold processes.
+    pub(super) populated: Populated,
 }
 
 fn job_id_of(name: &OsStr) -> Option<&str> {
     let id = name.to_str()?.strip_prefix("job_")?;
     (!id.is_empty() && id.bytes().all(|b| b.is_ascii_digit())).then_some(id)
-}
-
-fn subdirs(dir: &Path) -> Vec<(std::ffi::OsString, PathBuf)> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut out: Vec<_> = entries
-        .flatten()
-        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-        .map(|e| (e.file_name(), e.path()))
-        .collect();
-    out.sort();
-    out
 }
 
 /// A job directory found by walking, before its processes are checked.
@@ -125,13 +107,13 @@ impl SlurmManager {
         cache
             .opaque_ids
             .retain(|k, _| present.contains(k.as_path()));
-        cache.populated.retain(|k, _| present.contains(k.as_path()));
+        cache.populated.retain(|k| present.contains(k));
         drop(present);
         let mut jobs = Vec::new();
         for c in candidates {
             let uuid = match c.id {
                 Some(id) => {
-                    if !self.has_processes(&c.abs, &mut cache, faults) {
+                    if !cache.populated.check(self.version, &c.abs, faults) {
                         continue;
                     }
                     id
@@ -164,46 +146,6 @@ impl SlurmManager {
             });
         }
         Ok(jobs)
-    }
-
-    /// Whether a job's subtree holds a process: v2's `cgroup.events` says so in one read;
-    /// otherwise walk the subtree's `cgroup.procs`, trusting a positive answer for a while.
-    fn has_processes(
-        &self,
-        dir: &Path,
-        cache: &mut DiscoveryCache,
-        faults: &mut Vec<FileFault>,
-    ) -> bool {
-        if self.version == CgroupVersion::V2 {
-            if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.events")) {
-                let mut populated = None;
-                match cgroup::parse::flat_keyed(&text, |k, v| {
-                    if k == "populated" {
-                        populated = Some(v != 0);
-                    }
-                }) {
-                    Ok(()) if populated.is_some() => return populated == Some(true),
-                    Ok(()) => {}
-                    Err(e) => faults.push(FileFault {
-                        path: dir.join("cgroup.events"),
-                        message: e.to_string(),
-                    }),
-                }
-            }
-        }
-        let now = Instant::now();
-        if let Some(seen) = cache.populated.get(dir) {
-            if now.duration_since(*seen) < POPULATED_TTL {
-                return true;
-            }
-        }
-        let found = cgroup::first_pid(dir, faults).is_some();
-        if found {
-            cache.populated.insert(dir.to_owned(), now);
-        } else {
-            cache.populated.remove(dir);
-        }
-        found
     }
 
     /// The job id of an opaque directory: `SLURM_JOB_ID` of the first process that has one

@@ -205,6 +205,8 @@ mod tests {
             sm_count: None,
             fraction: 1.0,
             model: String::new(),
+            bus_id: String::new(),
+            vgpu: false,
         }
     }
 

@@ -17,7 +17,7 @@ use crate::collect::units::UnitCollector;
 use crate::collect::{Capability, CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
 use crate::host::cgroup::detail::DetailOptions;
-use crate::host::cgroup::{self, CgroupVersion, FileFault, ReadOptions, V1Controllers};
+use crate::host::cgroup::{CgroupVersion, FileFault, ReadOptions, V1Controllers};
 use crate::manager::{ResourceManager, UnitCgroup, UnitGpus, UnitInfo};
 
 pub mod accounting;
@@ -156,11 +156,7 @@ pub struct JobInfoSource {
 fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
     let s: Settings = ctx.settings()?;
     let root = &ctx.paths.cgroupfs;
-    let version = match ctx.common.cgroups.force_version.as_deref() {
-        Some(v) => CgroupVersion::from_flag(v)
-            .ok_or_else(|| CollectError::Other(format!("unknown cgroup version `{v}`")))?,
-        None => cgroup::detect_version(root),
-    };
+    let version = crate::collect::units::cgroup_version(ctx)?;
     let collector = SlurmCollector::slurm(
         root,
         &ctx.paths.procfs,
@@ -552,6 +548,8 @@ mod tests {
                 sm_count: None,
                 fraction: 1.0,
                 model: String::new(),
+                bus_id: String::new(),
+                vgpu: false,
             };
             let c = collector(&tree).with_gpus(GpuMapping::new(
                 vec![device(0), device(1)],
