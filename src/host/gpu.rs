@@ -27,6 +27,24 @@ pub struct GpuDevice {
     pub vgpu: bool,
 }
 
+#[cfg(test)]
+impl GpuDevice {
+    /// A device as tests describe one: `GPU-<minor>`, an H100, no SM count, no PCI address.
+    pub fn for_test(index: usize, minor: u32, gpu_instance_id: Option<u32>, fraction: f64) -> Self {
+        GpuDevice {
+            index,
+            minor,
+            uuid: format!("GPU-{minor}"),
+            gpu_instance_id,
+            sm_count: None,
+            fraction,
+            model: "NVIDIA H100 80GB HBM3".into(),
+            bus_id: String::new(),
+            vgpu: false,
+        }
+    }
+}
+
 /// A PCI address as (domain, bus, device, function), whatever the zero padding:
 /// `00000000:15:00.0` and `0000:15:00.0` are one address.
 pub fn pci_address(text: &str) -> Option<(u32, u32, u32, u32)> {

@@ -367,17 +367,7 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     fn device(index: usize, minor: u32, gi: Option<u32>, fraction: f64) -> GpuDevice {
-        GpuDevice {
-            index,
-            minor,
-            uuid: format!("GPU-{minor}"),
-            gpu_instance_id: gi,
-            sm_count: None,
-            fraction,
-            model: "NVIDIA H100 80GB HBM3".into(),
-            bus_id: String::new(),
-            vgpu: false,
-        }
+        GpuDevice::for_test(index, minor, gi, fraction)
     }
 
     /// GPU 0 full, GPU 1 split in two MIG instances, GPU 2 fallen off the bus.

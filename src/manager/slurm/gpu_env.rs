@@ -197,17 +197,7 @@ mod tests {
     use super::*;
 
     fn device(index: usize, minor: u32, gi: Option<u32>) -> GpuDevice {
-        GpuDevice {
-            index,
-            minor,
-            uuid: format!("GPU-{minor}"),
-            gpu_instance_id: gi,
-            sm_count: None,
-            fraction: 1.0,
-            model: String::new(),
-            bus_id: String::new(),
-            vgpu: false,
-        }
+        GpuDevice::for_test(index, minor, gi, 1.0)
     }
 
     #[test]

@@ -540,17 +540,7 @@ mod tests {
         for version in [CgroupVersion::V1, CgroupVersion::V2] {
             let tmp = tempfile::tempdir().unwrap();
             let tree = generate(tmp.path(), TreeSpec::new(version, 2)).unwrap();
-            let device = |minor: u32| GpuDevice {
-                index: minor as usize,
-                minor,
-                uuid: format!("GPU-{minor}"),
-                gpu_instance_id: None,
-                sm_count: None,
-                fraction: 1.0,
-                model: String::new(),
-                bus_id: String::new(),
-                vgpu: false,
-            };
+            let device = |minor: u32| GpuDevice::for_test(minor as usize, minor, None, 1.0);
             let c = collector(&tree).with_gpus(GpuMapping::new(
                 vec![device(0), device(1)],
                 OrderMap::default(),
