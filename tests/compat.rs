@@ -411,16 +411,21 @@ fn discoverer(extra: &[&str]) -> common::Running {
         "--path.sysfs=sys",
         "--path.cgroupfs=sys/fs/cgroup",
         "--path.procfs=proc",
-        "--discoverer.alloy-targets",
         "--collector.slurm",
     ];
+    // CEEMS's document turns it on by naming the resource manager; its tests by the flag.
+    if !extra.iter().any(|a| a.starts_with(RESOURCE_MANAGER)) {
+        args.push("--discoverer.alloy-targets");
+    }
     args.extend_from_slice(extra);
     start_exporter_env(&fixtures().join("compat"), &args, &[])
 }
 
 /// CEEMS's two discoverer scenarios: `/alloy-targets` must be JSON-equal to its output,
 /// ignoring order.
-fn check_targets(version: &str) {
+const RESOURCE_MANAGER: &str = "--discoverer.alloy-targets.resource-manager";
+
+fn check_targets(version: &str, enable: &[&str]) {
     let dir = fixtures().join("compat");
     let expected: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(dir.join(format!(
@@ -430,7 +435,9 @@ fn check_targets(version: &str) {
     )
     .expect("expected JSON");
     let force = format!("--collector.cgroups.force-version={version}");
-    let exporter = discoverer(&[&force, "--collector.empty-hostname-label"]);
+    let mut args = vec![force.as_str(), "--collector.empty-hostname-label"];
+    args.extend_from_slice(enable);
+    let exporter = discoverer(&args);
     let actual: serde_json::Value =
         serde_json::from_str(&exporter.get("/alloy-targets")).expect("targets are JSON");
     let sorted = |v: &serde_json::Value| {
@@ -448,12 +455,13 @@ fn check_targets(version: &str) {
 
 #[test]
 fn discoverer_cgroupsv2_slurm() {
-    check_targets("v2");
+    check_targets("v2", &[]);
 }
 
 #[test]
 fn discoverer_cgroupsv1_slurm() {
-    check_targets("v1");
+    // As CEEMS's document writes it: the resource manager alone.
+    check_targets("v1", &["--discoverer.alloy-targets.resource-manager=slurm"]);
 }
 
 /// With `--discoverer.alloy-targets.env-var`, only processes whose environment sets one of the

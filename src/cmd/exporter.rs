@@ -385,12 +385,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let listener = web::bind_std(&web_settings.listen_address)?;
     let mut needed = collect::needed_capabilities(&settings)?;
     // The Alloy discoverer reads job processes' environments like the slurm collector.
-    if settings
-        .get::<toml::Table>("discoverer.alloy-targets")?
-        .get("enabled")
-        .and_then(toml::Value::as_bool)
-        == Some(true)
-    {
+    if collect::alloy_targets::enabled(&settings)? {
         needed.extend_from_slice(crate::manager::slurm::SPEC.capabilities);
         needed = crate::security::sorted(needed);
     }

@@ -6,10 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::units::ResourceManager;
+use super::units::{cgroup_version_of, ResourceManager};
 use super::{CollectError, Paths};
 use crate::config::{Kind, Layered, Opt};
-use crate::host::cgroup::{self, CgroupVersion};
 use crate::host::processes;
 use crate::host::procfs;
 use crate::manager::slurm::SlurmManager;
@@ -24,10 +23,9 @@ pub fn options() -> Vec<Opt> {
         Opt::new(
             "discoverer.alloy-targets.resource-manager",
             Kind::Str,
-            "Resource manager whose jobs are targets",
+            "Resource manager whose jobs are targets (only slurm: a VM's symbols cannot be resolved from the host); naming it turns the discoverer on",
         )
-        .default("slurm")
-        .possible(&["slurm"]),
+        .possible(&["", "slurm"]),
         Opt::new(
             "discoverer.alloy-targets.env-var",
             Kind::List,
@@ -46,7 +44,8 @@ pub fn options() -> Vec<Opt> {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct Settings {
     enabled: bool,
-    #[allow(dead_code)]
+    /// Empty unless named; Slurm is the only one.
+    #[serde(default)]
     resource_manager: String,
     #[serde(default)]
     env_var: Vec<String>,
@@ -66,6 +65,13 @@ pub struct TargetLabels {
     pub service_name: String,
 }
 
+/// Whether the settings turn the discoverer on: `--discoverer.alloy-targets`, or naming its
+/// resource manager.
+pub fn enabled(settings: &Layered) -> Result<bool, crate::config::ConfigError> {
+    let s: Settings = settings.get("discoverer.alloy-targets")?;
+    Ok(s.enabled || !s.resource_manager.is_empty())
+}
+
 pub struct AlloyTargets {
     /// Finds the units whose processes are targets.
     units: Box<dyn ResourceManager>,
@@ -78,23 +84,21 @@ impl AlloyTargets {
     pub fn from_settings(settings: &Layered) -> Result<Option<AlloyTargets>, CollectError> {
         let err = |e: crate::config::ConfigError| CollectError::Other(e.to_string());
         let s: Settings = settings.get("discoverer.alloy-targets").map_err(err)?;
-        if !s.enabled {
+        // As CEEMS documents it, naming the resource manager is enough.
+        if !enabled(settings).map_err(err)? {
             return Ok(None);
         }
         let paths: Paths = settings.get("path").map_err(err)?;
         let common = super::select(settings).map_err(err)?.common;
-        let version = match common.cgroups.force_version.as_deref() {
-            Some(v) => CgroupVersion::from_flag(v)
-                .ok_or_else(|| CollectError::Other(format!("unknown cgroup version `{v}`")))?,
-            None => cgroup::detect_version(&paths.cgroupfs),
-        };
+        let version = cgroup_version_of(common.cgroups.force_version.as_deref(), &paths.cgroupfs)?;
+        let units = Box::new(SlurmManager::new(
+            &paths.cgroupfs,
+            &paths.procfs,
+            version,
+            &common.cgroups.active_subsystem,
+        ));
         Ok(Some(AlloyTargets {
-            units: Box::new(SlurmManager::new(
-                &paths.cgroupfs,
-                &paths.procfs,
-                version,
-                &common.cgroups.active_subsystem,
-            )),
+            units,
             procfs: paths.procfs,
             env_vars: s.env_var,
         }))

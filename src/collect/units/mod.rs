@@ -48,10 +48,21 @@ pub fn host_memory(procfs: &Path) -> HostMemory {
 /// The cgroup version units are read in: `--collector.cgroups.force-version`, else what the
 /// hierarchy at `--path.cgroupfs` is.
 pub fn cgroup_version(ctx: &super::Context) -> Result<CgroupVersion, CollectError> {
-    match ctx.common.cgroups.force_version.as_deref() {
+    cgroup_version_of(
+        ctx.common.cgroups.force_version.as_deref(),
+        &ctx.paths.cgroupfs,
+    )
+}
+
+/// [`cgroup_version`] from the flag's value and the hierarchy's root.
+pub fn cgroup_version_of(
+    forced: Option<&str>,
+    cgroupfs: &Path,
+) -> Result<CgroupVersion, CollectError> {
+    match forced {
         Some(v) => CgroupVersion::from_flag(v)
             .ok_or_else(|| CollectError::Other(format!("unknown cgroup version `{v}`"))),
-        None => Ok(cgroup::detect_version(&ctx.paths.cgroupfs)),
+        None => Ok(cgroup::detect_version(cgroupfs)),
     }
 }
 
