@@ -4,7 +4,7 @@
 use super::runner::SlurmCommand;
 use super::sacct::{self, FIELDS};
 use crate::host::ParseError;
-use crate::manager::{Accounting, AccountingError, Associations, UnitRecords};
+use crate::manager::{Accounting, AccountingError, Associations, UnitRecord, UnitRecords};
 
 /// Largest sacct answer read (about six million jobs).
 pub const MAX_SACCT_OUTPUT: u64 = 1 << 30;
@@ -72,14 +72,11 @@ impl Accounting for SlurmAccounting {
             MAX_SACCT_OUTPUT,
         )?;
         // Lines are parsed as the caller pulls them, so a large window is never held twice.
-        let lines = OwnedLines {
+        Ok(Box::new(SacctRecords {
             text: output,
             at: 0,
             line: 0,
-        };
-        Ok(Box::new(lines.filter_map(|(no, line)| {
-            (!line.trim().is_empty()).then(|| sacct::parse_line(no, &line))
-        })))
+        }))
     }
 
     fn associations(&self) -> Option<Result<(Associations, Vec<ParseError>), AccountingError>> {
@@ -92,25 +89,30 @@ impl Accounting for SlurmAccounting {
     }
 }
 
-/// The numbered lines of an owned text.
-struct OwnedLines {
+/// The records of sacct's output, parsed in place; blank lines are skipped.
+struct SacctRecords {
     text: String,
     at: usize,
     line: usize,
 }
 
-impl Iterator for OwnedLines {
-    type Item = (usize, String);
+impl Iterator for SacctRecords {
+    type Item = Result<UnitRecord, ParseError>;
 
-    fn next(&mut self) -> Option<(usize, String)> {
-        let rest = self.text.get(self.at..).filter(|r| !r.is_empty())?;
-        let (line, len) = match rest.find('\n') {
-            Some(i) => (&rest[..i], i + 1),
-            None => (rest, rest.len()),
-        };
-        self.at += len;
-        self.line += 1;
-        Some((self.line, line.trim_end_matches('\r').to_owned()))
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let rest = self.text.get(self.at..).filter(|r| !r.is_empty())?;
+            let (line, len) = match rest.find('\n') {
+                Some(i) => (&rest[..i], i + 1),
+                None => (rest, rest.len()),
+            };
+            self.at += len;
+            self.line += 1;
+            let line = line.trim_end_matches('\r');
+            if !line.trim().is_empty() {
+                return Some(sacct::parse_line(self.line, line));
+            }
+        }
     }
 }
 
