@@ -98,6 +98,10 @@ pub struct Family {
 #[derive(Debug, Default)]
 pub struct MetricSet {
     families: Vec<Family>,
+    /// Address and length of the name each family was last asked by. Emitters pass the same
+    /// constants for thousands of units, and most names share a long `ceems_compute_unit_`
+    /// prefix: two integers say where to look, one comparison confirms.
+    asked_as: Vec<(usize, usize)>,
 }
 
 impl MetricSet {
@@ -108,17 +112,25 @@ impl MetricSet {
     /// Returns the family named `name`, creating it on first use.
     pub fn family(&mut self, name: &str, help: &str, kind: MetricType) -> &mut Family {
         // Families per collector are few, so a linear search beats hashing.
-        let idx = match self.families.iter().position(|f| f.name == name) {
-            Some(i) => i,
-            None => {
-                self.families.push(Family {
-                    name: name.to_owned(),
-                    help: help.to_owned(),
-                    kind,
-                    samples: Vec::new(),
-                });
-                self.families.len() - 1
-            }
+        let key = (name.as_ptr() as usize, name.len());
+        let idx = match self.asked_as.iter().position(|k| *k == key) {
+            Some(i) if self.families[i].name == name => i,
+            _ => match self.families.iter().position(|f| f.name == name) {
+                Some(i) => {
+                    self.asked_as[i] = key;
+                    i
+                }
+                None => {
+                    self.families.push(Family {
+                        name: name.to_owned(),
+                        help: help.to_owned(),
+                        kind,
+                        samples: Vec::new(),
+                    });
+                    self.asked_as.push(key);
+                    self.families.len() - 1
+                }
+            },
         };
         &mut self.families[idx]
     }
@@ -142,7 +154,10 @@ impl MetricSet {
         for fam in other.families {
             match self.families.iter_mut().find(|f| f.name == fam.name) {
                 Some(existing) => existing.samples.extend(fam.samples),
-                None => self.families.push(fam),
+                None => {
+                    self.families.push(fam);
+                    self.asked_as.push((0, 0));
+                }
             }
         }
     }
@@ -197,27 +212,48 @@ pub fn format_float(v: f64, out: &mut String) {
         out.push('0');
         return;
     }
-    // `{:e}` gives the shortest round-trip mantissa digits, e.g. "2.1086208e7".
-    let mut sci = String::with_capacity(24);
-    let _ = write!(sci, "{v:e}");
-    let (mantissa, exp) = match sci.split_once('e') {
-        Some((m, e)) => (m, e.parse::<i32>().unwrap_or(0)),
-        None => (sci.as_str(), 0),
+    let mut int_digits = [0u8; 20];
+    let sci;
+    let (digits, exp): (&[u8], i32) = if v.fract() == 0.0 && v.abs() < 1e15 {
+        // Most values are counts of bytes or ticks. Below 1e15 neighbouring floats are less
+        // than 1 apart, so an integer's own digits are its shortest round-trip form.
+        let mut n = v.abs() as u64;
+        let mut start = int_digits.len();
+        while n > 0 {
+            start -= 1;
+            int_digits[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+        let all = &int_digits[start..];
+        let end = all.iter().rposition(|d| *d != b'0').map_or(1, |p| p + 1);
+        (&all[..end], all.len() as i32 - 1)
+    } else {
+        // `{:e}` gives the shortest round-trip mantissa digits, e.g. "2.1086208e7".
+        sci = format!("{:e}", v.abs());
+        let (mantissa, exp) = match sci.split_once('e') {
+            Some((m, e)) => (m, e.parse::<i32>().unwrap_or(0)),
+            None => (sci.as_str(), 0),
+        };
+        let (first, rest) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+        let mut at = 0;
+        for d in first.bytes().chain(rest.bytes()) {
+            if at < int_digits.len() {
+                int_digits[at] = d;
+                at += 1;
+            }
+        }
+        (&int_digits[..at], exp)
     };
-    let (negative, mantissa) = match mantissa.strip_prefix('-') {
-        Some(m) => (true, m),
-        None => (false, mantissa),
-    };
-    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
-    if negative {
+    if v < 0.0 {
         out.push('-');
     }
+    let push = |out: &mut String, ds: &[u8]| out.extend(ds.iter().map(|d| char::from(*d)));
     const EPREC: i32 = 6;
     if !(-4..EPREC).contains(&exp) {
-        out.push_str(&digits[..1]);
+        push(out, &digits[..1]);
         if digits.len() > 1 {
             out.push('.');
-            out.push_str(&digits[1..]);
+            push(out, &digits[1..]);
         }
         out.push('e');
         out.push(if exp < 0 { '-' } else { '+' });
@@ -231,18 +267,18 @@ pub fn format_float(v: f64, out: &mut String) {
         for _ in 0..(-exp - 1) {
             out.push('0');
         }
-        out.push_str(&digits);
+        push(out, digits);
     } else {
         let int_len = (exp + 1) as usize;
         if digits.len() <= int_len {
-            out.push_str(&digits);
+            push(out, digits);
             for _ in digits.len()..int_len {
                 out.push('0');
             }
         } else {
-            out.push_str(&digits[..int_len]);
+            push(out, &digits[..int_len]);
             out.push('.');
-            out.push_str(&digits[int_len..]);
+            push(out, &digits[int_len..]);
         }
     }
 }
@@ -250,6 +286,7 @@ pub fn format_float(v: f64, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prop_assert_eq;
 
     fn f(v: f64) -> String {
         let mut s = String::new();
@@ -274,6 +311,21 @@ mod tests {
         assert_eq!(f(-3.5), "-3.5");
         assert_eq!(f(f64::NAN), "NaN");
         assert_eq!(f(f64::INFINITY), "+Inf");
+        assert_eq!(f(-21086208.0), "-2.1086208e+07");
+        assert_eq!(f(123456.0), "123456");
+        assert_eq!(f(999999999999999.0), "9.99999999999999e+14");
+        assert_eq!(f(1e15), "1e+15");
+        assert_eq!(f(-0.5e-7), "-5e-08");
+    }
+
+    proptest::proptest! {
+        /// Whatever path formats it, the text reads back as the same float.
+        #[test]
+        fn floats_round_trip(v in proptest::num::f64::NORMAL, n in 0u64..2_000_000_000_000_000) {
+            for x in [v, n as f64, -(n as f64)] {
+                prop_assert_eq!(f(x).parse::<f64>().ok(), Some(x));
+            }
+        }
     }
 
     #[test]

@@ -44,14 +44,35 @@ pub fn flat_keyed<'a>(text: &'a str, mut each: impl FnMut(&'a str, u64)) -> Resu
     Ok(())
 }
 
-/// The values of `names` in a flat keyed file, 0 for names it lacks.
+/// The values of `names` in a flat keyed file, 0 for names it lacks. Only the lines of
+/// `names` are parsed, and reading stops once all are found: v2's `memory.stat` has some 50
+/// lines and a scrape wants its first two.
 pub fn keyed_values<const N: usize>(text: &str, names: [&str; N]) -> Result<[u64; N], ParseError> {
     let mut out = [0u64; N];
-    flat_keyed(text, |k, v| {
-        if let Some(i) = names.iter().position(|n| *n == k) {
-            out[i] = v;
+    let mut missing = N;
+    let mut seen = [false; N];
+    for (i, line) in text.lines().enumerate() {
+        let key = line.split_ascii_whitespace().next().unwrap_or_default();
+        let Some(k) = names.iter().position(|n| *n == key) else {
+            continue;
+        };
+        let mut rest = line.split_ascii_whitespace().skip(1);
+        let (Some(value), None) = (rest.next(), rest.next()) else {
+            return Err(ParseError::new(
+                i + 1,
+                format!("expected `key value`, got `{line}`"),
+            ));
+        };
+        let value = parse_u64_field(i + 1, value)?;
+        if !seen[k] {
+            out[k] = value;
+            seen[k] = true;
+            missing -= 1;
+            if missing == 0 {
+                break;
+            }
         }
-    })?;
+    }
     Ok(out)
 }
 
@@ -212,6 +233,13 @@ mod tests {
         flat_keyed("user_usec 10\nsystem_usec 20\n", |k, v| seen.push((k, v))).unwrap();
         assert_eq!(seen, vec![("user_usec", 10), ("system_usec", 20)]);
         let err = flat_keyed("user_usec ten\n", |_, _| {}).unwrap_err();
+        assert_eq!(keyed_values("a 1\nb x\n", ["b"]).unwrap_err().line, 2);
+        assert!(keyed_values("a\n", ["a"]).is_err());
+        // Lines of other keys are not read, nor what follows the last key wanted.
+        assert_eq!(
+            keyed_values("x\na 1\nb 2\ny\n", ["b", "a"]).unwrap(),
+            [2, 1]
+        );
         assert_eq!(err.line, 1);
         assert!(flat_keyed("a 1 2\n", |_, _| {}).is_err());
         assert!(flat_keyed("lonely\n", |_, _| {}).is_err());
@@ -278,6 +306,17 @@ mod tests {
             let text: Vec<String> = ranges.iter().map(|(a, len)| if *len == 0 { a.to_string() } else { format!("{}-{}", a, a + len) }).collect();
             let expected: u64 = ranges.iter().map(|(_, len)| len + 1).sum();
             prop_assert_eq!(cpuset_count(&text.join(",")).unwrap(), expected);
+        }
+
+        #[test]
+        fn keyed_values_agrees_with_flat_keyed(pairs in proptest::collection::vec(("[a-d]{1,2}", any::<u64>()), 0..20)) {
+            let text: String = pairs.iter().map(|(k, v)| format!("{k} {v}\n")).collect();
+            let mut first = std::collections::HashMap::new();
+            flat_keyed(&text, |k, v| { first.entry(k.to_owned()).or_insert(v); }).unwrap();
+            let got = keyed_values(&text, ["a", "bc", "d"]).unwrap();
+            let want = ["a", "bc", "d"].map(|k| first.get(k).copied().unwrap_or(0));
+            prop_assert_eq!(got, want);
+            let _ = keyed_values(&text.replace(' ', ""), ["a", "b"]);
         }
 
         #[test]

@@ -369,7 +369,12 @@ mod tests {
                 CgroupVersion::V2 => tree.job_dir(0),
                 CgroupVersion::V1 => tree.job_dirs(0)[1].clone(),
             };
-            fs::write(mem_dir.join("memory.stat"), "anon twelve\n\0\u{fffd}").unwrap();
+            // Only the keys a scrape wants are parsed: v2's `anon`, v1's `total_rss`.
+            fs::write(
+                mem_dir.join("memory.stat"),
+                "anon twelve\ntotal_rss twelve\n\0\u{fffd}",
+            )
+            .unwrap();
             let text = scrape(&collector(&tree));
             assert!(
                 text.contains("ceems_compute_collect_error{cgrouphostname=\"\",hostname=\"node\",manager=\"slurm\",uuid=\"1000000\"} 1"),
