@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Whole-process benchmark of `ceems exporter` with the slurm collector: CPU time per scrape
-# (from /proc/<pid>/stat) and RSS.
+# (from /proc/<pid>/stat) and RSS, beside two floors measured in the same run on the same files
+# (`scripts/read_floor.rs`): naive (open, read, close each file) and kept (pread on descriptors
+# opened once), both with discovery's directory walk.
 # - trees: generated v1 and v2 job trees, 0 to 1000 jobs;
 # - real: REAL_JOBS (500) real v1 job cgroups with a sleeping process each (root only), on a
 #   CPU node and on a GPU node, in one run.
@@ -11,9 +13,10 @@ cd "$(dirname "$0")/.."
 scrapes=${1:-30}
 shift || true
 parts=${*:-trees real}
-cargo build --release --quiet --bin ceems --example gen-job-tree
+cargo build --release --quiet --bin ceems --example gen-job-tree --example read-floor
 bin=${CEEMS_BIN:-target/release/ceems}
 gen=target/release/examples/gen-job-tree
+floor=target/release/examples/read-floor
 tck=$(getconf CLK_TCK)
 work=$(mktemp -d)
 # Started as root, the exporter drops to nobody: the trees must be theirs to read.
@@ -25,7 +28,7 @@ hwm_kib() { awk '/^VmHWM/ {print $2}' "/proc/$1/status"; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 if [[ " $parts " == *" trees "* ]]; then
-printf '%-4s %6s %10s %14s %12s %12s %10s\n' cg jobs series "cpu_ms/scrape" idle_rss_MB rss_MB hwm_MB
+printf '%-4s %6s %8s %14s %9s %8s %10s %12s %8s %8s\n' cg jobs series "cpu_ms/scrape" naive_ms kept_ms now/naive idle_rss_MB rss_MB hwm_MB
 for version in v1 v2; do
   for jobs in 0 10 100 1000; do
     tree="$work/$version-$jobs"
@@ -45,9 +48,12 @@ for version in v1 v2; do
     after=$(cpu_ticks "$pid")
     series=$(grep -vc '^#' "$work/body")
     cpu_ms=$(awk -v d=$((after - before)) -v n="$scrapes" -v t="$tck" 'BEGIN {printf "%.2f", d * 1000 / t / n}')
-    printf '%-4s %6d %10d %14s %12.1f %12.1f %10.1f\n' "$version" "$jobs" "$series" "$cpu_ms" \
-      "$(echo "$idle/1024" | bc -l)" "$(echo "$(rss_kib "$pid")/1024" | bc -l)" "$(echo "$(hwm_kib "$pid")/1024" | bc -l)"
+    rss=$(rss_kib "$pid") hwm=$(hwm_kib "$pid")
     kill "$pid"; wait "$pid" 2>/dev/null || true
+    read -r naive kept _ < <("$floor" "$tree/sys/fs/cgroup" "$version" "$scrapes" swap psi)
+    printf '%-4s %6d %8d %14s %9s %8s %10s %12.1f %8.1f %8.1f\n' "$version" "$jobs" "$series" "$cpu_ms" \
+      "$naive" "$kept" "$(awk -v a="$cpu_ms" -v b="$naive" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}')" \
+      "$(echo "$idle/1024" | bc -l)" "$(echo "$rss/1024" | bc -l)" "$(echo "$hwm/1024" | bc -l)"
   done
 done
 fi
@@ -126,7 +132,12 @@ nogpu=$(measure_real --collector.gpu.type=nogpu)
 units_nogpu=$(awk '/^ceems_compute_units\{/ {print $2}' "$work/body")
 nvidia=$(measure_real --collector.gpu.type=nvidia --collector.gpu.nvidia-smi-path="$smi")
 units_nvidia=$(awk '/^ceems_compute_units\{/ {print $2}' "$work/body")
+read -r naive kept floor_jobs _ < <("$floor" "$cg" v1 "$scrapes")
 printf '%-44s %14s %8s\n' node cpu_ms/scrape jobs
 printf '%-44s %14s %8s\n' "CPU node (--collector.gpu.type=nogpu)" "$nogpu" "$units_nogpu"
 printf '%-44s %14s %8s\n' "GPU node (nvidia, nvidia-smi stand-in)" "$nvidia" "$units_nvidia"
+printf '%-44s %14s %8s\n' "naive floor (open, read, close)" "$naive" "$floor_jobs"
+printf '%-44s %14s %8s\n' "kept floor (pread on open descriptors)" "$kept" "$floor_jobs"
 awk -v a="$nvidia" -v b="$nogpu" 'BEGIN {printf "GPU node / CPU node: %.2fx\n", a / b}'
+awk -v a="$nogpu" -v b="$naive" -v k="$kept" \
+  'BEGIN {printf "CPU node / naive floor: %.2fx; kept floor / naive floor: %.2fx\n", a / b, k / b}'

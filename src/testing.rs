@@ -334,48 +334,57 @@ pub fn generate(root: &Path, spec: TreeSpec) -> io::Result<JobTree> {
 /// The accounting files the slurm collector reads for the tree's jobs, in its order (discovery's
 /// `cgroup.procs` walk aside): with that walk, the floor against which a scrape is measured.
 pub fn files_read_per_scrape(tree: &JobTree, swap: bool, psi: bool) -> Vec<PathBuf> {
+    (0..tree.spec.jobs)
+        .flat_map(|idx| accounting_files(tree.spec.version, &tree.job_dirs(idx), swap, psi))
+        .collect()
+}
+
+/// The accounting files of one job, given its one v2 directory or its v1 `cpuacct`,
+/// `memory` and `cpuset` directories, in the order the reader reads them.
+pub fn accounting_files(
+    version: CgroupVersion,
+    dirs: &[PathBuf],
+    swap: bool,
+    psi: bool,
+) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    for idx in 0..tree.spec.jobs {
-        match tree.spec.version {
-            CgroupVersion::V2 => {
-                let job = tree.job_dir(idx);
-                let mut files = vec![
-                    "cpu.stat",
-                    "cpuset.cpus.effective",
-                    "memory.current",
-                    "memory.max",
-                    "memory.stat",
-                    "memory.events",
-                ];
-                if swap {
-                    files.extend(["memory.swap.current", "memory.swap.max"]);
-                }
-                if psi {
-                    files.extend(["cpu.pressure", "memory.pressure"]);
-                }
-                out.extend(files.into_iter().map(|f| job.join(f)));
+    match (version, dirs) {
+        (CgroupVersion::V2, [job, ..]) => {
+            let mut files = vec![
+                "cpu.stat",
+                "cpuset.cpus.effective",
+                "memory.current",
+                "memory.max",
+                "memory.stat",
+                "memory.events",
+            ];
+            if swap {
+                files.extend(["memory.swap.current", "memory.swap.max"]);
             }
-            CgroupVersion::V1 => {
-                let dirs = tree.job_dirs(idx);
-                let (cpuacct, memory, cpuset) = (&dirs[0], &dirs[1], &dirs[2]);
-                out.push(cpuacct.join("cpuacct.stat"));
-                out.push(cpuset.join("cpuset.cpus"));
-                let mut files = vec![
-                    "memory.stat",
-                    "memory.usage_in_bytes",
-                    "memory.limit_in_bytes",
-                    "memory.failcnt",
-                ];
-                if swap {
-                    files.extend([
-                        "memory.memsw.usage_in_bytes",
-                        "memory.memsw.limit_in_bytes",
-                        "memory.memsw.failcnt",
-                    ]);
-                }
-                out.extend(files.into_iter().map(|f| memory.join(f)));
+            if psi {
+                files.extend(["cpu.pressure", "memory.pressure"]);
             }
+            out.extend(files.into_iter().map(|f| job.join(f)));
         }
+        (CgroupVersion::V1, [cpuacct, memory, cpuset, ..]) => {
+            out.push(cpuacct.join("cpuacct.stat"));
+            out.push(cpuset.join("cpuset.cpus"));
+            let mut files = vec![
+                "memory.stat",
+                "memory.usage_in_bytes",
+                "memory.limit_in_bytes",
+                "memory.failcnt",
+            ];
+            if swap {
+                files.extend([
+                    "memory.memsw.usage_in_bytes",
+                    "memory.memsw.limit_in_bytes",
+                    "memory.memsw.failcnt",
+                ]);
+            }
+            out.extend(files.into_iter().map(|f| memory.join(f)));
+        }
+        _ => {}
     }
     out
 }

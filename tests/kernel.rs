@@ -334,3 +334,97 @@ fn subtree_shape_follows_steps_not_processes() {
     );
     fs::remove_dir(&next).expect("rmdir step_1");
 }
+
+/// The kept-open reader against the kernel: values change under kept descriptors, an empty
+/// file that gains content is seen, a job made again under the same name is read fresh, and a
+/// removed job holds no descriptor.
+#[test]
+fn kept_descriptors_follow_the_kernel() {
+    use ceems::host::cgroup::{CgroupReader, CgroupVersion, HostMemory, ReadOptions};
+    if let Some(reason) = skip_reason() {
+        println!("SKIPPED kept_descriptors_follow_the_kernel: {reason}");
+        return;
+    }
+    let cpuset_root = Path::new(CGROUPFS).join("cpuset");
+    let has_cpuset = cpuset_root.join("cpuset.cpus").exists();
+    // Parents of its own, so that the other tests' jobs never see them half made.
+    let rel = PathBuf::from(format!(
+        "slurm_kept/uid_0/job_{}",
+        900_000 + std::process::id() % 100_000
+    ));
+    let dirs_of = |rel: &Path| {
+        let mut dirs = vec![
+            cpuacct_dir().expect("checked").join(rel),
+            Path::new(CGROUPFS).join("memory").join(rel),
+        ];
+        if has_cpuset {
+            dirs.push(cpuset_root.join(rel));
+        }
+        dirs
+    };
+    let make = |job: &mut JobCgroups| {
+        for d in dirs_of(&rel) {
+            let cpuset = d.starts_with(&cpuset_root);
+            make_dirs(&d, &mut job.dirs, cpuset);
+            if cpuset {
+                // No CPUs until it is given some, whatever the parents have (a write of
+                // nothing never reaches the kernel: a newline clears).
+                fs::write(d.join("cpuset.cpus"), "\n").expect("clear cpuset");
+            }
+        }
+    };
+    let mut reader = CgroupReader::new(
+        Path::new(CGROUPFS),
+        CgroupVersion::V1,
+        HostMemory::default(),
+    );
+    let scrape = |reader: &mut CgroupReader| {
+        let read = reader.read_unit(&rel, ReadOptions::default(), &mut Vec::new());
+        reader.end_scrape();
+        read
+    };
+    let memory = Path::new(CGROUPFS).join("memory").join(&rel);
+    let mut job = JobCgroups {
+        dirs: Vec::new(),
+        child: None,
+    };
+    make(&mut job);
+    fs::write(memory.join("memory.limit_in_bytes"), "67108864").expect("limit");
+    let first = scrape(&mut reader).expect("job readable");
+    assert_eq!(first.memory_total_bytes, 67_108_864.0);
+    assert_eq!(first.cpus, 0);
+    assert!(reader.kept_descriptors() >= 5, "files were not kept open");
+
+    fs::write(memory.join("memory.limit_in_bytes"), "33554432").expect("limit");
+    if has_cpuset {
+        let d = cpuset_root.join(&rel);
+        let parent = fs::read_to_string(d.parent().expect("parent").join("cpuset.cpus"));
+        fs::write(d.join("cpuset.cpus"), parent.expect("parent cpuset").trim()).expect("give CPUs");
+    }
+    let second = scrape(&mut reader).expect("job readable");
+    assert_eq!(second.memory_total_bytes, 33_554_432.0);
+    if has_cpuset {
+        assert!(second.cpus >= 1, "the CPUs given to the job were not seen");
+    }
+
+    // The kernel fails reads through a removed cgroup's descriptors, and a job made again
+    // under the same name is read through new ones.
+    let stale = fs::File::open(memory.join("memory.limit_in_bytes")).expect("open");
+    drop(job);
+    let mut buf = [0u8; 64];
+    assert!(
+        std::os::unix::fs::FileExt::read_at(&stale, &mut buf, 0).is_err(),
+        "a removed cgroup's file still reads"
+    );
+    let mut job = JobCgroups {
+        dirs: Vec::new(),
+        child: None,
+    };
+    make(&mut job);
+    fs::write(memory.join("memory.limit_in_bytes"), "16777216").expect("limit");
+    let again = scrape(&mut reader).expect("job readable");
+    assert_eq!(again.memory_total_bytes, 16_777_216.0);
+    drop(job);
+    assert!(scrape(&mut reader).is_err(), "a removed job was read");
+    assert_eq!(reader.kept_descriptors(), 0);
+}

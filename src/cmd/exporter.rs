@@ -379,6 +379,18 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let settings = config::load("exporter", &opts, matches)?;
     let log: LogConfig = settings.get("log")?;
     crate::log::init(&log)?;
+    // Job cgroup files stay open between scrapes, within a share of this limit.
+    match crate::host::cgroup::kept::raise_nofile_limit() {
+        Ok((old, new)) if old != new => {
+            tracing::info!(
+                from = old,
+                to = new,
+                "raised the open-file limit to its hard limit"
+            )
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
     // Bind first (a port below 1024 needs root), then drop privileges before any collector
     // or thread starts.
     let web_settings: WebSettings = settings.get("web")?;

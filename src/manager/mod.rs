@@ -33,6 +33,9 @@ pub struct UnitCgroup {
     pub rel: PathBuf,
     /// The unit's directory in the hierarchy discovery walks.
     pub dir: PathBuf,
+    /// `dir`'s inode as discovery listed it: tells a directory made again under the same
+    /// name from the one whose files are kept open.
+    pub dir_ino: Option<u64>,
 }
 
 /// `ceems_compute_unit_info` of one unit: its help text and the labels beside the unit's own.

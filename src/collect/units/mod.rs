@@ -152,6 +152,7 @@ impl<M: ResourceManager> UnitCollector<M> {
             None => HashMap::new(),
         };
         for unit in units {
+            reader.enter_unit(&unit.rel, &unit.dir, unit.dir_ino);
             let stats = match reader.read_unit(&unit.rel, self.read_opts, &mut faults) {
                 Ok(s) => s,
                 Err(UnitError::Vanished(_)) => {
@@ -201,6 +202,8 @@ impl<M: ResourceManager> UnitCollector<M> {
                 );
             }
         }
+        reader.end_scrape();
+        drop(reader);
         let held = self.manager.gpus(units);
         emit_gpus(out, &self.hostname, &held);
         publish(held);

@@ -150,6 +150,7 @@ impl CgroupReader {
         faults: &mut Vec<FileFault>,
     ) -> UnitDetail {
         let mut d = UnitDetail::default();
+        self.enter(rel);
         match self.version {
             CgroupVersion::V1 => {
                 let (memory, cpuacct) = (self.v1.memory.clone(), self.v1.cpuacct.clone());

@@ -5,13 +5,17 @@
 //! the `ceems_compute_unit_*` series that CEEMS exports.
 
 pub mod detail;
+pub mod kept;
 pub mod parse;
 mod populated;
 
-pub use populated::{subdirs, Populated};
+pub use populated::{subdirs, Populated, Subdir};
 
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kept::{DescriptorBudget, KeptFiles};
 
 use crate::host::ParseError;
 
@@ -145,28 +149,30 @@ pub struct CgroupReader {
     scratch: Scratch,
 }
 
-/// Buffers reused for every file read of a scrape.
+/// Buffers reused for every file read of a scrape, and the descriptors kept between scrapes.
 struct Scratch {
-    buf: String,
+    bytes: Vec<u8>,
     path: PathBuf,
+    anchor: PathBuf,
+    kept: KeptFiles,
 }
 
 impl Scratch {
-    /// Reads `dir/file` into the shared buffer. `Ok(false)` means the file does not exist.
-    fn load(&mut self, dir: &Path, rel: &Path, file: &str) -> io::Result<bool> {
+    /// Starts reading the unit at `rel`, whose own directory is `dir/rel`.
+    fn enter(&mut self, dir: &Path, rel: &Path) {
+        self.anchor.clear();
+        self.anchor.push(dir);
+        self.anchor.push(rel);
+        self.kept.enter(rel, &self.anchor, None);
+    }
+
+    /// Reads `dir/rel/file` into the shared buffer; `None` means the file does not exist.
+    fn load(&mut self, dir: &Path, rel: &Path, file: &str) -> io::Result<Option<usize>> {
         self.path.clear();
         self.path.push(dir);
         self.path.push(rel);
         self.path.push(file);
-        self.buf.clear();
-        match std::fs::File::open(&self.path) {
-            Ok(mut f) => {
-                f.read_to_string(&mut self.buf)?;
-                Ok(true)
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(e),
-        }
+        self.kept.read(file, &self.path, &mut self.bytes)
     }
 
     /// Reads one file and parses it; a missing file yields `None`, a read or parse failure is
@@ -179,26 +185,22 @@ impl Scratch {
         faults: &mut Vec<FileFault>,
         parse: impl FnOnce(&str) -> Result<T, ParseError>,
     ) -> Option<T> {
-        match self.load(dir, rel, file) {
-            Ok(false) => None,
-            Ok(true) => match parse(&self.buf) {
-                Ok(v) => Some(v),
-                Err(e) => {
-                    faults.push(FileFault {
-                        path: self.path.clone(),
-                        message: e.to_string(),
-                    });
-                    None
-                }
+        let parsed = match self.load(dir, rel, file) {
+            Ok(None) => return None,
+            Ok(Some(n)) => match std::str::from_utf8(&self.bytes[..n]) {
+                Ok(text) => parse(text).map_err(|e| e.to_string()),
+                Err(e) => Err(format!("not UTF-8: {e}")),
             },
-            Err(e) => {
+            Err(e) => Err(e.to_string()),
+        };
+        parsed
+            .map_err(|message| {
                 faults.push(FileFault {
                     path: self.path.clone(),
-                    message: e.to_string(),
-                });
-                None
-            }
-        }
+                    message,
+                })
+            })
+            .ok()
     }
 }
 
@@ -212,6 +214,16 @@ pub fn clock_ticks() -> f64 {
 
 impl CgroupReader {
     pub fn new(root: &Path, version: CgroupVersion, host: HostMemory) -> CgroupReader {
+        CgroupReader::with_budget(root, version, host, DescriptorBudget::process())
+    }
+
+    /// As [`CgroupReader::new`], keeping at most what `budget` allows open between scrapes.
+    pub fn with_budget(
+        root: &Path,
+        version: CgroupVersion,
+        host: HostMemory,
+        budget: Arc<DescriptorBudget>,
+    ) -> CgroupReader {
         CgroupReader {
             root: root.to_owned(),
             version,
@@ -219,8 +231,10 @@ impl CgroupReader {
             host,
             clock_ticks: clock_ticks(),
             scratch: Scratch {
-                buf: String::with_capacity(4096),
+                bytes: vec![0; 4096],
                 path: PathBuf::with_capacity(256),
+                anchor: PathBuf::with_capacity(256),
+                kept: KeptFiles::new(budget),
             },
         }
     }
@@ -245,10 +259,42 @@ impl CgroupReader {
         opts: ReadOptions,
         faults: &mut Vec<FileFault>,
     ) -> Result<UnitStats, UnitError> {
-        match self.version {
+        self.enter(rel);
+        let read = match self.version {
             CgroupVersion::V1 => self.read_v1(rel, opts, faults),
             CgroupVersion::V2 => self.read_v2(rel, opts, faults),
+        };
+        if read.is_err() {
+            self.scratch.kept.forget_current();
         }
+        read
+    }
+
+    /// Starts reading the unit at `rel`, found by discovery at `dir` (in any controller)
+    /// listed with inode `ino`: its kept descriptors are checked against that, without a
+    /// `stat`. [`CgroupReader::read_unit`] and [`CgroupReader::read_detail`] then read it.
+    pub fn enter_unit(&mut self, rel: &Path, dir: &Path, ino: Option<u64>) {
+        self.scratch.kept.enter(rel, dir, ino);
+    }
+
+    /// Starts reading the unit at `rel` unless it is the one entered last.
+    fn enter(&mut self, rel: &Path) {
+        let dir = match self.version {
+            CgroupVersion::V1 => &self.v1.cpuacct,
+            CgroupVersion::V2 => &self.root,
+        };
+        self.scratch.enter(dir, rel);
+    }
+
+    /// Closes the kept files of the units not read since the last call: call it after each
+    /// scrape.
+    pub fn end_scrape(&mut self) {
+        self.scratch.kept.end_scrape();
+    }
+
+    /// Descriptors kept open between scrapes.
+    pub fn kept_descriptors(&self) -> usize {
+        self.scratch.kept.descriptors()
     }
 
     fn read_v1(
@@ -511,8 +557,23 @@ fn walk(
 /// kernel does not update when a cgroup is made). Slurm starts a job's processes with a new
 /// environment only in a new step, which is a new directory right below the job's; the
 /// deeper ones (tasks) come with their step and are not stamped, to keep the check cheap.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SubtreeShape(Vec<(PathBuf, u64, u64)>);
+///
+/// The unit's directory is held open while its budget allows: the checks then stat through
+/// it (`fstat`, and `fstatat` of one name), not by walking the whole path again, which on
+/// cgroupfs costs several times more.
+#[derive(Debug)]
+pub struct SubtreeShape {
+    dir: PathBuf,
+    held: Option<kept::HeldDir>,
+    top: Option<(u64, u64)>,
+    children: Vec<(std::ffi::OsString, u64, u64)>,
+}
+
+impl PartialEq for SubtreeShape {
+    fn eq(&self, other: &SubtreeShape) -> bool {
+        (&self.dir, self.top, &self.children) == (&other.dir, other.top, &other.children)
+    }
+}
 
 fn dir_stamp(dir: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
@@ -522,43 +583,62 @@ fn dir_stamp(dir: &Path) -> Option<(u64, u64)> {
 }
 
 impl SubtreeShape {
-    /// Whether every directory still stats as it did: one `statx` a directory, no read.
+    /// Whether every directory still stats as it did: one stat a directory, no read.
     pub fn unchanged(&self) -> bool {
-        self.0
-            .iter()
-            .all(|(dir, ino, nlink)| dir_stamp(dir) == Some((*ino, *nlink)))
+        let top = match &self.held {
+            Some(held) => held.stamp(),
+            None => dir_stamp(&self.dir),
+        };
+        top.is_some()
+            && top == self.top
+            && self.children.iter().all(|(name, ino, nlink)| {
+                let now = match &self.held {
+                    Some(held) => held.child_stamp(name),
+                    None => dir_stamp(&self.dir.join(name)),
+                };
+                now == Some((*ino, *nlink))
+            })
     }
 
     /// Whether this shape holds a directory that `old` did not.
     pub fn grew_from(&self, old: &SubtreeShape) -> bool {
-        self.0
-            .iter()
-            .any(|(dir, ino, _)| !old.0.iter().any(|(d, i, _)| d == dir && i == ino))
+        self.top.map(|t| t.0) != old.top.map(|t| t.0)
+            || self
+                .children
+                .iter()
+                .any(|(name, ino, _)| !old.children.iter().any(|(n, i, _)| n == name && i == ino))
     }
 }
 
 /// Every pid of a unit's subtree, and the shape of its top two levels.
 pub fn subtree(dir: &Path, faults: &mut Vec<FileFault>) -> (Vec<u32>, SubtreeShape) {
     let mut pids = Vec::new();
-    let mut shape = Vec::new();
+    let mut shape = SubtreeShape {
+        dir: dir.to_owned(),
+        held: kept::HeldDir::open(dir, &DescriptorBudget::process()),
+        top: None,
+        children: Vec::new(),
+    };
     walk(
         dir,
         0,
         faults,
         // Stamped before its listing is read, so that a change after the stamp shows next time.
-        &mut |d, depth| {
-            if depth <= 1 {
-                if let Some((ino, nlink)) = dir_stamp(d) {
-                    shape.push((d.to_owned(), ino, nlink));
+        &mut |d, depth| match depth {
+            0 => shape.top = dir_stamp(d),
+            1 => {
+                if let (Some(name), Some((ino, nlink))) = (d.file_name(), dir_stamp(d)) {
+                    shape.children.push((name.to_owned(), ino, nlink));
                 }
             }
+            _ => {}
         },
         &mut |pid| {
             pids.push(pid);
             false
         },
     );
-    (pids, SubtreeShape(shape))
+    (pids, shape)
 }
 
 /// The first process of a unit's subtree, if it has any.

@@ -6,6 +6,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::kept::{DescriptorBudget, KeptFiles};
 use super::{first_pid, parse, CgroupVersion, FileFault};
 
 /// How long a unit found with processes is trusted to still have some without walking its
@@ -13,24 +14,49 @@ use super::{first_pid, parse, CgroupVersion, FileFault};
 const POPULATED_TTL: Duration = Duration::from_secs(30);
 
 /// The answers of the last scrapes, for directories that still exist.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Populated {
     seen: HashMap<PathBuf, Instant>,
+    /// v2 `cgroup.events`, kept open.
+    events: KeptFiles,
+    buf: Vec<u8>,
+    path: PathBuf,
+}
+
+impl Default for Populated {
+    fn default() -> Populated {
+        Populated {
+            seen: HashMap::new(),
+            events: KeptFiles::new(DescriptorBudget::process()),
+            buf: Vec::new(),
+            path: PathBuf::new(),
+        }
+    }
 }
 
 impl Populated {
     /// v2's `cgroup.events` says so in one read; otherwise walk the subtree's `cgroup.procs`,
-    /// trusting a positive answer for a while.
+    /// trusting a positive answer for a while. `ino` is `dir`'s inode as discovery listed it.
     pub fn check(
         &mut self,
         version: CgroupVersion,
         dir: &Path,
+        ino: Option<u64>,
         faults: &mut Vec<FileFault>,
     ) -> bool {
         if version == CgroupVersion::V2 {
-            if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.events")) {
+            self.events.enter(dir, dir, ino);
+            self.path.clear();
+            self.path.push(dir);
+            self.path.push("cgroup.events");
+            let read = self.events.read("cgroup.events", &self.path, &mut self.buf);
+            if let Some(text) = read
+                .ok()
+                .flatten()
+                .and_then(|n| std::str::from_utf8(&self.buf[..n]).ok())
+            {
                 let mut populated = None;
-                match parse::flat_keyed(&text, |k, v| {
+                match parse::flat_keyed(text, |k, v| {
                     if k == "populated" {
                         populated = Some(v != 0);
                     }
@@ -38,7 +64,7 @@ impl Populated {
                     Ok(()) if populated.is_some() => return populated == Some(true),
                     Ok(()) => {}
                     Err(e) => faults.push(FileFault {
-                        path: dir.join("cgroup.events"),
+                        path: self.path.clone(),
                         message: e.to_string(),
                     }),
                 }
@@ -62,18 +88,33 @@ impl Populated {
     /// Forgets the directories `keep` says are gone.
     pub fn retain(&mut self, keep: impl Fn(&Path) -> bool) {
         self.seen.retain(|k, _| keep(k));
+        self.events.retain(keep);
     }
 }
 
+/// A directory as its parent's listing shows it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Subdir {
+    pub name: OsString,
+    pub path: PathBuf,
+    /// The inode number the listing gives with the name, at no cost.
+    pub ino: u64,
+}
+
 /// The subdirectories of `dir` by name, sorted; none when it cannot be read.
-pub fn subdirs(dir: &Path) -> Vec<(OsString, PathBuf)> {
+pub fn subdirs(dir: &Path) -> Vec<Subdir> {
+    use std::os::unix::fs::DirEntryExt;
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
     let mut out: Vec<_> = entries
         .flatten()
         .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-        .map(|e| (e.file_name(), e.path()))
+        .map(|e| Subdir {
+            name: e.file_name(),
+            path: e.path(),
+            ino: e.ino(),
+        })
         .collect();
     out.sort();
     out

@@ -202,21 +202,21 @@ impl ResourceManager for LibvirtManager {
         }
         let mut found = Vec::new();
         for parent in ["machine.slice", "machine"] {
-            for (entry, dir) in subdirs(&self.base.join(parent)) {
-                if let Some(name) = entry.to_str().and_then(domain::name_of_cgroup) {
-                    found.push((name, dir));
+            for sub in subdirs(&self.base.join(parent)) {
+                if let Some(name) = sub.name.to_str().and_then(domain::name_of_cgroup) {
+                    found.push((name, sub.path, sub.ino));
                 }
             }
         }
         let mut domains = self.domains.lock().unwrap_or_else(|p| p.into_inner());
         let mut populated = self.populated.lock().unwrap_or_else(|p| p.into_inner());
-        let present: HashSet<&Path> = found.iter().map(|(_, d)| d.as_path()).collect();
+        let present: HashSet<&Path> = found.iter().map(|(_, d, _)| d.as_path()).collect();
         domains.retain(|k, _| present.contains(k.as_path()));
         populated.retain(|k| present.contains(k));
         let mut units = Vec::new();
         let mut new_vm = false;
-        for (name, dir) in &found {
-            if !populated.check(self.version, dir, faults) {
+        for (name, dir, ino) in &found {
+            if !populated.check(self.version, dir, Some(*ino), faults) {
                 continue;
             }
             let known = domains.entry(dir.clone()).or_insert_with(|| {
@@ -232,6 +232,7 @@ impl ResourceManager for LibvirtManager {
                 cgroup_host: String::new(),
                 rel,
                 dir: dir.clone(),
+                dir_ino: Some(*ino),
             });
         }
         drop((domains, populated));

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use super::SlurmManager;
 use crate::collect::CollectError;
-use crate::host::cgroup::{subdirs, CgroupVersion, FileFault, Populated};
+use crate::host::cgroup::{subdirs, CgroupVersion, FileFault, Populated, Subdir};
 use crate::host::procfs;
 use crate::manager::UnitCgroup;
 
@@ -27,9 +27,9 @@ pub(super) struct DiscoveryCache {
     pub(super) populated: Populated,
 }
 
-fn job_id_of(name: &OsStr) -> Option<&str> {
+fn job_id_of(name: &OsStr) -> Option<String> {
     let id = name.to_str()?.strip_prefix("job_")?;
-    (!id.is_empty() && id.bytes().all(|b| b.is_ascii_digit())).then_some(id)
+    (!id.is_empty() && id.bytes().all(|b| b.is_ascii_digit())).then(|| id.to_owned())
 }
 
 /// A job directory found by walking, before its processes are checked.
@@ -37,6 +37,7 @@ struct Candidate {
     id: Option<String>,
     cgroup_host: String,
     abs: PathBuf,
+    ino: u64,
 }
 
 impl SlurmManager {
@@ -66,13 +67,13 @@ impl SlurmManager {
                         },
                     };
                     // slurm/uid_<uid>/job_<id>, and job_<id> directly under the root.
-                    for (child, child_path) in subdirs(&path) {
-                        if let Some(id) = job_id_of(&child) {
-                            out.push(candidate(Some(id), host, child_path));
-                        } else if child.to_str().is_some_and(|c| c.starts_with("uid_")) {
-                            for (job, job_path) in subdirs(&child_path) {
-                                if let Some(id) = job_id_of(&job) {
-                                    out.push(candidate(Some(id), host, job_path));
+                    for child in subdirs(&path) {
+                        if let Some(id) = job_id_of(&child.name) {
+                            out.push(candidate(Some(id), host, child));
+                        } else if child.name.to_str().is_some_and(|c| c.starts_with("uid_")) {
+                            for job in subdirs(&child.path) {
+                                if let Some(id) = job_id_of(&job.name) {
+                                    out.push(candidate(Some(id), host, job));
                                 }
                             }
                         }
@@ -86,11 +87,11 @@ impl SlurmManager {
                             None => continue,
                         },
                     };
-                    for (child, child_path) in subdirs(&path) {
-                        if let Some(id) = job_id_of(&child) {
-                            out.push(candidate(Some(id), host, child_path));
-                        } else if child != "system" {
-                            out.push(candidate(None, host, child_path));
+                    for child in subdirs(&path) {
+                        if let Some(id) = job_id_of(&child.name) {
+                            out.push(candidate(Some(id), host, child));
+                        } else if child.name != "system" {
+                            out.push(candidate(None, host, child));
                         }
                     }
                 }
@@ -113,7 +114,10 @@ impl SlurmManager {
         for c in candidates {
             let uuid = match c.id {
                 Some(id) => {
-                    if !cache.populated.check(self.version, &c.abs, faults) {
+                    if !cache
+                        .populated
+                        .check(self.version, &c.abs, Some(c.ino), faults)
+                    {
                         continue;
                     }
                     id
@@ -143,6 +147,7 @@ impl SlurmManager {
                 cgroup_host: c.cgroup_host,
                 rel,
                 dir: c.abs,
+                dir_ino: Some(c.ino),
             });
         }
         Ok(jobs)
@@ -169,10 +174,11 @@ impl SlurmManager {
     }
 }
 
-fn candidate(id: Option<&str>, host: &str, abs: PathBuf) -> Candidate {
+fn candidate(id: Option<String>, host: &str, dir: Subdir) -> Candidate {
     Candidate {
-        id: id.map(str::to_owned),
+        id,
         cgroup_host: host.to_owned(),
-        abs,
+        abs: dir.path,
+        ino: dir.ino,
     }
 }

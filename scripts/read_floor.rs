@@ -1,0 +1,125 @@
+//! The floors a slurm scrape is compared with in `scripts/bench.sh`: CPU per scrape of reading
+//! the same files with nothing done with them, (a) opening, reading and closing each, (b) with
+//! `pread` on descriptors opened once. Both walk discovery's directories and, on v2, read each
+//! job's `cgroup.events`, as a scrape does.
+//!
+//! `read-floor CGROUPFS v1|v2 SCRAPES [swap] [psi]` prints `naive_ms kept_ms jobs files`.
+
+use std::fs::{self, File};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use ceems::host::cgroup::{CgroupVersion, V1Controllers};
+use ceems::testing::accounting_files;
+use nix::sys::resource::{getrusage, UsageWho};
+
+fn subdirs(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    out
+}
+
+/// Discovery's walk: each job's directory (v2), or its path below the `cpuacct` one (v1).
+fn walk(root: &Path, version: CgroupVersion) -> Vec<PathBuf> {
+    match version {
+        CgroupVersion::V2 => subdirs(&root.join("system.slice"), "")
+            .iter()
+            .filter(|d| d.to_string_lossy().ends_with("slurmstepd.scope"))
+            .flat_map(|scope| subdirs(scope, "job_"))
+            .collect(),
+        CgroupVersion::V1 => {
+            let cpuacct = V1Controllers::resolve(root).cpuacct;
+            subdirs(&cpuacct, "slurm")
+                .iter()
+                .flat_map(|s| subdirs(s, "uid_"))
+                .flat_map(|u| subdirs(&u, "job_"))
+                .filter_map(|j| j.strip_prefix(&cpuacct).ok().map(Path::to_path_buf))
+                .collect()
+        }
+    }
+}
+
+fn cpu_ms() -> anyhow::Result<f64> {
+    let u = getrusage(UsageWho::RUSAGE_SELF)?;
+    let ms = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 * 1e3 + t.tv_usec() as f64 / 1e3;
+    Ok(ms(u.user_time()) + ms(u.system_time()))
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let (Some(root), Some(version), Some(scrapes)) = (args.get(1), args.get(2), args.get(3)) else {
+        bail!("usage: read-floor CGROUPFS v1|v2 SCRAPES [swap] [psi]");
+    };
+    let root = Path::new(root);
+    let version = CgroupVersion::from_flag(version).context("version must be v1 or v2")?;
+    let scrapes: u32 = scrapes.parse().context("SCRAPES must be a number")?;
+    let (swap, psi) = (
+        args.iter().any(|a| a == "swap"),
+        args.iter().any(|a| a == "psi"),
+    );
+    let v1 = V1Controllers::resolve(root);
+    let files_of = |job: &Path| -> Vec<PathBuf> {
+        let mut files = Vec::new();
+        let dirs = match version {
+            CgroupVersion::V2 => {
+                files.push(job.join("cgroup.events"));
+                vec![job.to_path_buf()]
+            }
+            CgroupVersion::V1 => vec![
+                v1.cpuacct.join(job),
+                v1.memory.join(job),
+                v1.cpuset.join(job),
+            ],
+        };
+        files.extend(accounting_files(version, &dirs, swap, psi));
+        files
+    };
+    let jobs = walk(root, version);
+    let files: Vec<PathBuf> = jobs.iter().flat_map(|j| files_of(j)).collect();
+    let mut buf = Vec::with_capacity(8192);
+
+    let naive = |buf: &mut Vec<u8>| {
+        let mut n = 0;
+        for job in walk(root, version) {
+            for f in files_of(&job) {
+                buf.clear();
+                if let Ok(mut file) = File::open(&f) {
+                    n += file.read_to_end(buf).unwrap_or(0);
+                }
+            }
+        }
+        n
+    };
+    naive(&mut buf);
+    let start = cpu_ms()?;
+    for _ in 0..scrapes {
+        std::hint::black_box(naive(&mut buf));
+    }
+    let naive_ms = (cpu_ms()? - start) / f64::from(scrapes);
+
+    let kept: Vec<File> = files.iter().filter_map(|f| File::open(f).ok()).collect();
+    buf.resize(65536, 0);
+    let start = cpu_ms()?;
+    for _ in 0..scrapes {
+        std::hint::black_box(walk(root, version).len());
+        for f in &kept {
+            std::hint::black_box(f.read_at(&mut buf, 0).unwrap_or(0));
+        }
+    }
+    let kept_ms = (cpu_ms()? - start) / f64::from(scrapes);
+    println!("{naive_ms:.2} {kept_ms:.2} {} {}", jobs.len(), kept.len());
+    Ok(())
+}

@@ -1,0 +1,492 @@
+//! Cgroup files kept open between scrapes and re-read with `pread`, which costs about a
+//! quarter of opening, reading and closing them again.
+//!
+//! - Bounded: every kept descriptor is counted against a [`DescriptorBudget`], a share of
+//!   `RLIMIT_NOFILE`. Files that do not fit are opened at each scrape, as before, and the
+//!   exporter says so once.
+//! - Never stale: a unit's descriptors belong to its directory, which is held open with them
+//!   so that its inode number cannot be given to another. Discovery lists the directory at
+//!   each scrape, and the inode it lists comes free with the name: when it is not the held
+//!   one, the directory was removed and made again under the same name, and the old
+//!   descriptors are closed before anything is read. The kernel also fails reads of a removed
+//!   cgroup's files (ENODEV); any failed read closes the unit's descriptors and reads that
+//!   file by path.
+//! - Closed at once: units not read in a scrape lose their descriptors at its end.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// How many descriptors the kept files of the whole process may hold.
+#[derive(Debug)]
+pub struct DescriptorBudget {
+    limit: usize,
+    held: AtomicUsize,
+    warned: AtomicBool,
+}
+
+impl DescriptorBudget {
+    pub fn new(limit: usize) -> Arc<DescriptorBudget> {
+        Arc::new(DescriptorBudget {
+            limit,
+            held: AtomicUsize::new(0),
+            warned: AtomicBool::new(false),
+        })
+    }
+
+    /// The process's budget: three quarters of the soft `RLIMIT_NOFILE` as it is when first
+    /// asked (raise it first with [`raise_nofile_limit`]); the rest stays free for sockets,
+    /// other collectors and the files that do not fit.
+    pub fn process() -> Arc<DescriptorBudget> {
+        static PROCESS: OnceLock<Arc<DescriptorBudget>> = OnceLock::new();
+        PROCESS
+            .get_or_init(|| {
+                let soft = nofile_limits().map(|(soft, _)| soft).unwrap_or(1024);
+                let soft = usize::try_from(soft).unwrap_or(usize::MAX);
+                DescriptorBudget::new(soft / 4 * 3)
+            })
+            .clone()
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Descriptors held now.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Whether the budget has ever been full.
+    pub fn was_full(&self) -> bool {
+        self.warned.load(Ordering::Relaxed)
+    }
+
+    fn take(&self) -> bool {
+        let taken = self
+            .held
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
+                (h < self.limit).then_some(h + 1)
+            })
+            .is_ok();
+        if !taken && !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                limit = self.limit,
+                "cgroup files kept open reached their share of the open-file limit; the files \
+                 beyond it are opened at each scrape, which costs more CPU. Raise LimitNOFILE \
+                 in the exporter's systemd unit to keep them all open"
+            );
+        }
+        taken
+    }
+
+    fn give_back(&self, n: usize) {
+        self.held.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+/// A directory held open within a budget, to stat it and its children without walking their
+/// whole paths.
+#[derive(Debug)]
+pub struct HeldDir {
+    dir: File,
+    budget: Arc<DescriptorBudget>,
+}
+
+impl HeldDir {
+    /// None when the budget is spent or the directory cannot be opened.
+    pub fn open(path: &Path, budget: &Arc<DescriptorBudget>) -> Option<HeldDir> {
+        if !budget.take() {
+            return None;
+        }
+        match File::open(path) {
+            Ok(dir) => Some(HeldDir {
+                dir,
+                budget: budget.clone(),
+            }),
+            Err(_) => {
+                budget.give_back(1);
+                None
+            }
+        }
+    }
+
+    /// (inode, link count) of the directory.
+    pub fn stamp(&self) -> Option<(u64, u64)> {
+        let st = nix::sys::stat::fstat(&self.dir).ok()?;
+        #[allow(clippy::unnecessary_cast)]
+        Some((st.st_ino as u64, st.st_nlink as u64))
+    }
+
+    /// (inode, link count) of the entry `name` in the directory, not following links.
+    pub fn child_stamp(&self, name: &OsStr) -> Option<(u64, u64)> {
+        use nix::fcntl::AtFlags;
+        let st = nix::sys::stat::fstatat(&self.dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+        #[allow(clippy::unnecessary_cast)]
+        Some((st.st_ino as u64, st.st_nlink as u64))
+    }
+}
+
+impl Drop for HeldDir {
+    fn drop(&mut self) {
+        self.budget.give_back(1);
+    }
+}
+
+/// The soft and hard `RLIMIT_NOFILE`.
+pub fn nofile_limits() -> io::Result<(u64, u64)> {
+    use nix::sys::resource::{getrlimit, Resource};
+    getrlimit(Resource::RLIMIT_NOFILE).map_err(io::Error::from)
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard one, which needs no privilege, and returns
+/// (old soft, new soft).
+pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
+    use nix::sys::resource::{setrlimit, Resource};
+    let (soft, hard) = nofile_limits()?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(io::Error::from)?;
+    }
+    Ok((soft, soft.max(hard)))
+}
+
+/// A file of a unit: open, or known not to exist in this unit's directory.
+#[derive(Debug)]
+enum Slot {
+    Open(File),
+    Missing,
+}
+
+/// The kept files of one unit.
+#[derive(Debug)]
+struct UnitFiles {
+    /// The unit's directory, held so that its inode number stays its own.
+    _dir: File,
+    ino: u64,
+    files: Vec<(Box<str>, Slot)>,
+    generation: u64,
+}
+
+impl UnitFiles {
+    fn descriptors(&self) -> usize {
+        1 + self
+            .files
+            .iter()
+            .filter(|(_, s)| matches!(s, Slot::Open(_)))
+            .count()
+    }
+}
+
+/// Kept files of many units, read one unit at a time: [`KeptFiles::enter`], then
+/// [`KeptFiles::read`] for each file, and [`KeptFiles::end_scrape`] after the last unit.
+#[derive(Debug)]
+pub struct KeptFiles {
+    /// By the unit's path as bytes: hashing a `Path` walks its components, at every lookup.
+    units: HashMap<Box<[u8]>, UnitFiles>,
+    /// The unit being read, out of the map so that its files are found without hashing.
+    current: Option<(Box<[u8]>, UnitFiles)>,
+    budget: Arc<DescriptorBudget>,
+    generation: u64,
+}
+
+fn dir_ino(dir: &Path) -> Option<u64> {
+    std::fs::symlink_metadata(dir).ok().map(|m| m.ino())
+}
+
+/// Reads the whole file from offset 0 into `buf` in one `pread` where it fits. cgroup files
+/// are seq_files, which fill a read as far as the buffer goes, so a short read is the end.
+fn pread_all(file: &File, buf: &mut Vec<u8>) -> io::Result<usize> {
+    if buf.len() < 4096 {
+        buf.resize(4096, 0);
+    }
+    let mut len = 0;
+    loop {
+        let n = file.read_at(&mut buf[len..], len as u64)?;
+        len += n;
+        if len < buf.len() || n == 0 {
+            return Ok(len);
+        }
+        buf.resize(buf.len() * 2, 0);
+    }
+}
+
+impl KeptFiles {
+    pub fn new(budget: Arc<DescriptorBudget>) -> KeptFiles {
+        KeptFiles {
+            units: HashMap::new(),
+            current: None,
+            budget,
+            generation: 0,
+        }
+    }
+
+    /// Starts reading the unit `key`, whose directory is `dir`, listed by discovery with
+    /// inode `listed` (when it is not known, `dir` is stat'ed). The unit's descriptors are
+    /// closed first if `dir` is gone or is not the directory they were opened in.
+    pub fn enter(&mut self, key: &Path, dir: &Path, listed: Option<u64>) {
+        let key = key.as_os_str().as_bytes();
+        if self.current.as_ref().is_some_and(|(k, _)| &**k == key) {
+            return;
+        }
+        self.park();
+        if let Some((key, mut unit)) = self.units.remove_entry(key) {
+            let ino = listed.or_else(|| dir_ino(dir));
+            if ino == Some(unit.ino) {
+                unit.generation = self.generation;
+                self.current = Some((key, unit));
+                return;
+            }
+            self.budget.give_back(unit.descriptors());
+        }
+        if !self.budget.take() {
+            return;
+        }
+        match File::open(dir).and_then(|d| Ok((d.metadata()?.ino(), d))) {
+            Ok((ino, dir)) => {
+                let unit = UnitFiles {
+                    _dir: dir,
+                    ino,
+                    files: Vec::new(),
+                    generation: self.generation,
+                };
+                self.current = Some((key.into(), unit));
+            }
+            Err(_) => self.budget.give_back(1),
+        }
+    }
+
+    fn park(&mut self) {
+        if let Some((key, files)) = self.current.take() {
+            self.units.insert(key, files);
+        }
+    }
+
+    /// Reads the current unit's file `name` (at `path`) into `buf` and returns its length;
+    /// `None` when the file does not exist.
+    pub fn read(
+        &mut self,
+        name: &str,
+        path: &Path,
+        buf: &mut Vec<u8>,
+    ) -> io::Result<Option<usize>> {
+        let Some((_, unit)) = &mut self.current else {
+            return read_by_path(path, buf);
+        };
+        if let Some(pos) = unit.files.iter().position(|(n, _)| &**n == name) {
+            match &unit.files[pos].1 {
+                Slot::Missing => return Ok(None),
+                Slot::Open(file) => match pread_all(file, buf) {
+                    // An empty seq_file read once answers empty for good: open it again.
+                    Ok(0) => {
+                        unit.files.swap_remove(pos);
+                        self.budget.give_back(1);
+                    }
+                    Ok(n) => return Ok(Some(n)),
+                    Err(_) => {
+                        self.budget.give_back(unit.descriptors());
+                        self.current = None;
+                        return read_by_path(path, buf);
+                    }
+                },
+            }
+        }
+        match File::open(path) {
+            Ok(file) => {
+                let n = pread_all(&file, buf)?;
+                if self.budget.take() {
+                    unit.files.push((name.into(), Slot::Open(file)));
+                }
+                Ok(Some(n))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                unit.files.push((name.into(), Slot::Missing));
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Forgets the current unit's descriptors: it vanished while it was read.
+    pub fn forget_current(&mut self) {
+        if let Some((_, unit)) = self.current.take() {
+            self.budget.give_back(unit.descriptors());
+        }
+    }
+
+    /// Closes the files of every unit not entered since the last call.
+    pub fn end_scrape(&mut self) {
+        self.park();
+        let (generation, budget) = (self.generation, &self.budget);
+        self.units.retain(|_, u| {
+            let keep = u.generation == generation;
+            if !keep {
+                budget.give_back(u.descriptors());
+            }
+            keep
+        });
+        self.generation += 1;
+    }
+
+    /// Closes the files of the units `keep` says are gone.
+    pub fn retain(&mut self, keep: impl Fn(&Path) -> bool) {
+        self.park();
+        let budget = &self.budget;
+        self.units.retain(|k, u| {
+            let kept = keep(Path::new(OsStr::from_bytes(k)));
+            if !kept {
+                budget.give_back(u.descriptors());
+            }
+            kept
+        });
+    }
+
+    /// Descriptors this store holds.
+    pub fn descriptors(&self) -> usize {
+        self.units
+            .values()
+            .map(UnitFiles::descriptors)
+            .sum::<usize>()
+            + self
+                .current
+                .as_ref()
+                .map(|(_, u)| u.descriptors())
+                .unwrap_or(0)
+    }
+}
+
+impl Drop for KeptFiles {
+    fn drop(&mut self) {
+        self.budget.give_back(self.descriptors());
+    }
+}
+
+fn read_by_path(path: &Path, buf: &mut Vec<u8>) -> io::Result<Option<usize>> {
+    match File::open(path) {
+        Ok(file) => pread_all(&file, buf).map(Some),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    fn read(kept: &mut KeptFiles, dir: &Path, name: &str, buf: &mut Vec<u8>) -> Option<String> {
+        let n = kept.read(name, &dir.join(name), buf).unwrap()?;
+        Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+    }
+
+    #[test]
+    fn rereads_kept_files_and_closes_them_when_the_unit_ends() {
+        let tmp = tempfile::tempdir().unwrap();
+        let job = tmp.path().join("job_1");
+        fs::create_dir(&job).unwrap();
+        fs::write(job.join("memory.current"), "10\n").unwrap();
+        let budget = DescriptorBudget::new(100);
+        let mut kept = KeptFiles::new(budget.clone());
+        let mut buf = Vec::new();
+        kept.enter(Path::new("job_1"), &job, None);
+        assert_eq!(
+            read(&mut kept, &job, "memory.current", &mut buf).as_deref(),
+            Some("10\n")
+        );
+        assert_eq!(read(&mut kept, &job, "memory.peak", &mut buf), None);
+        kept.end_scrape();
+        // The file and its directory.
+        assert_eq!(budget.held(), 2);
+        // Written in place, as the kernel's values change: the kept descriptor sees it.
+        fs::write(job.join("memory.current"), "2000\n").unwrap();
+        kept.enter(Path::new("job_1"), &job, None);
+        assert_eq!(
+            read(&mut kept, &job, "memory.current", &mut buf).as_deref(),
+            Some("2000\n")
+        );
+        kept.end_scrape();
+        // A scrape without the unit closes its files.
+        kept.end_scrape();
+        assert_eq!((budget.held(), kept.descriptors()), (0, 0));
+    }
+
+    #[test]
+    fn a_recreated_directory_is_never_read_through_old_descriptors() {
+        let tmp = tempfile::tempdir().unwrap();
+        let job = tmp.path().join("job_1");
+        fs::create_dir(&job).unwrap();
+        fs::write(job.join("cpu.stat"), "user_usec 1\n").unwrap();
+        let budget = DescriptorBudget::new(100);
+        let mut kept = KeptFiles::new(budget.clone());
+        let mut buf = Vec::new();
+        kept.enter(Path::new("job_1"), &job, None);
+        read(&mut kept, &job, "cpu.stat", &mut buf);
+        kept.end_scrape();
+        // Removed and made again under the same name: the old descriptor still reads "1",
+        // whether discovery lists the new inode or the directory is stat'ed.
+        for listed in [true, false] {
+            fs::remove_dir_all(&job).unwrap();
+            fs::create_dir(&job).unwrap();
+            let text = format!("user_usec {}\n", 2 + u8::from(listed));
+            fs::write(job.join("cpu.stat"), &text).unwrap();
+            let ino = listed.then(|| fs::metadata(&job).unwrap().ino());
+            kept.enter(Path::new("job_1"), &job, ino);
+            assert_eq!(read(&mut kept, &job, "cpu.stat", &mut buf), Some(text));
+            kept.end_scrape();
+            assert_eq!(budget.held(), 2);
+        }
+        // Gone: nothing read, nothing held.
+        fs::remove_dir_all(&job).unwrap();
+        kept.enter(Path::new("job_1"), &job, None);
+        assert_eq!(read(&mut kept, &job, "cpu.stat", &mut buf), None);
+        kept.end_scrape();
+        assert_eq!(budget.held(), 0);
+    }
+
+    #[test]
+    fn files_beyond_the_budget_are_read_by_path() {
+        let tmp = tempfile::tempdir().unwrap();
+        let budget = DescriptorBudget::new(3);
+        let mut kept = KeptFiles::new(budget.clone());
+        let mut buf = Vec::new();
+        for scrape in 0..2 {
+            for j in 0..4 {
+                let job = tmp.path().join(format!("job_{j}"));
+                fs::create_dir_all(&job).unwrap();
+                fs::write(job.join("memory.current"), format!("{}\n", j * 10 + scrape)).unwrap();
+                kept.enter(Path::new(&format!("job_{j}")), &job, None);
+                let want = format!("{}\n", j * 10 + scrape);
+                assert_eq!(
+                    read(&mut kept, &job, "memory.current", &mut buf),
+                    Some(want)
+                );
+            }
+            kept.end_scrape();
+            // The first job's directory and file, and the second's directory: the rest by path.
+            assert_eq!(budget.held(), 3);
+            assert!(budget.was_full());
+        }
+    }
+
+    #[test]
+    fn large_files_are_read_whole() {
+        let tmp = tempfile::tempdir().unwrap();
+        let text = "nr_something 12345\n".repeat(1000);
+        fs::write(tmp.path().join("memory.stat"), &text).unwrap();
+        let mut kept = KeptFiles::new(DescriptorBudget::new(10));
+        let mut buf = Vec::new();
+        for _ in 0..2 {
+            kept.enter(Path::new("u"), tmp.path(), None);
+            assert_eq!(
+                read(&mut kept, tmp.path(), "memory.stat", &mut buf),
+                Some(text.clone())
+            );
+            kept.end_scrape();
+        }
+    }
+}
