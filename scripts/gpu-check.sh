@@ -10,7 +10,9 @@
 #   - its power is within 10% of `nvidia-smi --query-gpu=power.draw`;
 #   - job 4242 is mapped to GPU 0 (ceems_compute_unit_gpu_index_flag = 1);
 #   - the job's GPU energy counter increases.
-# Prints each figure and PASS/FAIL; exits non-zero on a failure.
+# Prints each figure and PASS/FAIL; exits non-zero on a failure. Then prints, without judging
+# it, the CPU per scrape of an exporter with only the nvidia collector and of one with none, to
+# compare run to run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${CEEMS_BIN:-target/release/ceems}
@@ -77,4 +79,22 @@ check "GPU 0 energy counter increases" "${e2:-0} > ${e1:-0} > 0" "${e1:-none} J 
 check "power within 10% of nvidia-smi" "abs(${p:-0} - ${smi_power:-0}) <= 0.1 * ${smi_power:-1}" "ceems ${p:-none} W, nvidia-smi ${smi_power:-none} W"
 check "job $job mapped to GPU 0" "${flag:-0} == 1" "flag ${flag:-none}"
 check "job GPU energy increases" "${j2:-0} > ${j1:-0}" "${j1:-none} J -> ${j2:-none} J"
+
+# CPU per scrape (from /proc/<pid>/stat) over 50 scrapes, after one to warm up.
+cpu_per_scrape() {
+  local p=$((port + 1)) pid before after
+  "$bin" exporter --collector.disable-defaults --web.disable-exporter-metrics "$@" \
+    --web.listen-address=127.0.0.1:$p --log.level=error &
+  pid=$!
+  for _ in $(seq 50); do curl -sf "127.0.0.1:$p/metrics" >/dev/null && break; sleep 0.2; done
+  before=$(awk '{print $14 + $15}' /proc/$pid/stat)
+  for _ in $(seq 50); do curl -sf "127.0.0.1:$p/metrics" -o /dev/null; done
+  after=$(awk '{print $14 + $15}' /proc/$pid/stat)
+  kill $pid; wait $pid 2>/dev/null || true
+  awk -v d=$((after - before)) -v t="$(getconf CLK_TCK)" 'BEGIN {printf "%.2f", d * 1000 / t / 50}'
+}
+gpus=$(nvidia-smi -L | grep -c '^GPU')
+with=$(cpu_per_scrape --collector.nvidia)
+without=$(cpu_per_scrape)
+echo "nvidia collector: $with ms CPU per scrape with $gpus GPU(s), $without ms without it"
 exit $fail
