@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use common::bmc::{Flavor, StandinBmc};
 use common::{fixtures, name_of, parse_series, start_exporter_env, stub};
 
-/// The families checked here. RDMA and network series of the same files belong to
+/// The families checked here. RDMA and InfiniBand series of the same files belong to
 /// collectors not written yet.
 fn in_scope(series: &str) -> bool {
     let name = name_of(series);
@@ -25,6 +25,7 @@ fn in_scope(series: &str) -> bool {
             && name != "ceems_compute_unit_gpu_sm_count")
         || name.starts_with("ceems_cpu_")
         || name.starts_with("ceems_meminfo_")
+        || name.starts_with("ceems_netdev_")
         || ["ceems_rapl_", "ceems_hwmon_", "ceems_cray_pm_counters_"]
             .iter()
             .any(|p| name.starts_with(p))
@@ -34,6 +35,7 @@ fn in_scope(series: &str) -> bool {
 const IMPLEMENTED: &[&str] = &[
     "cpu",
     "meminfo",
+    "netdev",
     "slurm",
     "libvirt",
     "rapl",
@@ -347,7 +349,11 @@ fn cgroupsv2_all_metrics() {
 fn cgroupsv2_nvidia_ipmiutil() {
     check(
         "cgroupsv2-nvidia-ipmiutil",
-        &["--collector.cgroups.force-version=v2"],
+        &[
+            "--collector.cgroups.force-version=v2",
+            "--collector.netdev",
+            "--collector.netdev.device-include=eth0",
+        ],
         Ipmi::OnPath("ipmiutil"),
         true,
         Gpu::Nvidia,

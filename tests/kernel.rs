@@ -1,6 +1,6 @@
 //! Real kernel accounting: as root on writable cgroup v1 hierarchies, build a Slurm-shaped job
 //! cgroup, run a CPU burner that also holds memory inside it, scrape the exporter, and compare
-//! with what the kernel itself reports.
+//! with what the kernel itself reports. Also the netdev collector on the real loopback device.
 
 mod common;
 
@@ -427,4 +427,57 @@ fn kept_descriptors_follow_the_kernel() {
     drop(job);
     assert!(scrape(&mut reader).is_err(), "a removed job was read");
     assert_eq!(reader.kept_descriptors(), 0);
+}
+
+/// The netdev collector on this machine's loopback device: what the test sends over
+/// 127.0.0.1 shows in `lo`'s counters (both ways, as loopback receives what it sends).
+#[test]
+fn netdev_counts_loopback_traffic() {
+    use std::io::{Read, Write};
+    let exporter = start_exporter(
+        Path::new("/"),
+        &[
+            "--collector.disable-defaults",
+            "--collector.netdev",
+            "--collector.netdev.device-include=^lo$",
+            "--web.disable-exporter-metrics",
+        ],
+    );
+    let counter = |text: &str, name: &str| -> f64 {
+        let mut found = parse_series(text)
+            .into_iter()
+            .filter(|(series, _)| name_of(series) == name);
+        let (series, value) = found.next().unwrap_or_else(|| panic!("no {name}:\n{text}"));
+        assert_eq!(label_of(&series, "device"), Some("lo"));
+        assert!(found.next().is_none(), "devices other than lo:\n{text}");
+        value
+    };
+    let before = exporter.get("/metrics");
+    assert!(before.contains("ceems_scrape_collector_success{collector=\"netdev\"} 1"));
+
+    const SENT: usize = 4 << 20;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let reader = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().expect("accept");
+        let mut sink = Vec::new();
+        conn.read_to_end(&mut sink).expect("read");
+        sink.len()
+    });
+    let mut conn = std::net::TcpStream::connect(addr).expect("connect");
+    conn.write_all(&vec![7u8; SENT]).expect("send");
+    drop(conn);
+    assert_eq!(reader.join().expect("reader"), SENT);
+
+    let after = exporter.get("/metrics");
+    for name in [
+        "ceems_netdev_receive_bytes_total",
+        "ceems_netdev_transmit_bytes_total",
+    ] {
+        let grew = counter(&after, name) - counter(&before, name);
+        assert!(
+            grew >= SENT as f64,
+            "{name} grew by {grew}, less than the {SENT} bytes sent"
+        );
+    }
 }

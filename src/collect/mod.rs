@@ -10,6 +10,7 @@ pub mod gpu;
 pub mod hwmon;
 pub mod ipmi;
 pub mod meminfo;
+pub mod netdev;
 pub mod rapl;
 pub mod redfish;
 pub mod slurm_cluster;
@@ -155,6 +156,7 @@ pub struct CollectorSpec {
 pub static COLLECTORS: &[CollectorSpec] = &[
     cpu::SPEC,
     meminfo::SPEC,
+    netdev::SPEC,
     crate::manager::slurm::SPEC,
     crate::manager::libvirt::SPEC,
     rapl::SPEC,
