@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use common::bmc::{Flavor, StandinBmc};
 use common::{fixtures, name_of, parse_series, start_exporter_env, stub};
 
-/// The families checked here. RDMA and InfiniBand series of the same files belong to
-/// collectors not written yet.
+/// The families checked here. RDMA series of the same files belong to a collector not
+/// written yet.
 fn in_scope(series: &str) -> bool {
     let name = name_of(series);
     if name == "ceems_scrape_collector_success" {
@@ -26,6 +26,7 @@ fn in_scope(series: &str) -> bool {
         || name.starts_with("ceems_cpu_")
         || name.starts_with("ceems_meminfo_")
         || name.starts_with("ceems_netdev_")
+        || name.starts_with("ceems_infiniband_")
         || ["ceems_rapl_", "ceems_hwmon_", "ceems_cray_pm_counters_"]
             .iter()
             .any(|p| name.starts_with(p))
@@ -36,6 +37,7 @@ const IMPLEMENTED: &[&str] = &[
     "cpu",
     "meminfo",
     "netdev",
+    "infiniband",
     "slurm",
     "libvirt",
     "rapl",
@@ -307,7 +309,10 @@ fn cgroupsv1_memory_subsystem() {
 fn cgroupsv2_nogpu() {
     check(
         "cgroupsv2-nogpu",
-        &["--collector.cgroups.force-version=v2"],
+        &[
+            "--collector.cgroups.force-version=v2",
+            "--collector.infiniband",
+        ],
         Ipmi::OnPath("capmc"),
         false,
         Gpu::None,

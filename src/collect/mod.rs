@@ -8,6 +8,7 @@ pub mod cray_pm_counters;
 pub mod emissions;
 pub mod gpu;
 pub mod hwmon;
+pub mod infiniband;
 pub mod ipmi;
 pub mod meminfo;
 pub mod netdev;
@@ -157,6 +158,7 @@ pub static COLLECTORS: &[CollectorSpec] = &[
     cpu::SPEC,
     meminfo::SPEC,
     netdev::SPEC,
+    infiniband::SPEC,
     crate::manager::slurm::SPEC,
     crate::manager::libvirt::SPEC,
     rapl::SPEC,
