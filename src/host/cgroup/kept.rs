@@ -87,7 +87,12 @@ impl DescriptorBudget {
     }
 
     fn give_back(&self, n: usize) {
-        self.held.fetch_sub(n, Ordering::Relaxed);
+        // Saturating: a miscount must not wrap into a budget that refuses everything.
+        let _ = self
+            .held
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
+                Some(h.saturating_sub(n))
+            });
     }
 }
 
