@@ -5,31 +5,23 @@
 //!
 //! `read-floor CGROUPFS v1|v2 SCRAPES [swap] [psi]` prints `naive_ms kept_ms jobs files`.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use ceems::host::cgroup::{CgroupVersion, V1Controllers};
+use ceems::host::cgroup::{self, CgroupVersion, V1Controllers};
 use ceems::testing::accounting_files;
 use nix::sys::resource::{getrusage, UsageWho};
 
+/// The subdirectories of `dir` whose names start with `prefix`, sorted.
 fn subdirs(dir: &Path, prefix: &str) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = fs::read_dir(dir)
+    cgroup::subdirs(dir)
         .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter(|e| {
-            e.file_name()
-                .to_str()
-                .is_some_and(|n| n.starts_with(prefix))
-        })
-        .map(|e| e.path())
-        .collect();
-    out.sort();
-    out
+        .filter(|d| d.name.to_str().is_some_and(|n| n.starts_with(prefix)))
+        .map(|d| d.path)
+        .collect()
 }
 
 /// Discovery's walk: each job's directory (v2), or its path below the `cpuacct` one (v1).

@@ -68,6 +68,15 @@ impl DescriptorBudget {
         self.warned.load(Ordering::Relaxed)
     }
 
+    /// Counts `file` against the budget until the returned guard drops; None (and `file`
+    /// closed) when the budget is spent.
+    fn keep(self: &Arc<Self>, file: File) -> Option<Held> {
+        self.take().then(|| Held {
+            file,
+            budget: Arc::clone(self),
+        })
+    }
+
     fn take(&self) -> bool {
         let taken = self
             .held
@@ -86,61 +95,45 @@ impl DescriptorBudget {
         taken
     }
 
-    fn give_back(&self, n: usize) {
-        // Saturating: a miscount must not wrap into a budget that refuses everything.
-        let _ = self
-            .held
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
-                Some(h.saturating_sub(n))
-            });
+    /// Only a [`Held`] dropping gives back, one for the one it took.
+    fn give_back(&self) {
+        self.held.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
-/// A directory held open within a budget, to stat it and its children without walking their
-/// whole paths.
+/// A file or directory kept open, counted against its budget until dropped.
 #[derive(Debug)]
-pub struct HeldDir {
-    dir: File,
+pub struct Held {
+    file: File,
     budget: Arc<DescriptorBudget>,
 }
 
-impl HeldDir {
+impl Held {
+    /// Opens a directory to stat it and its children without walking their whole paths;
     /// None when the budget is spent or the directory cannot be opened.
-    pub fn open(path: &Path, budget: &Arc<DescriptorBudget>) -> Option<HeldDir> {
-        if !budget.take() {
-            return None;
-        }
-        match File::open(path) {
-            Ok(dir) => Some(HeldDir {
-                dir,
-                budget: budget.clone(),
-            }),
-            Err(_) => {
-                budget.give_back(1);
-                None
-            }
-        }
+    pub fn open_dir(path: &Path, budget: &Arc<DescriptorBudget>) -> Option<Held> {
+        budget.keep(File::open(path).ok()?)
     }
 
-    /// (inode, link count) of the directory.
+    /// (inode, link count).
     pub fn stamp(&self) -> Option<(u64, u64)> {
-        let st = nix::sys::stat::fstat(&self.dir).ok()?;
+        let st = nix::sys::stat::fstat(&self.file).ok()?;
         #[allow(clippy::unnecessary_cast)]
         Some((st.st_ino as u64, st.st_nlink as u64))
     }
 
-    /// (inode, link count) of the entry `name` in the directory, not following links.
+    /// (inode, link count) of the entry `name` in this directory, not following links.
     pub fn child_stamp(&self, name: &OsStr) -> Option<(u64, u64)> {
         use nix::fcntl::AtFlags;
-        let st = nix::sys::stat::fstatat(&self.dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+        let st = nix::sys::stat::fstatat(&self.file, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
         #[allow(clippy::unnecessary_cast)]
         Some((st.st_ino as u64, st.st_nlink as u64))
     }
 }
 
-impl Drop for HeldDir {
+impl Drop for Held {
     fn drop(&mut self) {
-        self.budget.give_back(1);
+        self.budget.give_back();
     }
 }
 
@@ -164,15 +157,15 @@ pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
 /// A file of a unit: open, or known not to exist in this unit's directory.
 #[derive(Debug)]
 enum Slot {
-    Open(File),
+    Open(Held),
     Missing,
 }
 
-/// The kept files of one unit.
+/// The kept files of one unit; dropping it closes them and returns their budget.
 #[derive(Debug)]
 struct UnitFiles {
     /// The unit's directory, held so that its inode number stays its own.
-    _dir: File,
+    _dir: Held,
     ino: u64,
     files: Vec<(Box<str>, Slot)>,
     generation: u64,
@@ -247,23 +240,23 @@ impl KeptFiles {
                 self.current = Some((key, unit));
                 return;
             }
-            self.budget.give_back(unit.descriptors());
+            // Stale: dropped, which closes its files.
         }
-        if !self.budget.take() {
+        let Some(held) = Held::open_dir(dir, &self.budget) else {
             return;
-        }
-        match File::open(dir).and_then(|d| Ok((d.metadata()?.ino(), d))) {
-            Ok((ino, dir)) => {
-                let unit = UnitFiles {
-                    _dir: dir,
-                    ino,
-                    files: Vec::new(),
-                    generation: self.generation,
-                };
-                self.current = Some((key.into(), unit));
-            }
-            Err(_) => self.budget.give_back(1),
-        }
+        };
+        let Some((ino, _)) = held.stamp() else {
+            return;
+        };
+        self.current = Some((
+            key.into(),
+            UnitFiles {
+                _dir: held,
+                ino,
+                files: Vec::new(),
+                generation: self.generation,
+            },
+        ));
     }
 
     fn park(&mut self) {
@@ -286,15 +279,13 @@ impl KeptFiles {
         if let Some(pos) = unit.files.iter().position(|(n, _)| &**n == name) {
             match &unit.files[pos].1 {
                 Slot::Missing => return Ok(None),
-                Slot::Open(file) => match pread_all(file, buf) {
+                Slot::Open(held) => match pread_all(&held.file, buf) {
                     // An empty seq_file read once answers empty for good: open it again.
                     Ok(0) => {
                         unit.files.swap_remove(pos);
-                        self.budget.give_back(1);
                     }
                     Ok(n) => return Ok(Some(n)),
                     Err(_) => {
-                        self.budget.give_back(unit.descriptors());
                         self.current = None;
                         return read_by_path(path, buf);
                     }
@@ -304,8 +295,8 @@ impl KeptFiles {
         match File::open(path) {
             Ok(file) => {
                 let n = pread_all(&file, buf)?;
-                if self.budget.take() {
-                    unit.files.push((name.into(), Slot::Open(file)));
+                if let Some(held) = self.budget.keep(file) {
+                    unit.files.push((name.into(), Slot::Open(held)));
                 }
                 Ok(Some(n))
             }
@@ -319,36 +310,22 @@ impl KeptFiles {
 
     /// Forgets the current unit's descriptors: it vanished while it was read.
     pub fn forget_current(&mut self) {
-        if let Some((_, unit)) = self.current.take() {
-            self.budget.give_back(unit.descriptors());
-        }
+        self.current = None;
     }
 
     /// Closes the files of every unit not entered since the last call.
     pub fn end_scrape(&mut self) {
         self.park();
-        let (generation, budget) = (self.generation, &self.budget);
-        self.units.retain(|_, u| {
-            let keep = u.generation == generation;
-            if !keep {
-                budget.give_back(u.descriptors());
-            }
-            keep
-        });
+        let generation = self.generation;
+        self.units.retain(|_, u| u.generation == generation);
         self.generation += 1;
     }
 
     /// Closes the files of the units `keep` says are gone.
     pub fn retain(&mut self, keep: impl Fn(&Path) -> bool) {
         self.park();
-        let budget = &self.budget;
-        self.units.retain(|k, u| {
-            let kept = keep(Path::new(OsStr::from_bytes(k)));
-            if !kept {
-                budget.give_back(u.descriptors());
-            }
-            kept
-        });
+        self.units
+            .retain(|k, _| keep(Path::new(OsStr::from_bytes(k))));
     }
 
     /// Descriptors this store holds.
@@ -362,12 +339,6 @@ impl KeptFiles {
                 .as_ref()
                 .map(|(_, u)| u.descriptors())
                 .unwrap_or(0)
-    }
-}
-
-impl Drop for KeptFiles {
-    fn drop(&mut self) {
-        self.budget.give_back(self.descriptors());
     }
 }
 

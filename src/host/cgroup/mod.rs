@@ -564,7 +564,7 @@ fn walk(
 #[derive(Debug)]
 pub struct SubtreeShape {
     dir: PathBuf,
-    held: Option<kept::HeldDir>,
+    held: Option<kept::Held>,
     top: Option<(u64, u64)>,
     children: Vec<(std::ffi::OsString, u64, u64)>,
 }
@@ -615,7 +615,7 @@ pub fn subtree(dir: &Path, faults: &mut Vec<FileFault>) -> (Vec<u32>, SubtreeSha
     let mut pids = Vec::new();
     let mut shape = SubtreeShape {
         dir: dir.to_owned(),
-        held: kept::HeldDir::open(dir, &DescriptorBudget::process()),
+        held: kept::Held::open_dir(dir, &DescriptorBudget::process()),
         top: None,
         children: Vec::new(),
     };
