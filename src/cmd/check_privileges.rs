@@ -104,8 +104,11 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let mut parts = vec![listener_part(&settings)?];
     let mut collectors = Vec::new();
     let mut sudo_commands = Vec::new();
+    let mut rdma_stats = false;
     if sub == "exporter" {
         let selection = collect::select(&settings)?;
+        rdma_stats =
+            selection.common.rdma.stats && selection.enabled.iter().any(|(s, _)| s.name == "slurm");
         for (spec, layer) in &selection.enabled {
             collectors.push(*spec);
             if spec.name == "ipmi_dcmi" {
@@ -133,6 +136,11 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             run_as = Some((sacct, user, caps));
         }
     }
+    let rdma_caps: &[Capability] = if rdma_stats {
+        collect::units::rdma::CAPABILITIES
+    } else {
+        &[]
+    };
     let needed = security::sorted(
         parts
             .iter()
@@ -142,7 +150,8 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                     .iter()
                     .flat_map(|s| s.capabilities.iter().copied()),
             )
-            .chain(run_as.iter().flat_map(|(_, _, c)| c.iter().copied())),
+            .chain(run_as.iter().flat_map(|(_, _, c)| c.iter().copied()))
+            .chain(rdma_caps.iter().copied()),
     );
 
     // Then test as the daemon runs: privileges dropped the same way.
@@ -181,6 +190,14 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             needs: caps.to_vec(),
             missing: missing_of(caps),
             test,
+        });
+    }
+    if rdma_stats {
+        parts.push(PartCheck {
+            part: "rdma stats (per-process queue pair counters)".to_owned(),
+            needs: rdma_caps.to_vec(),
+            missing: missing_of(rdma_caps),
+            test: None,
         });
     }
     if let Some((sacct, user, caps)) = &run_as {

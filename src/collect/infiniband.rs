@@ -126,6 +126,14 @@ const LEGACY_COUNTERS: &[PortCounter] = &[
     ),
 ];
 
+/// The help text of a port counter file and whether the kernel counts it per lane.
+pub(crate) fn port_counter(file: &str) -> Option<(&'static str, bool)> {
+    COUNTERS
+        .iter()
+        .find(|c| c.file == file)
+        .map(|c| (c.help, c.per_lane))
+}
+
 /// A port's `state` or `phys_state`: `4: ACTIVE` → 4.
 pub fn parse_state(text: &str) -> Result<u32, ParseError> {
     let mut parts = text.split(':');

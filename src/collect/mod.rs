@@ -107,6 +107,8 @@ pub struct CommonSettings {
     pub cgroups: CgroupSettings,
     #[serde(default)]
     pub gpu: gpu::GpuSettings,
+    #[serde(default)]
+    pub rdma: units::rdma::RdmaSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -221,6 +223,15 @@ pub fn options() -> Vec<Opt> {
             Kind::Str,
             "amd-smi, asked for AMD GPUs when there is no rocm-smi (default: found on PATH)",
         ),
+        Opt::flag(
+            "collector.rdma.stats",
+            "Export the RDMA resources of units' processes and ports' traffic with the unit collectors (ceems_rdma_*); turns on per-process queue pair counters of Mellanox links",
+        ),
+        Opt::new(
+            "collector.rdma.cmd",
+            Kind::Str,
+            "The rdma tool of iproute2 (default: found on PATH)",
+        ),
     ];
     for spec in COLLECTORS {
         opts.push(
@@ -326,11 +337,22 @@ pub fn needed_capabilities(
     settings: &Layered,
 ) -> Result<Vec<Capability>, crate::config::ConfigError> {
     let selection = select(settings)?;
+    // --collector.rdma.stats works inside the slurm collector, as in CEEMS.
+    let slurm_enabled = selection
+        .enabled
+        .iter()
+        .any(|(spec, _)| spec.name == "slurm");
+    let rdma: &[Capability] = if selection.common.rdma.stats && slurm_enabled {
+        units::rdma::CAPABILITIES
+    } else {
+        &[]
+    };
     Ok(crate::security::sorted(
         selection
             .enabled
             .iter()
-            .flat_map(|(spec, _)| spec.capabilities.iter().copied()),
+            .flat_map(|(spec, _)| spec.capabilities.iter().copied())
+            .chain(rdma.iter().copied()),
     ))
 }
 

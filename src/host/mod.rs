@@ -7,6 +7,7 @@ pub mod command;
 pub mod gpu;
 pub mod processes;
 pub mod procfs;
+pub mod rdma;
 
 use std::fmt;
 

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 
 use crate::host::cgroup::detail::UnitDetail;
+use crate::host::cgroup::parse::HcaUsage;
 use crate::host::cgroup::{ReadOptions, UnitStats};
 use crate::host::processes::{cap_executables, JobProcesses};
 use crate::metrics::{Labels, MetricSet};
@@ -100,6 +101,27 @@ pub fn emit_unit(out: &mut MetricSet, labels: &Labels, s: &UnitStats, opts: Read
             "ceems_compute_unit_memory_psi_seconds",
             "Total memory PSI in seconds",
             s.memory_psi_seconds,
+        );
+    }
+}
+
+/// The unit's RDMA handles and objects per device, from the rdma controller.
+pub fn emit_rdma_current(out: &mut MetricSet, base: &[(&str, &str)], usage: &[HcaUsage]) {
+    for u in usage {
+        let mut pairs = base.to_vec();
+        pairs.push(("device", &u.device));
+        let labels = Labels::new(&pairs);
+        out.gauge(
+            "ceems_compute_unit_rdma_hca_handles",
+            "Current number of RDMA HCA handles",
+            labels.clone(),
+            u.handles as f64,
+        );
+        out.gauge(
+            "ceems_compute_unit_rdma_hca_objects",
+            "Current number of RDMA HCA objects",
+            labels,
+            u.objects as f64,
         );
     }
 }

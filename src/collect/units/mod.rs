@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 mod emit;
+pub mod rdma;
 
 use super::{Capability, CollectError, Collector};
 use crate::host::cgroup::detail::{self, DetailOptions};
@@ -18,7 +19,7 @@ use crate::host::cgroup::{
 use crate::host::{processes, procfs};
 pub use crate::manager::{ResourceManager, UnitCgroup, UnitGpus, UnitInfo};
 use crate::metrics::{Labels, MetricSet};
-pub use emit::{emit_detail, emit_processes, emit_unit, names};
+pub use emit::{emit_detail, emit_processes, emit_rdma_current, emit_unit, names};
 
 /// The mapping of the last scrape of the units collector, for the nvidia collector's per-unit
 /// series.
@@ -78,6 +79,8 @@ pub struct UnitCollector<M> {
     processes: Option<usize>,
     /// What reading other users' `/proc/<pid>` files needs.
     capabilities: &'static [Capability],
+    /// `--collector.rdma.stats`.
+    rdma: Option<rdma::RdmaStats>,
 }
 
 impl<M: ResourceManager> UnitCollector<M> {
@@ -101,7 +104,14 @@ impl<M: ResourceManager> UnitCollector<M> {
             detail: DetailOptions::default(),
             processes: None,
             capabilities,
+            rdma: None,
         }
+    }
+
+    /// Also export the RDMA resources of the units' processes and the ports' traffic.
+    pub fn with_rdma(mut self, rdma: Option<rdma::RdmaStats>) -> UnitCollector<M> {
+        self.rdma = rdma;
+        self
     }
 
     /// Also export per-unit process detail, with at most `exe_limit` executables each.
@@ -135,13 +145,18 @@ impl<M: ResourceManager> UnitCollector<M> {
             HashMap::new()
         };
         let ticks = cgroup::clock_ticks();
+        let pids: Vec<(String, Vec<u32>)> = if self.processes.is_some() || self.rdma.is_some() {
+            units
+                .iter()
+                .map(|u| (u.uuid.clone(), processes::subtree_pids(&u.dir)))
+                .collect()
+        } else {
+            Vec::new()
+        };
         // Other users' /proc/<pid>/fd and exe: one privileged call for all units.
         let processes: HashMap<String, processes::JobProcesses> = match self.processes {
             Some(_) => {
-                let pids: Vec<(String, Vec<u32>)> = units
-                    .iter()
-                    .map(|u| (u.uuid.clone(), processes::subtree_pids(&u.dir)))
-                    .collect();
+                let pids = pids.clone();
                 let procfs = self.procfs.clone();
                 crate::security::privileged(self.capabilities, move || {
                     pids.into_iter()
@@ -181,6 +196,7 @@ impl<M: ResourceManager> UnitCollector<M> {
                 );
             }
             emit_unit(out, &labels, &stats, self.read_opts);
+            emit_rdma_current(out, &base, &stats.rdma);
             if self.detail.any() {
                 let d = reader.read_detail(&unit.rel, self.detail, &mut faults);
                 for f in faults.drain(..) {
@@ -204,6 +220,9 @@ impl<M: ResourceManager> UnitCollector<M> {
         }
         reader.end_scrape();
         drop(reader);
+        if let Some(rdma) = &self.rdma {
+            rdma.collect(&pids, manager, &self.hostname, out);
+        }
         let held = self.manager.gpus(units);
         emit_gpus(out, &self.hostname, &held);
         publish(held);

@@ -84,6 +84,8 @@ pub struct UnitStats {
     pub memsw_total_bytes: f64,
     pub memsw_fail_count: f64,
     pub memory_psi_seconds: f64,
+    /// The rdma controller's `rdma.current`, per device; empty without the controller.
+    pub rdma: Vec<parse::HcaUsage>,
 }
 
 /// Which optional groups of files to read.
@@ -110,6 +112,7 @@ pub struct V1Controllers {
     pub cpuacct: PathBuf,
     pub memory: PathBuf,
     pub cpuset: PathBuf,
+    pub rdma: PathBuf,
 }
 
 impl V1Controllers {
@@ -125,6 +128,7 @@ impl V1Controllers {
             cpuacct: first_dir(&["cpu,cpuacct", "cpuacct,cpu", "cpuacct"]),
             memory: root.join("memory"),
             cpuset: root.join("cpuset"),
+            rdma: root.join("rdma"),
         }
     }
 
@@ -134,6 +138,7 @@ impl V1Controllers {
             "cpuacct" | "cpu" => self.cpuacct.clone(),
             "memory" => self.memory.clone(),
             "cpuset" => self.cpuset.clone(),
+            "rdma" => self.rdma.clone(),
             other => root.join(other),
         }
     }
@@ -389,6 +394,16 @@ impl CgroupReader {
                 )
                 .unwrap_or(0) as f64;
         }
+        s.rdma = self
+            .scratch
+            .read(
+                &self.v1.rdma,
+                rel,
+                "rdma.current",
+                faults,
+                parse::rdma_current,
+            )
+            .unwrap_or_default();
         // v1 has no per-cgroup PSI: the PSI series stay at 0, as in CEEMS.
         Ok(s)
     }
@@ -462,6 +477,10 @@ impl CgroupReader {
             }
             // v2 has no swap fail counter; CEEMS reports 0.
         }
+        s.rdma = self
+            .scratch
+            .read(root, rel, "rdma.current", faults, parse::rdma_current)
+            .unwrap_or_default();
         if opts.psi {
             if let Some(p) = self
                 .scratch

@@ -222,6 +222,46 @@ pub fn io_stat(text: &str) -> Result<Vec<IoStat>, ParseError> {
     Ok(out)
 }
 
+/// One device's line of the rdma controller's `rdma.current`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HcaUsage {
+    pub device: String,
+    pub handles: u64,
+    pub objects: u64,
+}
+
+/// `rdma.current`: `<device> hca_handle=<n> hca_object=<n>` per device. A key the line lacks
+/// counts 0; keys of later kernels are ignored.
+pub fn rdma_current(text: &str) -> Result<Vec<HcaUsage>, ParseError> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let mut fields = line.split_ascii_whitespace();
+        let Some(device) = fields.next() else {
+            continue;
+        };
+        let mut usage = HcaUsage {
+            device: device.to_owned(),
+            handles: 0,
+            objects: 0,
+        };
+        for field in fields {
+            let Some((key, value)) = field.split_once('=') else {
+                return Err(ParseError::new(
+                    i + 1,
+                    format!("expected `key=value`, got `{field}`"),
+                ));
+            };
+            match key {
+                "hca_handle" => usage.handles = parse_u64_field(i + 1, value)?,
+                "hca_object" => usage.objects = parse_u64_field(i + 1, value)?,
+                _ => {}
+            }
+        }
+        out.push(usage);
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,6 +321,26 @@ mod tests {
     }
 
     #[test]
+    fn rdma_current_reads_handles_and_objects_apart() {
+        let got = rdma_current(
+            "mlx4_0 hca_handle=2 hca_object=2000\nhfi1_0 hca_handle=479 hca_object=340\n",
+        )
+        .unwrap();
+        assert_eq!(
+            got[1],
+            HcaUsage {
+                device: "hfi1_0".into(),
+                handles: 479,
+                objects: 340
+            }
+        );
+        assert_eq!(got.len(), 2);
+        assert!(rdma_current("mlx4_0 hca_handle=max").is_err());
+        assert!(rdma_current("mlx4_0 hca_handle").is_err());
+        assert_eq!(rdma_current("\n").unwrap(), vec![]);
+    }
+
+    #[test]
     fn procs_and_io() {
         let pids: Result<Vec<u32>, _> = procs("1\n22\n\n").collect();
         assert_eq!(pids.unwrap(), vec![1, 22]);
@@ -299,6 +359,7 @@ mod tests {
             let _ = procs(&s).count();
             let _ = io_stat(&s);
             let _ = limit(&s);
+            let _ = rdma_current(&s);
         }
 
         #[test]

@@ -13,6 +13,7 @@ use std::sync::Mutex;
 
 use serde::Deserialize;
 
+use crate::collect::units::rdma::RdmaStats;
 use crate::collect::units::UnitCollector;
 use crate::collect::{Capability, CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
@@ -168,6 +169,11 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
             psi: s.psi_metrics,
         },
     );
+    let collector = collector.with_rdma(RdmaStats::from_settings(
+        &ctx.common.rdma,
+        &ctx.paths.sysfs,
+        ctx.common.timeout,
+    ));
     let collector = collector.with_detail(DetailOptions {
         memory: s.memory_detail_metrics,
         per_core: s.per_core_metrics,
