@@ -219,6 +219,8 @@ pub enum ConfigError {
     },
     #[error("config file {path} is not valid TOML: {message}")]
     Syntax { path: PathBuf, message: String },
+    #[error("config file {path} is not a valid redfish_proxy YAML file: {message}")]
+    ProxyYaml { path: PathBuf, message: String },
     #[error("config file {path}: unknown table `{table}` (expected one of: {expected})")]
     UnknownTable {
         path: PathBuf,
@@ -423,6 +425,19 @@ pub fn read_file(path: &Path, subcommand: &str) -> Result<Table, ConfigError> {
         path: path.to_owned(),
         source,
     })?;
+    let yaml = matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yml" | "yaml")
+    );
+    if yaml && subcommand == "redfish-proxy" {
+        // CEEMS's redfish_proxy file, as its documentation deploys it.
+        return crate::proxy::ceems_yaml::to_table(&text).map_err(|message| {
+            ConfigError::ProxyYaml {
+                path: path.to_owned(),
+                message,
+            }
+        });
+    }
     let mut doc: Table = text
         .parse()
         .map_err(|e: toml::de::Error| ConfigError::Syntax {

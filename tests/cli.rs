@@ -335,7 +335,7 @@ fn example_config_documents_every_key_and_loads() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no --redfish.target configured"), "{err}");
+    assert!(err.contains("no BMC the proxy may reach"), "{err}");
     let out = Command::new(BIN)
         .args(["stats-server", "--web.listen-address=not-an-address"])
         .arg(format!("--config.file={}", path.display()))

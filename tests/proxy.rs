@@ -27,6 +27,8 @@ fn proxy(bmcs: &[(&str, &StandinBmc)], extra: &[&str]) -> Running {
         .map(|(ip, b)| format!("--redfish.target={ip}={}", b.url()))
         .collect();
     let mut args: Vec<&str> = targets.iter().map(String::as_str).collect();
+    // The tests' client stands for a front proxy: its X-Real-IP names the node.
+    args.push("--web.trusted-proxy=127.0.0.1");
     args.extend_from_slice(extra);
     start_subcommand("redfish-proxy", std::path::Path::new("."), &args, &[])
 }
@@ -181,7 +183,8 @@ fn a_proxy_without_targets_refuses_to_start() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no --redfish.target"), "{err}");
+    assert!(err.contains("no BMC the proxy may reach"), "{err}");
+    assert!(err.contains("--redfish.bmc-network"), "{err}");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ceems"))
         .args(["redfish-proxy", "--redfish.target=node1=https://bmc"])
         .output()
@@ -231,4 +234,119 @@ fn tls_bmcs_need_skip_verify_and_slow_clients_are_cut_off() {
     );
     let answer = String::from_utf8_lossy(&buf[..n]);
     assert!(n == 0 || answer.contains("408"), "{answer}");
+}
+
+#[test]
+fn untrusted_peers_cannot_claim_another_nodes_address() {
+    let b2 = bmc(700.0);
+    let target = format!("--redfish.target=10.0.0.2={}", b2.url());
+    let p = start_subcommand("redfish-proxy", std::path::Path::new("."), &[&target], &[]);
+    for (header, value) in [("X-Real-IP", "10.0.0.2"), ("X-Forwarded-For", "10.0.0.2")] {
+        let (code, body) =
+            status(ureq::get(&p.url("/redfish/v1/Chassis/1U/Power")).set(header, value));
+        assert_eq!(code, 403, "{header}: {body}");
+        assert!(
+            body.contains("no BMC is configured for client 127.0.0.1"),
+            "{body}"
+        );
+    }
+    assert_eq!(b2.seen().len(), 0, "a spoofed address reached the BMC");
+    // Behind a trusted front proxy, the last hop it appends names the node.
+    let trusting = proxy(&[("10.0.0.2", &b2)], &[]);
+    let (code, body) = status(
+        ureq::get(&trusting.url("/redfish/v1/"))
+            .set("X-Forwarded-For", "203.0.113.9, 10.0.0.2, 127.0.0.1"),
+    );
+    assert_eq!(code, 200, "{body}");
+}
+
+#[test]
+fn bmc_networks_bound_the_bmcs_exporters_may_name() {
+    let b = bmc(450.0);
+    let inside = start_subcommand(
+        "redfish-proxy",
+        std::path::Path::new("."),
+        &["--redfish.bmc-network=127.0.0.0/8"],
+        &[],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let e = exporter_via(&inside, &b, dir.path());
+    let text = e.get("/metrics");
+    assert!(
+        text.contains("ceems_redfish_current_watts{chassis=\"1U\",hostname=\"\"} 450\n"),
+        "{text}"
+    );
+    // A name is resolved, and only its addresses inside the networks are used.
+    let by_name = format!("http://localhost:{}", b.port);
+    let (code, body) =
+        status(ureq::get(&inside.url("/redfish/v1/")).set("X-Redfish-Url", &by_name));
+    assert_eq!(code, 200, "{body}");
+
+    let seen = b.seen().len();
+    let elsewhere = start_subcommand(
+        "redfish-proxy",
+        std::path::Path::new("."),
+        &["--redfish.bmc-network=10.1.0.0/16"],
+        &[],
+    );
+    for named in [b.url(), by_name] {
+        let (code, body) =
+            status(ureq::get(&elsewhere.url("/redfish/v1/")).set("X-Redfish-Url", &named));
+        assert_eq!(code, 403, "{named}: {body}");
+        assert!(body.contains("outside the BMC networks"), "{body}");
+    }
+    assert_eq!(
+        b.seen().len(),
+        seen,
+        "a BMC outside the networks was contacted"
+    );
+}
+
+#[test]
+fn ceems_yaml_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bmc(300.0);
+    let run = |yaml: &str| {
+        let path = dir.path().join("config.yml");
+        std::fs::write(&path, yaml).unwrap();
+        std::process::Command::new(env!("CARGO_BIN_EXE_ceems"))
+            .args([
+                "redfish-proxy",
+                &format!("--config.file={}", path.display()),
+                "--web.listen-address=127.0.0.1:0",
+                "--security.drop-privileges=false",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // CEEMS's documented file lists no targets: refused, saying what to add.
+    let documented = "---\nredfish_config:\n  web:\n    insecure_skip_verify: false\n";
+    let out = run(documented).wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bmc_networks"), "{err}");
+    let typo = run("redfish_config:\n  web:\n    insecure_skip_verfy: true\n")
+        .wait_with_output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&typo.stderr).contains("insecure_skip_verfy"));
+    // Its commented-out targets form works.
+    let with_targets = format!(
+        "{documented}  targets:\n    - host_ip_addrs:\n        - 10.0.0.7\n        - 10.0.0.8\n      url: {}\n",
+        b.url()
+    );
+    let path = dir.path().join("targets.yml");
+    std::fs::write(&path, with_targets).unwrap();
+    let p = start_subcommand(
+        "redfish-proxy",
+        std::path::Path::new("."),
+        &[
+            &format!("--config.file={}", path.display()),
+            "--web.trusted-proxy=127.0.0.1",
+        ],
+        &[],
+    );
+    let (code, body) = status(ureq::get(&p.url("/redfish/v1/")).set("X-Real-IP", "10.0.0.8"));
+    assert_eq!(code, 200, "{body}");
 }

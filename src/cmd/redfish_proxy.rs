@@ -9,7 +9,7 @@ use clap::{ArgMatches, Command};
 use serde::Deserialize;
 
 use crate::config::{self, Kind, LogConfig, Opt};
-use crate::proxy::{AllowList, Proxy, ProxyConfig, Targets, DEFAULT_ALLOWED};
+use crate::proxy::{self, AllowList, Proxy, ProxyConfig, Targets, DEFAULT_ALLOWED};
 use crate::web::{self, client::Timeouts};
 
 pub fn opts() -> Vec<Opt> {
@@ -40,11 +40,23 @@ pub fn opts() -> Vec<Opt> {
         )
         .default("30s"),
         Opt::new(
+            "web.trusted-proxy",
+            Kind::List,
+            "Front proxy (IP or CIDR, repeatable) whose X-Real-IP or X-Forwarded-For names the client; from any other peer these headers are ignored",
+        )
+        .key("web.trusted-proxies"),
+        Opt::new(
             "redfish.target",
             Kind::List,
             "Compute node address(es) and the BMC they may reach, as IP[+IP…]=URL (repeatable), e.g. 10.0.0.11=https://10.1.0.11",
         )
         .key("redfish.targets"),
+        Opt::new(
+            "redfish.bmc-network",
+            Kind::List,
+            "BMC network (CIDR, repeatable) where a BMC named in X-Redfish-Url may be when no target is configured for the client; names are resolved and only addresses inside these networks are connected to",
+        )
+        .key("redfish.bmc-networks"),
         Opt::new(
             "redfish.allowed-api-resource",
             Kind::List,
@@ -80,9 +92,11 @@ pub fn command() -> Command {
             .about("Relay exporters' Redfish requests to the BMCs of their nodes (:5000)")
             .long_about(
                 "Relay exporters' Redfish requests to the BMCs of their nodes (:5000).\n\n\
-                 Only configured BMCs are reached, chosen by the client's address (or X-Real-IP), \
-                 or by X-Redfish-Url when it names a configured BMC; only allow-listed read-only \
-                 power paths and session log-in/log-out are relayed; anything else gets 403.",
+                 Only configured BMCs are reached, chosen by the client's address (or the X-Real-IP \
+                 a trusted front proxy sets), or by X-Redfish-Url when it names a configured BMC or \
+                 one inside --redfish.bmc-network; only allow-listed read-only power paths and \
+                 session log-in/log-out are relayed; anything else gets 403.\n\n\
+                 --config.file also takes CEEMS's redfish_proxy YAML file (*.yml, *.yaml).",
             ),
         &opts(),
     )
@@ -99,6 +113,8 @@ struct WebSettings {
     read_timeout: Duration,
     #[serde(deserialize_with = "config::de_duration")]
     write_timeout: Duration,
+    #[serde(default)]
+    trusted_proxies: Vec<String>,
     /// `--web.config.file`, read by [`web::toolkit::WebSecurity::from_settings`].
     #[serde(default)]
     #[allow(dead_code)]
@@ -110,6 +126,8 @@ struct WebSettings {
 struct RedfishSettings {
     #[serde(default)]
     targets: Vec<String>,
+    #[serde(default)]
+    bmc_networks: Vec<String>,
     allowed_api_resources: Vec<String>,
     insecure_skip_verify: bool,
     #[serde(deserialize_with = "config::de_duration")]
@@ -131,16 +149,24 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         .log("redfish-proxy");
     let r: RedfishSettings = settings.get("redfish")?;
     let targets = Targets::parse(&r.targets).context("invalid --redfish.target")?;
-    if targets.is_empty() {
+    let bmc_networks = proxy::networks(&r.bmc_networks).context("invalid --redfish.bmc-network")?;
+    let trusted_proxies =
+        proxy::networks(&web_settings.trusted_proxies).context("invalid --web.trusted-proxy")?;
+    if targets.is_empty() && bmc_networks.is_empty() {
         anyhow::bail!(
-            "no --redfish.target configured: the proxy relays only to listed BMCs \
-             (e.g. --redfish.target=10.0.0.11=https://10.1.0.11)"
+            "no BMC the proxy may reach: either list each node's BMC \
+             (--redfish.target=10.0.0.11=https://10.1.0.11, or `targets:` with `host_ip_addrs` and \
+             `url` under `redfish_config` in the YAML file), or let exporters name their BMC in \
+             X-Redfish-Url within the BMC networks (--redfish.bmc-network=10.1.0.0/16, or \
+             `bmc_networks: [10.1.0.0/16]` under `redfish_config`)"
         );
     }
     let allowed = AllowList::new(&r.allowed_api_resources)
         .context("invalid --redfish.allowed-api-resource")?;
     let proxy = Proxy::new(ProxyConfig {
         targets,
+        bmc_networks,
+        trusted_proxies,
         allowed,
         insecure_skip_verify: r.insecure_skip_verify,
         timeouts: Timeouts {
@@ -171,7 +197,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     runtime.block_on(async move {
         let listener = web::into_async(listener)
             .with_context(|| format!("cannot listen on {}", web_settings.listen_address))?;
-        tracing::info!(address = %web_settings.listen_address, targets = r.targets.len(), "redfish proxy listening");
+        tracing::info!(address = %web_settings.listen_address, targets = r.targets.len(), bmc_networks = ?r.bmc_networks, "redfish proxy listening");
         let handler: web::Handler = Arc::new(move |req| {
             let proxy = Arc::clone(&proxy);
             Box::pin(proxy.handle(req))

@@ -12,6 +12,9 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response, StatusCode};
+use ipnet::IpNet;
+
+pub mod ceems_yaml;
 
 use crate::collect::redfish::REDFISH_URL_HEADER;
 use crate::web::client::{self, Timeouts};
@@ -74,6 +77,75 @@ pub enum ProxyConfigError {
     },
     #[error("allowed API resource `{0}` must start with /redfish/v1 and contain no `..`")]
     Resource(String),
+    #[error("`{0}` is not an IP address or network (e.g. 10.1.0.0/16)")]
+    Network(String),
+}
+
+/// Parses IP addresses and CIDR networks; a bare address is a network of one.
+pub fn networks(entries: &[String]) -> Result<Vec<IpNet>, ProxyConfigError> {
+    entries
+        .iter()
+        .map(|e| {
+            let e = e.trim();
+            e.parse::<IpNet>()
+                .or_else(|_| e.parse::<IpAddr>().map(IpNet::from))
+                .map_err(|_| ProxyConfigError::Network(e.to_owned()))
+        })
+        .collect()
+}
+
+/// IPv4 clients on a dual-stack socket show up as ::ffff:a.b.c.d.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    }
+}
+
+fn within(networks: &[IpNet], ip: IpAddr) -> bool {
+    let ip = canonical(ip);
+    networks.iter().any(|n| n.contains(&ip))
+}
+
+/// A BMC name that resolves outside the configured BMC networks.
+#[derive(Debug, thiserror::Error)]
+#[error("{netloc} resolves to {addresses}, outside the BMC networks (--redfish.bmc-network)")]
+struct OutsideBmcNetworks {
+    netloc: String,
+    addresses: String,
+}
+
+/// Name resolution for BMCs named by clients: only addresses inside the BMC networks are
+/// returned, so a connection can go nowhere else, whatever the name resolves to when.
+struct BoundedResolver {
+    networks: Vec<IpNet>,
+}
+
+impl ureq::Resolver for BoundedResolver {
+    fn resolve(&self, netloc: &str) -> std::io::Result<Vec<std::net::SocketAddr>> {
+        let all: Vec<std::net::SocketAddr> =
+            std::net::ToSocketAddrs::to_socket_addrs(netloc)?.collect();
+        let inside: Vec<_> = all
+            .iter()
+            .copied()
+            .filter(|a| within(&self.networks, a.ip()))
+            .collect();
+        if inside.is_empty() {
+            let addresses = all
+                .iter()
+                .map(|a| a.ip().to_string())
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                OutsideBmcNetworks {
+                    netloc: netloc.to_owned(),
+                    addresses,
+                },
+            ));
+        }
+        Ok(inside)
+    }
 }
 
 /// `https://bmc:443/anything` → `https://bmc:443`: BMCs are addressed by origin only.
@@ -127,12 +199,7 @@ impl Targets {
     }
 
     pub fn for_ip(&self, ip: IpAddr) -> Option<&str> {
-        // IPv4 clients on a dual-stack socket show up as ::ffff:a.b.c.d.
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
-            v4 => v4,
-        };
-        self.by_ip.get(&ip).map(String::as_str)
+        self.by_ip.get(&canonical(ip)).map(String::as_str)
     }
 
     /// Whether `origin` is one of the configured BMCs.
@@ -213,6 +280,10 @@ fn method_allowed(method: &Method, path: &str) -> bool {
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
     pub targets: Targets,
+    /// Where a BMC named in `X-Redfish-Url` may be when no target matches the client.
+    pub bmc_networks: Vec<IpNet>,
+    /// Front proxies whose `X-Real-IP` / `X-Forwarded-For` name the client.
+    pub trusted_proxies: Vec<IpNet>,
     pub allowed: AllowList,
     pub insecure_skip_verify: bool,
     pub timeouts: Timeouts,
@@ -223,6 +294,15 @@ pub struct ProxyConfig {
 pub struct Proxy {
     config: ProxyConfig,
     agent: ureq::Agent,
+    /// For BMCs within `bmc_networks`: connects only inside them.
+    bounded: ureq::Agent,
+}
+
+/// The BMC of a request, and how it was chosen.
+struct Route {
+    bmc: String,
+    /// Named by the client within the BMC networks, not configured.
+    bounded: bool,
 }
 
 fn json_error(status: StatusCode, message: &str) -> Response<Body> {
@@ -246,39 +326,83 @@ struct Relayed {
 enum RelayError {
     Timeout(String),
     Unreachable(String),
+    Outside(String),
 }
 
 impl Proxy {
     pub fn new(config: ProxyConfig) -> Result<Proxy, rustls::Error> {
         let agent = client::agent(config.timeouts, config.insecure_skip_verify)?;
-        Ok(Proxy { config, agent })
+        let bounded = client::agent_builder(config.timeouts, config.insecure_skip_verify)?
+            .resolver(BoundedResolver {
+                networks: config.bmc_networks.clone(),
+            })
+            .build();
+        Ok(Proxy {
+            config,
+            agent,
+            bounded,
+        })
     }
 
-    /// Which BMC this request is for: by `X-Real-IP`, else the client address, else a
-    /// configured BMC named in `X-Redfish-Url`.
-    fn target<B>(&self, req: &Request<B>) -> Result<String, String> {
+    /// The client's address: the peer's, or the one a trusted front proxy says it forwards
+    /// for (`X-Real-IP`, else the last `X-Forwarded-For` hop that is not a trusted proxy).
+    fn client<B>(&self, req: &Request<B>) -> Option<IpAddr> {
+        let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip())?;
         let header = |name: &str| {
             req.headers()
                 .get(name)
                 .and_then(|v| v.to_str().ok())
                 .map(str::trim)
         };
-        let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
-        let real_ip = header("x-real-ip").and_then(|v| v.parse::<IpAddr>().ok());
-        for ip in real_ip.into_iter().chain(peer) {
-            if let Some(url) = self.config.targets.for_ip(ip) {
-                return Ok(url.to_owned());
+        let claimed = header("x-real-ip").is_some() || header("x-forwarded-for").is_some();
+        if !within(&self.config.trusted_proxies, peer) {
+            if claimed {
+                tracing::debug!(%peer, "X-Real-IP/X-Forwarded-For ignored: the peer is not a trusted proxy (--web.trusted-proxy)");
             }
+            return Some(peer);
         }
-        if let Some(named) = header(REDFISH_URL_HEADER) {
+        if let Some(ip) = header("x-real-ip").and_then(|v| v.parse::<IpAddr>().ok()) {
+            return Some(ip);
+        }
+        let forwarded = header("x-forwarded-for")
+            .into_iter()
+            .flat_map(|v| v.rsplit(','))
+            .filter_map(|hop| hop.trim().parse::<IpAddr>().ok())
+            .find(|ip| !within(&self.config.trusted_proxies, *ip));
+        Some(forwarded.unwrap_or(peer))
+    }
+
+    /// Which BMC this request is for: the one configured for the client's address, else a
+    /// configured BMC named in `X-Redfish-Url`, else one named there within the BMC networks.
+    fn target<B>(&self, req: &Request<B>) -> Result<Route, String> {
+        let client = self.client(req);
+        if let Some(url) = client.and_then(|ip| self.config.targets.for_ip(ip)) {
+            return Ok(Route {
+                bmc: url.to_owned(),
+                bounded: false,
+            });
+        }
+        let named = req
+            .headers()
+            .get(REDFISH_URL_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim);
+        if let Some(named) = named {
             return match origin(named) {
-                Some(o) if self.config.targets.knows(&o) => Ok(o),
+                Some(o) if self.config.targets.knows(&o) => Ok(Route {
+                    bmc: o,
+                    bounded: false,
+                }),
+                Some(o) if !self.config.bmc_networks.is_empty() => Ok(Route {
+                    bmc: o,
+                    bounded: true,
+                }),
                 _ => Err(format!(
                     "BMC `{named}` is not a configured target of this proxy"
                 )),
             };
         }
-        let who = real_ip.or(peer).map(|i| i.to_string()).unwrap_or_default();
+        let who = client.map(|i| i.to_string()).unwrap_or_default();
         Err(format!("no BMC is configured for client {who}"))
     }
 
@@ -307,8 +431,8 @@ impl Proxy {
                 &format!("{} is not relayed for {path}", req.method()),
             );
         }
-        let bmc = match self.target(&req) {
-            Ok(b) => b,
+        let Route { bmc, bounded } = match self.target(&req) {
+            Ok(r) => r,
             Err(message) => {
                 tracing::info!(%path, %message, "refused: unknown target");
                 return json_error(StatusCode::FORBIDDEN, &message);
@@ -341,9 +465,10 @@ impl Proxy {
         let url = format!("{bmc}{path}");
         let this = std::sync::Arc::clone(&self);
         let target_url = url.clone();
-        let relayed =
-            tokio::task::spawn_blocking(move || this.relay(&method, &target_url, &headers, &body))
-                .await;
+        let relayed = tokio::task::spawn_blocking(move || {
+            this.relay(bounded, &method, &target_url, &headers, &body)
+        })
+        .await;
         match relayed {
             Ok(Ok(r)) => {
                 let mut resp = Response::new(Full::new(Bytes::from(r.body)));
@@ -370,6 +495,10 @@ impl Proxy {
                 tracing::warn!(%url, error = %m, "BMC timed out");
                 json_error(StatusCode::GATEWAY_TIMEOUT, &format!("BMC timed out: {m}"))
             }
+            Ok(Err(RelayError::Outside(m))) => {
+                tracing::info!(%url, error = %m, "refused: BMC outside the BMC networks");
+                json_error(StatusCode::FORBIDDEN, &m)
+            }
             Ok(Err(RelayError::Unreachable(m))) => {
                 tracing::warn!(%url, error = %m, "BMC unreachable");
                 json_error(StatusCode::BAD_GATEWAY, &format!("BMC unreachable: {m}"))
@@ -380,12 +509,14 @@ impl Proxy {
 
     fn relay(
         &self,
+        bounded: bool,
         method: &str,
         url: &str,
         headers: &[(String, String)],
         body: &[u8],
     ) -> Result<Relayed, RelayError> {
-        let mut req = self.agent.request(method, url);
+        let agent = if bounded { &self.bounded } else { &self.agent };
+        let mut req = agent.request(method, url);
         for (k, v) in headers {
             req = req.set(k, v);
         }
@@ -398,6 +529,13 @@ impl Proxy {
             Ok(r) => r,
             Err(ureq::Error::Status(_, r)) => r,
             Err(ureq::Error::Transport(t)) => {
+                let outside = std::error::Error::source(&t)
+                    .and_then(|e| e.downcast_ref::<std::io::Error>())
+                    .and_then(|e| e.get_ref())
+                    .and_then(|e| e.downcast_ref::<OutsideBmcNetworks>());
+                if let Some(o) = outside {
+                    return Err(RelayError::Outside(o.to_string()));
+                }
                 let text = t.to_string();
                 let lower = text.to_lowercase();
                 return Err(

@@ -95,11 +95,18 @@ fn tls_config(insecure_skip_verify: bool) -> Result<Arc<rustls::ClientConfig>, r
 /// A client with these timeouts. Redirects are not followed: a BMC that redirects is answered
 /// by whoever asked, and the proxy must never be steered elsewhere.
 pub fn agent(timeouts: Timeouts, insecure_skip_verify: bool) -> Result<ureq::Agent, rustls::Error> {
+    Ok(agent_builder(timeouts, insecure_skip_verify)?.build())
+}
+
+/// What [`agent`] builds, for a caller that adds to it (a resolver, say).
+pub fn agent_builder(
+    timeouts: Timeouts,
+    insecure_skip_verify: bool,
+) -> Result<ureq::AgentBuilder, rustls::Error> {
     Ok(ureq::AgentBuilder::new()
         .timeout_connect(timeouts.connect)
         .timeout(timeouts.total)
         .redirects(0)
         .tls_config(tls_config(insecure_skip_verify)?)
-        .user_agent(concat!("ceems/", env!("CARGO_PKG_VERSION")))
-        .build())
+        .user_agent(concat!("ceems/", env!("CARGO_PKG_VERSION"))))
 }

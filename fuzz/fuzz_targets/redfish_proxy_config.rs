@@ -1,0 +1,13 @@
+//! CEEMS's redfish_proxy YAML file and the networks it lists.
+#![no_main]
+
+use ceems::proxy::{ceems_yaml::to_table, networks};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let _ = to_table(text);
+    let _ = networks(&text.split(',').map(str::to_owned).collect::<Vec<_>>());
+});
