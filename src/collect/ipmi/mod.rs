@@ -99,9 +99,9 @@ pub enum Source {
         args: Vec<String>,
         format: Format,
     },
-    Native {
-        device: PathBuf,
-    },
+    /// The first of `devices` that exists at each reading: the modules may be loaded after
+    /// the exporter starts.
+    Native { devices: Vec<PathBuf> },
 }
 
 impl Source {
@@ -145,7 +145,7 @@ impl Source {
             }
         }
         devices.iter().find(|d| d.exists()).map(|d| Source::Native {
-            device: d.to_path_buf(),
+            devices: vec![d.to_path_buf()],
         })
     }
 }
@@ -166,18 +166,8 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
         None => DEVICES.iter().map(Path::new).collect(),
     };
     let source = if s.force_native_mode {
-        let device = devices.iter().find(|d| d.exists()).ok_or_else(|| {
-            CollectError::Other(format!(
-                "native mode: no OpenIPMI device at {}; load the ipmi_devintf and ipmi_si modules",
-                devices
-                    .iter()
-                    .map(|d| d.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))
-        })?;
         Source::Native {
-            device: device.to_path_buf(),
+            devices: devices.iter().map(|d| d.to_path_buf()).collect(),
         }
     } else if let Some(line) = s.cmd.as_deref().filter(|l| !l.trim().is_empty()) {
         Source::from_command_line(line)
@@ -227,7 +217,17 @@ impl IpmiCollector {
                 parse::parse(*format, &out)
                     .map_err(|e| format!("cannot parse output of {}: {e}", program.display()))
             }
-            Source::Native { device } => {
+            Source::Native { devices } => {
+                let Some(device) = devices.iter().find(|d| d.exists()) else {
+                    return Err(format!(
+                        "native mode: no OpenIPMI device at {}; load the ipmi_devintf and ipmi_si modules",
+                        devices
+                            .iter()
+                            .map(|d| d.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
+                };
                 let path = device.clone();
                 let mut dev = crate::security::privileged(SPEC.capabilities, move || {
                     native::OpenIpmiDevice::open(&path)
