@@ -146,10 +146,13 @@ fn scrape_agrees_with_kernel_accounting() {
     let burner = format!(
         "b = b'\\x01' * ({MEMORY_MIB} << 20)\nimport time\nt = time.time()\nwhile time.time() - t < 2.5: pass\ntime.sleep(60)\n"
     );
+    // The job works in its scratch directory.
+    let scratch = tempfile::tempdir().expect("scratch dir");
     let child = Command::new("sh")
         .arg("-c")
         .arg(format!("{join} && exec python3 -c \"$BURNER\""))
         .env("BURNER", burner)
+        .current_dir(scratch.path())
         .stdin(Stdio::null())
         .spawn()
         .expect("start burner");
@@ -178,6 +181,11 @@ fn scrape_agrees_with_kernel_accounting() {
             "--collector.slurm",
             "--collector.slurm.per-core-metrics",
             "--collector.slurm.memory-detail-metrics",
+            &format!(
+                "--collector.slurm.scratch-path={}",
+                scratch.path().display()
+            ),
+            "--collector.slurm.scratch-path=/nonexistent-scratch",
             "--web.disable-exporter-metrics",
         ],
     );
@@ -248,6 +256,19 @@ fn scrape_agrees_with_kernel_accounting() {
         let want = ceems::host::cgroup::parse::cpuset_count(&cpus).expect("cpuset");
         assert_eq!(value("ceems_compute_unit_cpus"), want as f64);
     }
+    // Read as the exporter runs: privileges dropped, the process root's.
+    let uses = |path: &str| {
+        series
+            .iter()
+            .find(|(k, _)| {
+                name_of(k) == "ceems_compute_unit_uses_scratch"
+                    && label_of(k, "uuid") == Some(uuid.as_str())
+                    && label_of(k, "path") == Some(path)
+            })
+            .map(|(_, v)| *v)
+    };
+    assert_eq!(uses(&scratch.path().display().to_string()), Some(1.0));
+    assert_eq!(uses("/nonexistent-scratch"), Some(0.0));
     assert!(
         series.contains_key("ceems_scrape_collector_success{collector=\"slurm\"}"),
         "no slurm success gauge"

@@ -19,6 +19,26 @@ pub struct JobProcesses {
     pub open_fds: u64,
     /// Clock ticks of user + system time of the live processes, per executable path.
     pub ticks_by_exe: HashMap<String, u64>,
+    /// For each scratch path asked about, whether a process works or has a file open under it.
+    pub uses_scratch: Vec<bool>,
+}
+
+/// A process link (`cwd`, `fd/<n>`) as the kernel shows it, without its ` (deleted)` mark.
+fn link_target(path: &Path) -> Option<PathBuf> {
+    let target = std::fs::read_link(path).ok()?;
+    let text = target.to_string_lossy();
+    Some(match text.strip_suffix(" (deleted)") {
+        Some(t) => PathBuf::from(t),
+        None => target,
+    })
+}
+
+/// Marks in `uses` the scratch paths that `target` lies under (whole components: `/scratch`
+/// is not under `/scratchy`).
+fn mark_scratch(target: &Path, scratch: &[PathBuf], uses: &mut [bool]) {
+    for (used, root) in uses.iter_mut().zip(scratch) {
+        *used |= target.starts_with(root);
+    }
 }
 
 /// Every pid of a cgroup subtree.
@@ -37,10 +57,14 @@ fn read_stat(path: &Path) -> Option<PidStat> {
     procfs::pid_stat(&text).ok()
 }
 
-/// Reads the processes of one job. Needs to see other users' `/proc/<pid>/fd` and `exe`: call
-/// under the capabilities the slurm collector declares.
-pub fn read_job(procfs_root: &Path, pids: &[u32]) -> JobProcesses {
-    let mut j = JobProcesses::default();
+/// Reads the processes of one job, and whether they use each of `scratch`. Needs to see other
+/// users' `/proc/<pid>/fd`, `cwd` and `exe`: call under the capabilities the slurm collector
+/// declares.
+pub fn read_job(procfs_root: &Path, pids: &[u32], scratch: &[PathBuf]) -> JobProcesses {
+    let mut j = JobProcesses {
+        uses_scratch: vec![false; scratch.len()],
+        ..JobProcesses::default()
+    };
     let mut path = PathBuf::new();
     for pid in pids {
         path.clear();
@@ -71,7 +95,21 @@ pub fn read_job(procfs_root: &Path, pids: &[u32]) -> JobProcesses {
                 .or_default() += stat.num_threads.max(1);
         }
         if let Ok(fds) = std::fs::read_dir(path.join("fd")) {
-            j.open_fds += fds.count() as u64;
+            if scratch.is_empty() {
+                j.open_fds += fds.count() as u64;
+            } else {
+                for fd in fds.flatten() {
+                    j.open_fds += 1;
+                    if let Some(target) = link_target(&fd.path()) {
+                        mark_scratch(&target, scratch, &mut j.uses_scratch);
+                    }
+                }
+            }
+        }
+        if !scratch.is_empty() {
+            if let Some(cwd) = link_target(&path.join("cwd")) {
+                mark_scratch(&cwd, scratch, &mut j.uses_scratch);
+            }
         }
         let exe = std::fs::read_link(path.join("exe"))
             .map(|p| {
@@ -102,6 +140,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn scratch_use_by_working_directory_or_open_file() {
+        let scratch = tempfile::tempdir().unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let sibling = PathBuf::from(format!("{}y", scratch.path().display()));
+        let roots = [scratch.path().to_owned(), other.path().to_owned(), sibling];
+        let run = |cwd: &Path, open: Option<&Path>| {
+            let script = match open {
+                Some(f) => format!("exec 3>'{}'; sleep 30", f.display()),
+                None => "sleep 30".to_owned(),
+            };
+            let mut child = std::process::Command::new("sh")
+                .args(["-c", &script])
+                .current_dir(cwd)
+                .spawn()
+                .unwrap();
+            // Until the shell has opened its file.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let j = read_job(Path::new("/proc"), &[child.id()], &roots);
+            let _ = child.kill();
+            let _ = child.wait();
+            j.uses_scratch
+        };
+        assert_eq!(run(scratch.path(), None), [true, false, false]);
+        let out = other.path().join("out");
+        assert_eq!(run(Path::new("/"), Some(&out)), [false, true, false]);
+        std::fs::remove_file(&out).unwrap();
+        assert_eq!(run(Path::new("/"), None), [false, false, false]);
+    }
+
+    #[test]
     fn executables_beyond_the_cap_are_folded() {
         let ticks: HashMap<String, u64> = [("/a", 50), ("/b", 30), ("/c", 20), ("/d", 5)]
             .into_iter()
@@ -121,7 +189,7 @@ mod tests {
     #[test]
     fn this_process_is_read_and_a_vanished_one_skipped() {
         let me = std::process::id();
-        let j = read_job(Path::new("/proc"), &[me, u32::MAX - 1]);
+        let j = read_job(Path::new("/proc"), &[me, u32::MAX - 1], &[]);
         assert_eq!(j.processes_by_state.values().sum::<u64>(), 1);
         assert!(j.threads_by_state.values().sum::<u64>() >= 1);
         assert!(j.open_fds >= 3, "{}", j.open_fds);

@@ -1,6 +1,7 @@
 //! The `ceems_compute_unit_*` series of one unit, from what the host layer read of it.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 
 use crate::host::cgroup::detail::UnitDetail;
 use crate::host::cgroup::parse::HcaUsage;
@@ -266,6 +267,21 @@ pub fn emit_processes(
             "CPU seconds (user and system) of the job's live processes per executable; drops when a process exits",
             with("exe", &exe),
             ticks as f64 / ticks_per_second,
+        );
+    }
+}
+
+/// `ceems_compute_unit_uses_scratch{path}` of one job: 1 while it uses the path.
+pub fn emit_scratch(out: &mut MetricSet, base: &[(&str, &str)], paths: &[PathBuf], uses: &[bool]) {
+    for (path, used) in paths.iter().zip(uses) {
+        let path = path.to_string_lossy();
+        let mut pairs = base.to_vec();
+        pairs.push(("path", &path));
+        out.gauge(
+            "ceems_compute_unit_uses_scratch",
+            "1 while a process of the job has its working directory or an open file under the path",
+            Labels::new(&pairs),
+            if *used { 1.0 } else { 0.0 },
         );
     }
 }

@@ -19,7 +19,7 @@ use crate::host::cgroup::{
 use crate::host::{processes, procfs};
 pub use crate::manager::{ResourceManager, UnitCgroup, UnitGpus, UnitInfo};
 use crate::metrics::{Labels, MetricSet};
-pub use emit::{emit_detail, emit_processes, emit_rdma_current, emit_unit, names};
+pub use emit::{emit_detail, emit_processes, emit_rdma_current, emit_scratch, emit_unit, names};
 
 /// The mapping of the last scrape of the units collector, for the nvidia collector's per-unit
 /// series.
@@ -81,6 +81,8 @@ pub struct UnitCollector<M> {
     capabilities: &'static [Capability],
     /// `--collector.rdma.stats`.
     rdma: Option<rdma::RdmaStats>,
+    /// `--collector.slurm.scratch-path`: filesystems whose use by a unit is exported.
+    scratch: Vec<PathBuf>,
 }
 
 impl<M: ResourceManager> UnitCollector<M> {
@@ -105,7 +107,14 @@ impl<M: ResourceManager> UnitCollector<M> {
             processes: None,
             capabilities,
             rdma: None,
+            scratch: Vec::new(),
         }
+    }
+
+    /// Also export whether each unit's processes use each of `paths`.
+    pub fn with_scratch(mut self, paths: Vec<PathBuf>) -> UnitCollector<M> {
+        self.scratch = paths;
+        self
     }
 
     /// Also export the RDMA resources of the units' processes and the ports' traffic.
@@ -145,7 +154,9 @@ impl<M: ResourceManager> UnitCollector<M> {
             HashMap::new()
         };
         let ticks = cgroup::clock_ticks();
-        let pids: Vec<(String, Vec<u32>)> = if self.processes.is_some() || self.rdma.is_some() {
+        // The processes' own files: for process metrics and scratch use alike.
+        let read_processes = self.processes.is_some() || !self.scratch.is_empty();
+        let pids: Vec<(String, Vec<u32>)> = if read_processes || self.rdma.is_some() {
             units
                 .iter()
                 .map(|u| (u.uuid.clone(), processes::subtree_pids(&u.dir)))
@@ -154,17 +165,17 @@ impl<M: ResourceManager> UnitCollector<M> {
             Vec::new()
         };
         // Other users' /proc/<pid>/fd and exe: one privileged call for all units.
-        let processes: HashMap<String, processes::JobProcesses> = match self.processes {
-            Some(_) => {
-                let pids = pids.clone();
-                let procfs = self.procfs.clone();
-                crate::security::privileged(self.capabilities, move || {
-                    pids.into_iter()
-                        .map(|(uuid, pids)| (uuid, processes::read_job(&procfs, &pids)))
-                        .collect()
-                })
-            }
-            None => HashMap::new(),
+        let processes: HashMap<String, processes::JobProcesses> = if read_processes {
+            let pids = pids.clone();
+            let procfs = self.procfs.clone();
+            let scratch = self.scratch.clone();
+            crate::security::privileged(self.capabilities, move || {
+                pids.into_iter()
+                    .map(|(uuid, pids)| (uuid, processes::read_job(&procfs, &pids, &scratch)))
+                    .collect()
+            })
+        } else {
+            HashMap::new()
         };
         for unit in units {
             reader.enter_unit(&unit.rel, &unit.dir, unit.dir_ino);
@@ -204,8 +215,11 @@ impl<M: ResourceManager> UnitCollector<M> {
                 }
                 emit_detail(out, &base, &d, &devices);
             }
-            if let (Some(limit), Some(p)) = (self.processes, processes.get(unit.uuid.as_str())) {
-                emit_processes(out, &base, p, limit, ticks);
+            if let Some(p) = processes.get(unit.uuid.as_str()) {
+                if let Some(limit) = self.processes {
+                    emit_processes(out, &base, p, limit, ticks);
+                }
+                emit_scratch(out, &base, &self.scratch, &p.uses_scratch);
             }
             if let Some(info) = self.manager.info(unit) {
                 let mut labels: Vec<(&str, &str)> = base.to_vec();

@@ -70,6 +70,12 @@ fn options() -> Vec<Opt> {
             "Executables per job with their own exe label; the rest are summed as exe=\"other\"",
         )
         .default("10"),
+        Opt::new(
+            "collector.slurm.scratch-path",
+            Kind::List,
+            "Filesystem whose use is exported per job as ceems_compute_unit_uses_scratch{path} (repeatable): 1 while a job process has its working directory or an open file under it; reads each job process's open files at every scrape",
+        )
+        .key("collector.slurm.scratch-paths"),
         Opt::flag(
             "collector.slurm.memory-detail-metrics",
             "Export jobs' huge pages, mapped, active/inactive file, unevictable and shared memory, and peak use",
@@ -128,6 +134,8 @@ struct Settings {
     io_metrics: bool,
     process_metrics: bool,
     process_exe_limit: i64,
+    #[serde(default)]
+    scratch_paths: Vec<PathBuf>,
 }
 
 /// Slurm as a resource manager: its jobs, their owners and their GPUs.
@@ -184,6 +192,13 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
     } else {
         collector
     };
+    if let Some(p) = s.scratch_paths.iter().find(|p| !p.is_absolute()) {
+        return Err(CollectError::Other(format!(
+            "--collector.slurm.scratch-path `{}` must be an absolute path",
+            p.display()
+        )));
+    }
+    let collector = collector.with_scratch(s.scratch_paths.clone());
     let collector = match gpu_mapping(ctx, &s)? {
         Some(m) => collector.with_gpus(m),
         None => collector,
