@@ -113,6 +113,8 @@ pub struct V1Controllers {
     pub memory: PathBuf,
     pub cpuset: PathBuf,
     pub rdma: PathBuf,
+    /// The v2 hierarchy of a hybrid host (`unified`), which counts every cgroup's CPU time.
+    pub unified: PathBuf,
 }
 
 impl V1Controllers {
@@ -129,6 +131,7 @@ impl V1Controllers {
             memory: root.join("memory"),
             cpuset: root.join("cpuset"),
             rdma: root.join("rdma"),
+            unified: root.join("unified"),
         }
     }
 
@@ -326,7 +329,19 @@ impl CgroupReader {
             None if !cpuacct.join(rel).is_dir() && !memory.join(rel).is_dir() => {
                 return Err(UnitError::Vanished(rel.to_owned()));
             }
-            None => {}
+            // On a hybrid host a unit may be in memory but not in cpuacct (libvirt leaves a
+            // cpuacct mounted apart from cpu alone); the unified hierarchy counts its CPU.
+            None => {
+                if let Some([user, system]) =
+                    self.scratch
+                        .read(&self.v1.unified, rel, "cpu.stat", faults, |t| {
+                            parse::keyed_values(t, ["user_usec", "system_usec"])
+                        })
+                {
+                    s.cpu_user_seconds = user as f64 / 1e6;
+                    s.cpu_system_seconds = system as f64 / 1e6;
+                }
+            }
         }
         s.cpus = self
             .scratch
@@ -778,6 +793,29 @@ mod tests {
         assert_eq!(s.memory_total_bytes, 4096.0);
         assert_eq!((s.cpu_user_seconds, s.cpu_system_seconds), (2.5, 0.5));
         assert_eq!((s.memory_rss_bytes, s.memory_cache_bytes), (10.0, 20.0));
+    }
+
+    #[test]
+    fn hybrid_host_unit_outside_cpuacct_gets_cpu_from_the_unified_hierarchy() {
+        let tmp = tempfile::tempdir().unwrap();
+        let rel = Path::new("machine/qemu-1-instance-00000001.libvirt-qemu");
+        std::fs::create_dir_all(tmp.path().join("cpuacct")).unwrap();
+        write(
+            &tmp.path().join("memory").join(rel),
+            "memory.usage_in_bytes",
+            "64\n",
+        );
+        write(
+            &tmp.path().join("unified").join(rel),
+            "cpu.stat",
+            "usage_usec 3500000\nuser_usec 500000\nsystem_usec 3000000\n",
+        );
+        let mut r = CgroupReader::new(tmp.path(), CgroupVersion::V1, HostMemory::default());
+        let s = r
+            .read_unit(rel, ReadOptions::default(), &mut Vec::new())
+            .unwrap();
+        assert_eq!((s.cpu_user_seconds, s.cpu_system_seconds), (0.5, 3.0));
+        assert_eq!(s.memory_used_bytes, 64.0);
     }
 
     #[test]

@@ -81,6 +81,9 @@ pub struct LibvirtManager {
     version: CgroupVersion,
     /// The v1 controller or v2 root that holds `machine.slice` and `machine`.
     base: PathBuf,
+    /// v1: the memory controller, where libvirt always places VMs, for a host where the active
+    /// subsystem holds none (libvirt leaves a `cpuacct` mounted apart from `cpu` alone).
+    fallback: Option<PathBuf>,
     xml_dir: PathBuf,
     /// VM cgroup directory → its domain, until the directory goes.
     domains: Mutex<HashMap<PathBuf, Known>>,
@@ -149,15 +152,19 @@ impl LibvirtManager {
         active_subsystem: &str,
         xml_dir: &Path,
     ) -> LibvirtManager {
-        let base = match version {
+        let (base, fallback) = match version {
             CgroupVersion::V1 => {
-                V1Controllers::resolve(cgroupfs).subsystem_dir(cgroupfs, active_subsystem)
+                let controllers = V1Controllers::resolve(cgroupfs);
+                let base = controllers.subsystem_dir(cgroupfs, active_subsystem);
+                let memory = Some(controllers.memory).filter(|m| *m != base);
+                (base, memory)
             }
-            CgroupVersion::V2 => cgroupfs.to_owned(),
+            CgroupVersion::V2 => (cgroupfs.to_owned(), None),
         };
         LibvirtManager {
             version,
             base,
+            fallback,
             xml_dir: xml_dir.to_owned(),
             domains: Mutex::new(HashMap::new()),
             populated: Mutex::new(Populated::default()),
@@ -200,9 +207,21 @@ impl ResourceManager for LibvirtManager {
                 self.base.display()
             )));
         }
+        let has_vms = |b: &Path| {
+            ["machine.slice", "machine"]
+                .iter()
+                .any(|p| b.join(p).is_dir())
+        };
+        let base = match &self.fallback {
+            Some(f) if !has_vms(&self.base) && has_vms(f) => {
+                tracing::debug!(active = %self.base.display(), memory = %f.display(), "no VM in the active subsystem; discovering in the memory controller");
+                f
+            }
+            _ => &self.base,
+        };
         let mut found = Vec::new();
         for parent in ["machine.slice", "machine"] {
-            for sub in subdirs(&self.base.join(parent)) {
+            for sub in subdirs(&base.join(parent)) {
                 if let Some(name) = sub.name.to_str().and_then(domain::name_of_cgroup) {
                     found.push((name, sub.path, sub.ino));
                 }
@@ -226,7 +245,7 @@ impl ResourceManager for LibvirtManager {
                     .ok()
             });
             let Some(d) = known else { continue };
-            let rel = dir.strip_prefix(&self.base).unwrap_or(dir).to_path_buf();
+            let rel = dir.strip_prefix(base).unwrap_or(dir).to_path_buf();
             units.push(UnitCgroup {
                 uuid: d.uuid.clone(),
                 cgroup_host: String::new(),
