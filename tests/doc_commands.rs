@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::bmc::{Flavor, PowerModel, StandinBmc};
+use common::bmc::StandinBmc;
 use common::{fixtures, free_port, KillOnDrop, Running};
 
 /// A documented command: its line in the document and its words.
@@ -72,19 +72,6 @@ fn expectation(line: usize) -> Expect {
         560 => Expect::AlloyTargets,
         other => panic!("line {other} of the document has no expectation here: add one"),
     }
-}
-
-fn bmc() -> StandinBmc {
-    let b = StandinBmc::start(
-        Flavor::Dmtf {
-            model: PowerModel::Legacy,
-            credentials: ("admin".into(), "secret".into()),
-            sessions: true,
-        },
-        false,
-    );
-    b.set_watts(320.0);
-    b
 }
 
 /// The exporter's Redfish config: straight to `bmc`, or through `proxy` as the document's
@@ -179,7 +166,7 @@ fn every_documented_command_line_works_as_written() {
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ceems"), bin.path().join(name)).unwrap();
     }
     let files = tempfile::tempdir().unwrap();
-    let bmc = bmc();
+    let bmc = StandinBmc::with_sessions(320.0, false);
     let commands = documented();
     assert!(commands.len() >= 11, "the list lost lines");
     for cmd in commands {

@@ -5,20 +5,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::bmc::{Flavor, PowerModel, StandinBmc};
+use common::bmc::StandinBmc;
 use common::{start_exporter, start_subcommand, Running};
 
 fn bmc(watts: f64) -> StandinBmc {
-    let b = StandinBmc::start(
-        Flavor::Dmtf {
-            model: PowerModel::Legacy,
-            credentials: ("admin".into(), "secret".into()),
-            sessions: true,
-        },
-        false,
-    );
-    b.set_watts(watts);
-    b
+    StandinBmc::with_sessions(watts, false)
 }
 
 fn proxy(bmcs: &[(&str, &StandinBmc)], extra: &[&str]) -> Running {
@@ -196,14 +187,7 @@ fn a_proxy_without_targets_refuses_to_start() {
 
 #[test]
 fn tls_bmcs_need_skip_verify_and_slow_clients_are_cut_off() {
-    let tls_bmc = StandinBmc::start(
-        Flavor::Dmtf {
-            model: PowerModel::Legacy,
-            credentials: ("admin".into(), "secret".into()),
-            sessions: true,
-        },
-        true,
-    );
+    let tls_bmc = StandinBmc::with_sessions(420.0, true);
     let strict = proxy(&[("10.0.0.1", &tls_bmc)], &[]);
     let (code, body) = status(ureq::get(&strict.url("/redfish/v1/")).set("X-Real-IP", "10.0.0.1"));
     assert_eq!(code, 502, "a self-signed BMC was trusted: {body}");

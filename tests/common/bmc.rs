@@ -51,6 +51,21 @@ pub struct StandinBmc {
 }
 
 impl StandinBmc {
+    /// A DMTF BMC with the legacy power model, admin/secret and sessions, drawing `watts`:
+    /// what an exporter behind the proxy talks to.
+    pub fn with_sessions(watts: f64, tls: bool) -> StandinBmc {
+        let b = StandinBmc::start(
+            Flavor::Dmtf {
+                model: PowerModel::Legacy,
+                credentials: ("admin".into(), "secret".into()),
+                sessions: true,
+            },
+            tls,
+        );
+        b.set_watts(watts);
+        b
+    }
+
     pub fn start(flavor: Flavor, tls: bool) -> StandinBmc {
         let shared = Arc::new(Shared {
             flavor,
