@@ -75,7 +75,14 @@ struct Link {
     turned_on: bool,
     /// A failure to turn it on was logged at warning level once.
     warned: bool,
+    /// Scrapes to let pass before trying again after a failure: doubles up to
+    /// [`MAX_BACKOFF`], so a node that never allows it does not run the tool at every scrape.
+    backoff: u32,
+    wait: u32,
 }
+
+/// Longest wait, in scrapes, between two tries to turn per-process counting on.
+const MAX_BACKOFF: u32 = 64;
 
 /// The RDMA part of a unit collector.
 pub struct RdmaStats {
@@ -150,6 +157,8 @@ impl RdmaStats {
                 per_process: m.per_process,
                 turned_on: false,
                 warned: false,
+                backoff: 0,
+                wait: 0,
             })
             .collect();
         Some(stats)
@@ -181,10 +190,14 @@ impl RdmaStats {
     }
 
     /// Turns per-process counting on for the links where it is off (a link in use cannot
-    /// switch, so this is tried again at each scrape until it holds).
+    /// switch, so this is tried again, less and less often, until it holds).
     fn turn_on_per_process(&self) {
         let mut links = self.lock_links();
         for link in links.iter_mut().filter(|l| !l.per_process) {
+            if link.wait > 0 {
+                link.wait -= 1;
+                continue;
+            }
             let args = [
                 "statistic",
                 "qp",
@@ -201,12 +214,15 @@ impl RdmaStats {
                     link.per_process = true;
                     link.turned_on = true;
                 }
-                Err(e) if !link.warned => {
-                    tracing::warn!(link = %link.name, error = %e, "cannot turn on per-process queue pair counters; trying again at each scrape");
-                    link.warned = true;
-                }
                 Err(e) => {
-                    tracing::debug!(link = %link.name, error = %e, "cannot turn on per-process queue pair counters")
+                    link.backoff = (link.backoff * 2).clamp(1, MAX_BACKOFF);
+                    link.wait = link.backoff;
+                    if link.warned {
+                        tracing::debug!(link = %link.name, error = %e, "cannot turn on per-process queue pair counters")
+                    } else {
+                        tracing::warn!(link = %link.name, error = %e, "cannot turn on per-process queue pair counters; trying again later (a link in use cannot switch)");
+                        link.warned = true;
+                    }
                 }
             }
         }
@@ -525,6 +541,29 @@ mod tests {
         let on = calls.find("statistic qp set link mlx5_0/1 auto type,pid on");
         let off = calls.find("statistic qp set link mlx5_0/1 auto off");
         assert!(on.is_some() && off > on, "{calls}");
+    }
+
+    #[test]
+    fn a_link_that_refuses_is_tried_less_and_less_often() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (settings, log) = fake_node(tmp.path());
+        let script = std::fs::read_to_string(settings.cmd.as_ref().unwrap()).unwrap();
+        // `statistic qp set …` fails, as on a link in use.
+        let failing = script.replace("esac", "'statistic qp set'*) exit 1 ;;\nesac");
+        std::fs::write(settings.cmd.as_ref().unwrap(), failing).unwrap();
+        let stats =
+            RdmaStats::from_settings(&settings, &tmp.path().join("sys"), Duration::from_secs(5))
+                .unwrap();
+        for _ in 0..20 {
+            stats.turn_on_per_process();
+        }
+        let tries = std::fs::read_to_string(&log)
+            .unwrap()
+            .matches("statistic qp set")
+            .count();
+        // Scrapes 1, 3, 6, 11 and 20 (waits of 1, 2, 4, 8).
+        assert_eq!(tries, 5);
+        assert!(!stats.lock_links()[0].per_process);
     }
 
     #[test]
