@@ -139,6 +139,7 @@ impl RdmaStats {
         };
         let links = match stats.run(&["statistic", "qp", "mode"]) {
             Ok(text) => rdma::qp_modes(&text),
+            Err(RdmaError::NoTool) => Vec::new(),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the RDMA links' queue pair counter modes");
                 Vec::new()
@@ -289,6 +290,8 @@ impl RdmaStats {
         for (listed, what, (count_name, count_help), size) in families {
             let listed = match listed {
                 Ok(l) => l,
+                // Said once at start-up.
+                Err(RdmaError::NoTool) => continue,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot list RDMA {what}");
                     continue;
@@ -564,6 +567,25 @@ mod tests {
         // Scrapes 1, 3, 6, 11 and 20 (waits of 1, 2, 4, 8).
         assert_eq!(tries, 5);
         assert!(!stats.lock_links()[0].per_process);
+    }
+
+    #[test]
+    fn without_the_tool_the_ports_are_still_exported() {
+        let tmp = tempfile::tempdir().unwrap();
+        fake_node(tmp.path());
+        // As from_settings leaves it when no rdma tool is found.
+        let stats = RdmaStats {
+            cmd: None,
+            class: tmp.path().join("sys/class/infiniband"),
+            timeout: Duration::from_secs(1),
+            links: Mutex::new(Vec::new()),
+        };
+        let mut out = MetricSet::new();
+        stats.collect(&[("42".to_owned(), vec![11])], "slurm", "", &mut out);
+        let mut text = String::new();
+        out.encode_text(&mut text);
+        assert!(text.contains("ceems_rdma_state_id{"), "{text}");
+        assert!(!text.contains("ceems_rdma_mrs_active"), "{text}");
     }
 
     #[test]
