@@ -186,7 +186,7 @@ fn read(path: &Path) -> Result<String, CollectError> {
         .map_err(|e| CollectError::io(path, e))
 }
 
-fn parse_at<T>(
+pub(crate) fn parse_at<T>(
     path: &Path,
     parse: impl FnOnce(&str) -> Result<T, ParseError>,
 ) -> Result<T, CollectError> {
@@ -197,7 +197,7 @@ fn parse_at<T>(
 }
 
 /// Entries of a directory by name, sorted.
-fn entries(dir: &Path) -> Result<Vec<(String, PathBuf)>, CollectError> {
+pub(crate) fn entries(dir: &Path) -> Result<Vec<(String, PathBuf)>, CollectError> {
     let mut out: Vec<(String, PathBuf)> = std::fs::read_dir(dir)
         .map_err(|e| CollectError::io(dir, e))?
         .flatten()

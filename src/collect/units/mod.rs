@@ -156,7 +156,7 @@ impl<M: ResourceManager> UnitCollector<M> {
         let ticks = cgroup::clock_ticks();
         // The processes' own files: for process metrics and scratch use alike.
         let read_processes = self.processes.is_some() || !self.scratch.is_empty();
-        let pids: Vec<(String, Vec<u32>)> = if read_processes || self.rdma.is_some() {
+        let mut pids: Vec<(String, Vec<u32>)> = if read_processes || self.rdma.is_some() {
             units
                 .iter()
                 .map(|u| (u.uuid.clone(), processes::subtree_pids(&u.dir)))
@@ -166,7 +166,12 @@ impl<M: ResourceManager> UnitCollector<M> {
         };
         // Other users' /proc/<pid>/fd and exe: one privileged call for all units.
         let processes: HashMap<String, processes::JobProcesses> = if read_processes {
-            let pids = pids.clone();
+            // The privileged thread takes its own copy only when RDMA needs the list after.
+            let pids = if self.rdma.is_some() {
+                pids.clone()
+            } else {
+                std::mem::take(&mut pids)
+            };
             let procfs = self.procfs.clone();
             let scratch = self.scratch.clone();
             crate::security::privileged(self.capabilities, move || {

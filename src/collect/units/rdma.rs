@@ -330,25 +330,22 @@ impl RdmaStats {
 
     /// Each port's state and traffic; counters at 0 are left out, as CEEMS does.
     fn ports(&self, manager: &str, hostname: &str, out: &mut MetricSet) {
-        let devices = match sorted_entries(&self.class) {
+        let devices = match infiniband::entries(&self.class) {
             Ok(d) => d,
             Err(e) => {
-                tracing::warn!(path = %self.class.display(), error = %e, "cannot list RDMA devices");
+                tracing::warn!(error = %e, "cannot list RDMA devices");
                 return;
             }
         };
         for (device, dir) in devices {
-            for (port, port_dir) in sorted_entries(&dir.join("ports")).unwrap_or_default() {
+            for (port, port_dir) in infiniband::entries(&dir.join("ports")).unwrap_or_default() {
                 let labels = Labels::new(&[
                     ("device", &device),
                     ("hostname", hostname),
                     ("manager", manager),
                     ("port", &port),
                 ]);
-                match std::fs::read_to_string(port_dir.join("state"))
-                    .map_err(|e| e.to_string())
-                    .and_then(|t| infiniband::parse_state(t.trim_end()).map_err(|e| e.to_string()))
-                {
+                match infiniband::parse_at(&port_dir.join("state"), infiniband::parse_state) {
                     Ok(state) if state > 0 => out.gauge(
                         "ceems_rdma_state_id",
                         "State of the InfiniBand port (0: no change, 1: down, 2: init, 3: armed, 4: active, 5: act defer)",
@@ -356,9 +353,7 @@ impl RdmaStats {
                         f64::from(state),
                     ),
                     Ok(_) => {}
-                    Err(e) => {
-                        tracing::debug!(path = %port_dir.display(), error = %e, "cannot read RDMA port state")
-                    }
+                    Err(e) => tracing::debug!(error = %e, "cannot read RDMA port state"),
                 }
                 for (file, metric) in PORT_COUNTERS {
                     let Some((help, per_lane)) = port_counter(file) else {
@@ -446,15 +441,6 @@ fn counters_per_unit<'a>(
 
 fn joined<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
     h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
-}
-
-fn sorted_entries(dir: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
-    let mut out: Vec<(String, PathBuf)> = std::fs::read_dir(dir)?
-        .flatten()
-        .filter_map(|e| Some((e.file_name().to_str()?.to_owned(), e.path())))
-        .collect();
-    out.sort();
-    Ok(out)
 }
 
 #[cfg(test)]
