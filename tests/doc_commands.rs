@@ -50,11 +50,10 @@ enum Expect {
 
 fn expectation(line: usize) -> Expect {
     match line {
-        // perf and eBPF are issue 15: these lines fail on the first flag it adds. When that
-        // lands, this arm goes.
-        183 | 196 | 245 => {
-            Expect::Refused("unexpected argument '--collector.perf.hardware-events'")
-        }
+        // eBPF is the rest of issue 15: these lines fail on its first flag until it lands.
+        183 | 245 => Expect::Refused("unexpected argument '--collector.ebpf.io-metrics'"),
+        // perf with the opt-in variables: the slurm collector serves, whatever jobs run here.
+        196 => Expect::Metrics(&["ceems_scrape_collector_success{collector=\"slurm\"} 1"]),
         238 => Expect::Metrics(&[
             "ceems_scrape_collector_success{collector=\"libvirt\"} 1",
             "ceems_compute_unit_cpu_user_seconds_total{cgrouphostname=\"\",hostname=",

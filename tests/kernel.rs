@@ -9,79 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::cgroup::{cpuacct_dir, make_dirs, v1_skip_reason as skip_reason, JobCgroups, CGROUPFS};
 use common::{label_of, name_of, parse_series, start_exporter, KillOnDrop};
 
-const CGROUPFS: &str = "/sys/fs/cgroup";
 const MEMORY_MIB: u64 = 256;
-
-/// The job's directories, removed (deepest first) when dropped.
-struct JobCgroups {
-    dirs: Vec<PathBuf>,
-    child: Option<KillOnDrop>,
-}
-
-impl Drop for JobCgroups {
-    fn drop(&mut self) {
-        // The processes leave first: a cgroup with one cannot be removed.
-        drop(self.child.take());
-        // The kernel needs a moment to release a killed task from its cgroups.
-        for dir in self.dirs.iter().rev() {
-            for _ in 0..50 {
-                if fs::remove_dir(dir).is_ok() || !dir.exists() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    }
-}
-
-fn cpuacct_dir() -> Option<PathBuf> {
-    ["cpu,cpuacct", "cpuacct"]
-        .iter()
-        .map(|c| Path::new(CGROUPFS).join(c))
-        .find(|p| p.join("cpuacct.stat").exists())
-}
-
-fn skip_reason() -> Option<String> {
-    if !nix::unistd::Uid::effective().is_root() {
-        return Some("not running as root".into());
-    }
-    if cpuacct_dir().is_none() || !Path::new(CGROUPFS).join("memory/memory.stat").exists() {
-        return Some(format!(
-            "no cgroup v1 cpuacct and memory hierarchies under {CGROUPFS}"
-        ));
-    }
-    if Command::new("python3").arg("-V").output().is_err() {
-        return Some("python3 (the burner) is not installed".into());
-    }
-    None
-}
-
-/// Creates `dir` and its missing parents, recording what it created; cpuset directories get
-/// their parent's CPUs and memory nodes, without which no task may join them.
-fn make_dirs(dir: &Path, created: &mut Vec<PathBuf>, cpuset: bool) {
-    let mut missing = Vec::new();
-    let mut cur = dir.to_path_buf();
-    while !cur.exists() {
-        missing.push(cur.clone());
-        cur = cur
-            .parent()
-            .expect("cgroup path has a parent")
-            .to_path_buf();
-    }
-    for d in missing.into_iter().rev() {
-        fs::create_dir(&d).unwrap_or_else(|e| panic!("mkdir {}: {e}", d.display()));
-        if cpuset {
-            let parent = d.parent().expect("parent");
-            for f in ["cpuset.cpus", "cpuset.mems"] {
-                let v = fs::read_to_string(parent.join(f)).expect("parent cpuset");
-                fs::write(d.join(f), v.trim()).expect("write cpuset");
-            }
-        }
-        created.push(d);
-    }
-}
 
 fn read_u64(path: &Path) -> u64 {
     fs::read_to_string(path)
@@ -116,10 +47,7 @@ fn scrape_agrees_with_kernel_accounting() {
     let job_rel = PathBuf::from(format!("slurm/uid_0/job_{job_id}"));
     let task_rel = job_rel.join("step_batch/task_0");
 
-    let mut job = JobCgroups {
-        dirs: Vec::new(),
-        child: None,
-    };
+    let mut job = JobCgroups::new();
     make_dirs(&cpuacct.join(&task_rel), &mut job.dirs, false);
     make_dirs(&memory.join(&task_rel), &mut job.dirs, false);
     let cpuset_ok = cpuset.join("cpuset.cpus").exists();
@@ -156,7 +84,7 @@ fn scrape_agrees_with_kernel_accounting() {
         .stdin(Stdio::null())
         .spawn()
         .expect("start burner");
-    job.child = Some(KillOnDrop(child));
+    job.children.push(KillOnDrop(child));
 
     // Wait for the burner to finish burning (it then sleeps, so the numbers hold still).
     let user_ticks = cpuacct.join(&job_rel).join("cpuacct.stat");
@@ -295,10 +223,7 @@ fn subtree_shape_follows_steps_not_processes() {
         800_000 + std::process::id() % 100_000
     ));
     let task = job_dir.join("step_batch/task_0");
-    let mut job = JobCgroups {
-        dirs: Vec::new(),
-        child: None,
-    };
+    let mut job = JobCgroups::new();
     make_dirs(&task, &mut job.dirs, false);
     let (pids, empty) = subtree(&job_dir, &mut Vec::new());
     assert!(pids.is_empty());
@@ -313,7 +238,7 @@ fn subtree_shape_follows_steps_not_processes() {
         .spawn()
         .expect("start sleeper");
     let pid = child.id();
-    job.child = Some(KillOnDrop(child));
+    job.children.push(KillOnDrop(child));
     let start = Instant::now();
     while !fs::read_to_string(task.join("cgroup.procs"))
         .unwrap_or_default()
@@ -405,10 +330,7 @@ fn kept_descriptors_follow_the_kernel() {
         read
     };
     let memory = Path::new(CGROUPFS).join("memory").join(&rel);
-    let mut job = JobCgroups {
-        dirs: Vec::new(),
-        child: None,
-    };
+    let mut job = JobCgroups::new();
     make(&mut job);
     fs::write(memory.join("memory.limit_in_bytes"), "67108864").expect("limit");
     let first = scrape(&mut reader).expect("job readable");
@@ -437,10 +359,7 @@ fn kept_descriptors_follow_the_kernel() {
         std::os::unix::fs::FileExt::read_at(&stale, &mut buf, 0).is_err(),
         "a removed cgroup's file still reads"
     );
-    let mut job = JobCgroups {
-        dirs: Vec::new(),
-        child: None,
-    };
+    let mut job = JobCgroups::new();
     make(&mut job);
     fs::write(memory.join("memory.limit_in_bytes"), "16777216").expect("limit");
     let again = scrape(&mut reader).expect("job readable");

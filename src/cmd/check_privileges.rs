@@ -104,11 +104,10 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let mut parts = vec![listener_part(&settings)?];
     let mut collectors = Vec::new();
     let mut sudo_commands = Vec::new();
-    let mut rdma_stats = false;
+    let mut subs = Vec::new();
     if sub == "exporter" {
         let selection = collect::select(&settings)?;
-        rdma_stats =
-            selection.common.rdma.stats && selection.enabled.iter().any(|(s, _)| s.name == "slurm");
+        subs = collect::sub_collectors(&selection);
         for (spec, layer) in &selection.enabled {
             collectors.push(*spec);
             if spec.name == "ipmi_dcmi" {
@@ -136,11 +135,6 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             run_as = Some((sacct, user, caps));
         }
     }
-    let rdma_caps: &[Capability] = if rdma_stats {
-        collect::units::rdma::CAPABILITIES
-    } else {
-        &[]
-    };
     let needed = security::sorted(
         parts
             .iter()
@@ -151,7 +145,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                     .flat_map(|s| s.capabilities.iter().copied()),
             )
             .chain(run_as.iter().flat_map(|(_, _, c)| c.iter().copied()))
-            .chain(rdma_caps.iter().copied()),
+            .chain(subs.iter().flat_map(|(_, caps)| caps.iter().copied())),
     );
 
     // Then test as the daemon runs: privileges dropped the same way.
@@ -192,12 +186,16 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             test,
         });
     }
-    if rdma_stats {
+    for (part, caps) in &subs {
+        let test = paths
+            .as_ref()
+            .filter(|_| part.starts_with("perf"))
+            .map(|p| check::test_perf_open(&p.procfs, caps));
         parts.push(PartCheck {
-            part: "rdma stats (per-process queue pair counters)".to_owned(),
-            needs: rdma_caps.to_vec(),
-            missing: missing_of(rdma_caps),
-            test: None,
+            part: (*part).to_owned(),
+            needs: caps.to_vec(),
+            missing: missing_of(caps),
+            test,
         });
     }
     if let Some((sacct, user, caps)) = &run_as {

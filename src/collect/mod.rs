@@ -109,6 +109,8 @@ pub struct CommonSettings {
     pub gpu: gpu::GpuSettings,
     #[serde(default)]
     pub rdma: units::rdma::RdmaSettings,
+    #[serde(default)]
+    pub perf: units::perf::PerfSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -232,6 +234,39 @@ pub fn options() -> Vec<Opt> {
             Kind::Str,
             "The rdma tool of iproute2 (default: found on PATH)",
         ),
+        Opt::flag(
+            "collector.perf.hardware-events",
+            "Count hardware events per unit with the slurm and libvirt collectors (ceems_perf_cpucycles_total, instructions, branches, cache references and misses)",
+        ),
+        Opt::new(
+            "collector.perf.hardware-profilers",
+            Kind::List,
+            "Only these hardware events (repeatable): CpuCycles, CpuInstr, BranchInstr, BranchMisses, CacheRef, CacheMisses, RefCpuCycles",
+        ),
+        Opt::flag(
+            "collector.perf.software-events",
+            "Count software events per unit (ceems_perf_page_faults_total, context switches, CPU migrations, minor and major faults)",
+        ),
+        Opt::new(
+            "collector.perf.software-profilers",
+            Kind::List,
+            "Only these software events (repeatable): PageFault, ContextSwitch, CpuMigration, MinorFault, MajorFault",
+        ),
+        Opt::flag(
+            "collector.perf.hardware-cache-events",
+            "Count hardware cache events per unit (ceems_perf_cache_*_total: L1 data and instruction, last level, TLB, branch predictor)",
+        ),
+        Opt::new(
+            "collector.perf.cache-profilers",
+            Kind::List,
+            "Only these cache events (repeatable): L1DataReadHit, L1DataReadMiss, L1DataWriteHit, L1InstrReadMiss, InstrTLBReadHit, InstrTLBReadMiss, LLReadHit, LLReadMiss, LLWriteHit, LLWriteMiss, BPUReadHit, BPUReadMiss",
+        ),
+        Opt::new(
+            "collector.perf.env-var",
+            Kind::List,
+            "Count a unit's perf events only while one of its processes has this variable in its environment, whatever its value (repeatable; any of them)",
+        )
+        .key("collector.perf.env-vars"),
     ];
     for spec in COLLECTORS {
         opts.push(
@@ -332,27 +367,39 @@ pub fn select(settings: &Layered) -> Result<Selection, crate::config::ConfigErro
     Ok(Selection { common, enabled })
 }
 
-/// The union of the capabilities the enabled collectors declare.
+/// The sub-collectors that run inside the enabled unit collectors, each with what it needs:
+/// RDMA inside slurm (as in CEEMS), perf inside slurm and libvirt.
+pub fn sub_collectors(selection: &Selection) -> Vec<(&'static str, &'static [Capability])> {
+    let enabled = |name: &str| selection.enabled.iter().any(|(spec, _)| spec.name == name);
+    let units = enabled("slurm") || enabled("libvirt");
+    let mut parts = Vec::new();
+    if selection.common.rdma.stats && enabled("slurm") {
+        parts.push((
+            "rdma stats (per-process queue pair counters)",
+            units::rdma::CAPABILITIES,
+        ));
+    }
+    if selection.common.perf.enabled() && units {
+        parts.push((
+            "perf counters (units' tasks and cgroups)",
+            units::perf::capabilities(),
+        ));
+    }
+    parts
+}
+
+/// The union of the capabilities the enabled collectors and their sub-collectors declare.
 pub fn needed_capabilities(
     settings: &Layered,
 ) -> Result<Vec<Capability>, crate::config::ConfigError> {
     let selection = select(settings)?;
-    // --collector.rdma.stats works inside the slurm collector, as in CEEMS.
-    let slurm_enabled = selection
-        .enabled
-        .iter()
-        .any(|(spec, _)| spec.name == "slurm");
-    let rdma: &[Capability] = if selection.common.rdma.stats && slurm_enabled {
-        units::rdma::CAPABILITIES
-    } else {
-        &[]
-    };
+    let subs = sub_collectors(&selection);
     Ok(crate::security::sorted(
         selection
             .enabled
             .iter()
             .flat_map(|(spec, _)| spec.capabilities.iter().copied())
-            .chain(rdma.iter().copied()),
+            .chain(subs.iter().flat_map(|(_, caps)| caps.iter().copied())),
     ))
 }
 

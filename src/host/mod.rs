@@ -5,6 +5,7 @@
 pub mod cgroup;
 pub mod command;
 pub mod gpu;
+pub mod perf;
 pub mod processes;
 pub mod procfs;
 pub mod rdma;

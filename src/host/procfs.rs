@@ -256,6 +256,9 @@ pub struct PidStat {
     pub utime: u64,
     pub stime: u64,
     pub num_threads: u64,
+    pub ppid: u32,
+    /// Clock ticks after boot at which the process started.
+    pub start_ticks: u64,
 }
 
 /// Parses `pid (comm) state ppid … utime stime … num_threads …`. The command name may hold
@@ -266,7 +269,8 @@ pub fn pid_stat(text: &str) -> Result<PidStat, ParseError> {
         .ok_or_else(|| ParseError::new(1, "no `)` after the command name"))?;
     let rest = text.get(close + 1..).unwrap_or_default();
     let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
-    // After `)`: state is field 3 of the man page, utime 14, stime 15, num_threads 20.
+    // After `)`: state is field 3 of the man page, ppid 4, utime 14, stime 15, num_threads
+    // 20, starttime 22.
     let field = |n: usize| -> Result<&str, ParseError> {
         fields
             .get(n - 3)
@@ -291,6 +295,9 @@ pub fn pid_stat(text: &str) -> Result<PidStat, ParseError> {
         utime: number(14)?,
         stime: number(15)?,
         num_threads: number(20)?,
+        ppid: u32::try_from(number(4)?)
+            .map_err(|_| ParseError::new(1, "field 4 (ppid) is out of range"))?,
+        start_ticks: number(22)?,
     })
 }
 
@@ -324,12 +331,18 @@ mod pid_stat_tests {
                 state: 'R',
                 utime: 250,
                 stime: 12,
-                num_threads: 3
+                num_threads: 3,
+                ppid: 1,
+                start_ticks: 123,
             })
         );
         assert!(pid_stat("4242 (x").is_err());
         assert!(pid_stat("4242 (x) R 1").is_err());
         assert!(pid_stat("4242 (x) RS 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18").is_err());
+        // A stat line cut before starttime is an error, not a process started at boot.
+        assert!(
+            pid_stat("4242 (x) R 1 4242 4242 0 -1 4194304 100 0 0 0 250 12 0 0 20 0 3 0").is_err()
+        );
         assert_eq!(state_name('D'), "disk_sleep");
     }
 

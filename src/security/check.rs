@@ -217,6 +217,42 @@ pub fn test_foreign_environ(procfs: &Path, caps: &[Capability]) -> OperationTest
     }
 }
 
+/// Opens a perf counter on another user's process, as the perf sub-collector does in task mode,
+/// and says what `kernel.perf_event_paranoid` is.
+pub fn test_perf_open(procfs: &Path, caps: &[Capability]) -> OperationTest {
+    let paranoid = crate::host::perf::paranoid(procfs);
+    let shown = paranoid.map_or("unknown".to_owned(), |p| p.to_string());
+    if let Some(p) = paranoid.filter(|p| *p > 2) {
+        return OperationTest {
+            operation: format!("open a perf counter (kernel.perf_event_paranoid={shown})"),
+            outcome: TestOutcome::Denied,
+            error: Some(format!(
+                "perf_event_paranoid {p} refuses counters to all but root: sysctl kernel.perf_event_paranoid=2"
+            )),
+        };
+    }
+    let Some((pid, uid)) = foreign_process(procfs) else {
+        return OperationTest {
+            operation: format!("open a perf counter (kernel.perf_event_paranoid={shown})"),
+            outcome: TestOutcome::NotPresent,
+            error: Some("no process of another user is running".into()),
+        };
+    };
+    let event = crate::host::perf::EVENTS
+        .iter()
+        .find(|e| e.metric == "context_switches")
+        .copied();
+    let result = privileged(caps, move || {
+        let event = event.ok_or_else(|| io::Error::other("no software event known"))?;
+        let tid = i32::try_from(pid).map_err(io::Error::other)?;
+        crate::host::perf::open(&event, &crate::host::perf::Target::Task(tid)).map(drop)
+    });
+    OperationTest::from_io(
+        format!("open a perf counter on pid {pid} (uid {uid}; kernel.perf_event_paranoid={shown})"),
+        result,
+    )
+}
+
 /// Opens the OpenIPMI device, as native IPMI mode and the IPMI tools do.
 pub fn test_ipmi_device(devices: &[&str], caps: &[Capability]) -> OperationTest {
     match devices.iter().map(Path::new).find(|d| d.exists()) {

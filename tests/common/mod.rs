@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod bmc;
+pub mod cgroup;
 pub mod http;
 pub mod lab;
 

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 mod emit;
+pub mod perf;
 pub mod rdma;
 
 use super::{Capability, CollectError, Collector};
@@ -81,6 +82,8 @@ pub struct UnitCollector<M> {
     capabilities: &'static [Capability],
     /// `--collector.rdma.stats`.
     rdma: Option<rdma::RdmaStats>,
+    /// `--collector.perf.*`.
+    perf: Option<perf::PerfStats>,
     /// `--collector.slurm.scratch-path`: filesystems whose use by a unit is exported.
     scratch: Vec<PathBuf>,
 }
@@ -107,6 +110,7 @@ impl<M: ResourceManager> UnitCollector<M> {
             processes: None,
             capabilities,
             rdma: None,
+            perf: None,
             scratch: Vec::new(),
         }
     }
@@ -120,6 +124,12 @@ impl<M: ResourceManager> UnitCollector<M> {
     /// Also export the RDMA resources of the units' processes and the ports' traffic.
     pub fn with_rdma(mut self, rdma: Option<rdma::RdmaStats>) -> UnitCollector<M> {
         self.rdma = rdma;
+        self
+    }
+
+    /// Also count the units' perf events.
+    pub fn with_perf(mut self, perf: Option<perf::PerfStats>) -> UnitCollector<M> {
+        self.perf = perf;
         self
     }
 
@@ -156,7 +166,9 @@ impl<M: ResourceManager> UnitCollector<M> {
         let ticks = cgroup::clock_ticks();
         // The processes' own files: for process metrics and scratch use alike.
         let read_processes = self.processes.is_some() || !self.scratch.is_empty();
-        let mut pids: Vec<(String, Vec<u32>)> = if read_processes || self.rdma.is_some() {
+        // Sub-collectors that read the pid list after the privileged pass.
+        let pids_after = self.rdma.is_some() || self.perf.is_some();
+        let mut pids: Vec<(String, Vec<u32>)> = if read_processes || pids_after {
             units
                 .iter()
                 .map(|u| (u.uuid.clone(), processes::subtree_pids(&u.dir)))
@@ -166,8 +178,8 @@ impl<M: ResourceManager> UnitCollector<M> {
         };
         // Other users' /proc/<pid>/fd and exe: one privileged call for all units.
         let processes: HashMap<String, processes::JobProcesses> = if read_processes {
-            // The privileged thread takes its own copy only when RDMA needs the list after.
-            let pids = if self.rdma.is_some() {
+            // The privileged thread takes its own copy only when a sub-collector needs the list after.
+            let pids = if pids_after {
                 pids.clone()
             } else {
                 std::mem::take(&mut pids)
@@ -241,6 +253,19 @@ impl<M: ResourceManager> UnitCollector<M> {
         drop(reader);
         if let Some(rdma) = &self.rdma {
             rdma.collect(&pids, manager, &self.hostname, out);
+        }
+        if let Some(perf) = &self.perf {
+            let perf_units: Vec<perf::PerfUnit<'_>> = units
+                .iter()
+                .zip(&pids)
+                .map(|(u, (_, pids))| perf::PerfUnit {
+                    uuid: &u.uuid,
+                    dir: &u.dir,
+                    rel: &u.rel,
+                    pids,
+                })
+                .collect();
+            perf.collect(&perf_units, manager, &self.hostname, out);
         }
         let held = self.manager.gpus(units);
         emit_gpus(out, &self.hostname, &held);

@@ -15,6 +15,7 @@ use serde::Deserialize;
 
 use crate::collect::gpu::nvidia_smi::VgpuHost;
 use crate::collect::gpu::{self, GpuDevice, GpuSettings};
+use crate::collect::units::perf::PerfStats;
 use crate::collect::units::{cgroup_version, UnitCollector};
 use crate::collect::{Capability, CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
@@ -141,7 +142,8 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
     .with_detail(DetailOptions {
         io: s.blkio_metrics,
         ..DetailOptions::default()
-    });
+    })
+    .with_perf(PerfStats::for_collector(ctx, version)?);
     Ok(Box::new(collector))
 }
 

@@ -13,6 +13,7 @@ use std::sync::Mutex;
 
 use serde::Deserialize;
 
+use crate::collect::units::perf::PerfStats;
 use crate::collect::units::rdma::RdmaStats;
 use crate::collect::units::UnitCollector;
 use crate::collect::{Capability, CollectError, Collector, CollectorSpec, Context};
@@ -182,6 +183,7 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
         &ctx.paths.sysfs,
         ctx.common.timeout,
     ));
+    let collector = collector.with_perf(PerfStats::for_collector(ctx, version)?);
     let collector = collector.with_detail(DetailOptions {
         memory: s.memory_detail_metrics,
         per_core: s.per_core_metrics,
