@@ -8,6 +8,10 @@ run *ARGS:
 test:
     ./scripts/test.sh
 
+# Rebuild the eBPF object (bpf/ceems.bpf.o) from bpf/ceems.bpf.c with clang.
+bpf:
+    ./scripts/build-bpf.sh
+
 lint:
     cargo fmt --all -- --check
     cargo clippy --all-targets -- -D warnings

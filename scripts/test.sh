@@ -24,6 +24,10 @@ if [ "$(id -u)" = 0 ]; then
   # A real Redfish emulator (tests/redfish_emulator.rs).
   python3 -c 'import sushy_tools.static.main' 2>/dev/null || python3 -m pip install -q sushy-tools >/dev/null 2>&1 || true
 fi
+# The eBPF object is rebuilt from its C source, so the tests load what clang just built.
+if [ "$(id -u)" = 0 ]; then
+  bash scripts/build-bpf.sh
+fi
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
 cargo test --locked

@@ -50,10 +50,10 @@ enum Expect {
 
 fn expectation(line: usize) -> Expect {
     match line {
-        // eBPF is the rest of issue 15: these lines fail on its first flag until it lands.
-        183 | 245 => Expect::Refused("unexpected argument '--collector.ebpf.io-metrics'"),
-        // perf with the opt-in variables: the slurm collector serves, whatever jobs run here.
-        196 => Expect::Metrics(&["ceems_scrape_collector_success{collector=\"slurm\"} 1"]),
+        // perf and eBPF: the unit collector serves, whatever jobs run here (a kernel that
+        // refuses the eBPF programs turns only them off).
+        183 | 196 => Expect::Metrics(&["ceems_scrape_collector_success{collector=\"slurm\"} 1"]),
+        245 => Expect::Metrics(&["ceems_scrape_collector_success{collector=\"libvirt\"} 1"]),
         238 => Expect::Metrics(&[
             "ceems_scrape_collector_success{collector=\"libvirt\"} 1",
             "ceems_compute_unit_cpu_user_seconds_total{cgrouphostname=\"\",hostname=",

@@ -111,6 +111,8 @@ pub struct CommonSettings {
     pub rdma: units::rdma::RdmaSettings,
     #[serde(default)]
     pub perf: units::perf::PerfSettings,
+    #[serde(default)]
+    pub ebpf: units::ebpf::EbpfSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -267,6 +269,20 @@ pub fn options() -> Vec<Opt> {
             "Count a unit's perf events only while one of its processes has this variable in its environment, whatever its value (repeatable; any of them)",
         )
         .key("collector.perf.env-vars"),
+        Opt::flag(
+            "collector.ebpf.io-metrics",
+            "Count file system reads, writes, opens, creates and unlinks per unit with eBPF (ceems_ebpf_*; kernel 5.17 or later with BTF)",
+        ),
+        Opt::flag(
+            "collector.ebpf.network-metrics",
+            "Count TCP and UDP traffic and TCP retransmissions per unit with eBPF (ceems_ebpf_ingress_*, egress_*, retrans_*)",
+        ),
+        Opt::new(
+            "collector.ebpf.fs-mount-point",
+            Kind::List,
+            "Export IO only on mount points containing this string (repeatable; default: every mount point). Fewer mount points, fewer series",
+        )
+        .key("collector.ebpf.fs-mount-points"),
     ];
     for spec in COLLECTORS {
         opts.push(
@@ -383,6 +399,12 @@ pub fn sub_collectors(selection: &Selection) -> Vec<(&'static str, &'static [Cap
         parts.push((
             "perf counters (units' tasks and cgroups)",
             units::perf::capabilities(),
+        ));
+    }
+    if selection.common.ebpf.enabled() && units {
+        parts.push((
+            "ebpf programs (load, attach, read maps)",
+            units::ebpf::capabilities(),
         ));
     }
     parts

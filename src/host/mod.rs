@@ -4,6 +4,7 @@
 
 pub mod cgroup;
 pub mod command;
+pub mod ebpf;
 pub mod gpu;
 pub mod perf;
 pub mod processes;

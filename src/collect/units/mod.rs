@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+pub mod ebpf;
 mod emit;
 pub mod perf;
 pub mod rdma;
@@ -84,6 +85,8 @@ pub struct UnitCollector<M> {
     rdma: Option<rdma::RdmaStats>,
     /// `--collector.perf.*`.
     perf: Option<perf::PerfStats>,
+    /// `--collector.ebpf.*`.
+    ebpf: Option<ebpf::EbpfStats>,
     /// `--collector.slurm.scratch-path`: filesystems whose use by a unit is exported.
     scratch: Vec<PathBuf>,
 }
@@ -111,6 +114,7 @@ impl<M: ResourceManager> UnitCollector<M> {
             capabilities,
             rdma: None,
             perf: None,
+            ebpf: None,
             scratch: Vec::new(),
         }
     }
@@ -124,6 +128,12 @@ impl<M: ResourceManager> UnitCollector<M> {
     /// Also export the RDMA resources of the units' processes and the ports' traffic.
     pub fn with_rdma(mut self, rdma: Option<rdma::RdmaStats>) -> UnitCollector<M> {
         self.rdma = rdma;
+        self
+    }
+
+    /// Also count the units' IO and traffic with eBPF.
+    pub fn with_ebpf(mut self, ebpf: Option<ebpf::EbpfStats>) -> UnitCollector<M> {
+        self.ebpf = ebpf;
         self
     }
 
@@ -266,6 +276,17 @@ impl<M: ResourceManager> UnitCollector<M> {
                 })
                 .collect();
             perf.collect(&perf_units, manager, &self.hostname, out);
+        }
+        if let Some(ebpf) = &self.ebpf {
+            let ebpf_units: Vec<ebpf::EbpfUnit<'_>> = units
+                .iter()
+                .map(|u| ebpf::EbpfUnit {
+                    uuid: &u.uuid,
+                    dir: &u.dir,
+                    rel: &u.rel,
+                })
+                .collect();
+            ebpf.collect(&ebpf_units, manager, &self.hostname, out);
         }
         let held = self.manager.gpus(units);
         emit_gpus(out, &self.hostname, &held);

@@ -15,6 +15,7 @@ use serde::Deserialize;
 
 use crate::collect::gpu::nvidia_smi::VgpuHost;
 use crate::collect::gpu::{self, GpuDevice, GpuSettings};
+use crate::collect::units::ebpf::EbpfStats;
 use crate::collect::units::perf::PerfStats;
 use crate::collect::units::{cgroup_version, UnitCollector};
 use crate::collect::{Capability, CollectError, Collector, CollectorSpec, Context};
@@ -143,7 +144,8 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
         io: s.blkio_metrics,
         ..DetailOptions::default()
     })
-    .with_perf(PerfStats::for_collector(ctx, version)?);
+    .with_perf(PerfStats::for_collector(ctx, version)?)
+    .with_ebpf(EbpfStats::for_collector(ctx, version));
     Ok(Box::new(collector))
 }
 

@@ -13,6 +13,7 @@ use std::sync::Mutex;
 
 use serde::Deserialize;
 
+use crate::collect::units::ebpf::EbpfStats;
 use crate::collect::units::perf::PerfStats;
 use crate::collect::units::rdma::RdmaStats;
 use crate::collect::units::UnitCollector;
@@ -184,6 +185,7 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
         ctx.common.timeout,
     ));
     let collector = collector.with_perf(PerfStats::for_collector(ctx, version)?);
+    let collector = collector.with_ebpf(EbpfStats::for_collector(ctx, version));
     let collector = collector.with_detail(DetailOptions {
         memory: s.memory_detail_metrics,
         per_core: s.per_core_metrics,
