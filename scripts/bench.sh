@@ -5,14 +5,18 @@
 # opened once), both with discovery's directory walk.
 # - trees: generated v1 and v2 job trees, 0 to 1000 jobs;
 # - real: REAL_JOBS (500) real v1 job cgroups with a sleeping process each (root only), on a
-#   CPU node and on a GPU node, in one run.
-# Usage: scripts/bench.sh [SCRAPES [PART...]]   (default 30 scrapes, both parts). Prints
-# tables; asserts nothing.
+#   CPU node and on a GPU node, in one run;
+# - subs: the perf and eBPF sub-collectors at 10, 100 and 500 real jobs (CPU per scrape and
+#   RSS, with and without them), and what they add to a job's own run time (a burner that
+#   computes and does small file IO, timed with and without them).
+# Usage: scripts/bench.sh [SCRAPES [PART...]]   (default 30 scrapes, parts trees and real).
+# Prints tables; asserts nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scrapes=${1:-30}
 shift || true
 parts=${*:-trees real}
+[[ " $parts " == *" subs "* ]] && [ -x scripts/build-bpf.sh ] && [ "$(id -u)" = 0 ] && ./scripts/build-bpf.sh >/dev/null
 cargo build --release --quiet --bin ceems --example gen-job-tree --example read-floor
 bin=${CEEMS_BIN:-target/release/ceems}
 gen=target/release/examples/gen-job-tree
@@ -57,7 +61,7 @@ for version in v1 v2; do
   done
 done
 fi
-[[ " $parts " == *" real "* ]] || exit 0
+[[ " $parts " == *" real "* || " $parts " == *" subs "* ]] || exit 0
 
 # Real v1 jobs: as root on writable cgroup v1 hierarchies, N Slurm-shaped job cgroups
 # (slurm_bench/uid_0/job_<id>/step_batch/task_0) with one sleeping process each, whose
@@ -85,7 +89,8 @@ cleanup_real() {
 }
 trap 'kill "${pid:-}" 2>/dev/null || true; cleanup_real; rm -rf "$work"' EXIT
 cleanup_real
-for i in $(seq "$real_jobs"); do
+make_jobs() {
+for i in $(seq "$1" "$2"); do
   id=$((800000 + i))
   rel="slurm_bench/uid_0/job_$id/step_batch"
   mkdir -p "$cg/cpuacct/$rel/task_0" "$cg/memory/$rel/task_0"
@@ -103,6 +108,8 @@ for i in $(seq "$real_jobs"); do
   env -i PATH=/usr/bin:/bin SLURM_JOB_ID="$id" SLURM_JOB_USER=root sh -c "$join && exec sleep 3600" &
   sleepers+=($!)
 done
+}
+[[ " $parts " == *" real "* ]] && make_jobs 1 "$real_jobs"
 sleep 1
 smi="$work/nvidia-smi"
 cp tests/fixtures/compat/fixtures/nvidia-smi/nvidia-smi_--query_--xml-format.xml "$work/smi.xml"
@@ -122,10 +129,12 @@ measure_real() {
   before=$(cpu_ticks "$pid")
   for _ in $(seq "$scrapes"); do curl -sf "127.0.0.1:$port/metrics" -o "$work/body"; done
   after=$(cpu_ticks "$pid")
+  rss_kib "$pid" >"$work/rss"
   kill "$pid"; wait "$pid" 2>/dev/null || true
   awk -v d=$((after - before)) -v n="$scrapes" -v t="$tck" 'BEGIN {printf "%.2f", d * 1000 / t / n}'
 }
 
+if [[ " $parts " == *" real "* ]]; then
 echo
 echo "real v1 jobs: $real_jobs, CPU-only (SLURM_JOB_ID, no GPU variable), $scrapes scrapes each"
 nogpu=$(measure_real --collector.gpu.type=nogpu)
@@ -141,3 +150,61 @@ printf '%-44s %14s %8s\n' "kept floor (pread on open descriptors)" "$kept" "$flo
 awk -v a="$nvidia" -v b="$nogpu" 'BEGIN {printf "GPU node / CPU node: %.2fx\n", a / b}'
 awk -v a="$nogpu" -v b="$naive" -v k="$kept" \
   'BEGIN {printf "CPU node / naive floor: %.2fx; kept floor / naive floor: %.2fx\n", a / b, k / b}'
+fi
+[[ " $parts " == *" subs "* ]] || exit 0
+
+# The sub-collectors: software perf events (hardware ones too where the CPU has them) and both
+# eBPF groups, on the same real jobs, against the slurm collector alone.
+# SUBS and SUB_JOBS narrow it down (one sub-collector, one job count).
+read -r -a subs <<<"${SUBS:---collector.perf.hardware-events --collector.perf.software-events --collector.ebpf.io-metrics --collector.ebpf.network-metrics}"
+mountpoint -q /sys/kernel/tracing || mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null || true
+echo
+echo "perf and eBPF sub-collectors on real v1 jobs, $scrapes scrapes each"
+printf '%6s %14s %14s %16s %10s %10s\n' jobs base_ms/scrape subs_ms/scrape added_ms/100jobs base_rss_MB subs_rss_MB
+made=0
+for n in ${SUB_JOBS:-10 100 500}; do
+  make_jobs $((made + 1)) "$n"
+  made=$n
+  sleep 1
+  base=$(measure_real --collector.gpu.type=nogpu); base_rss=$(cat "$work/rss")
+  with=$(measure_real --collector.gpu.type=nogpu "${subs[@]}"); with_rss=$(cat "$work/rss")
+  printf '%6d %14s %14s %16s %10.1f %10.1f\n' "$n" "$base" "$with" \
+    "$(awk -v a="$with" -v b="$base" -v n="$n" 'BEGIN {printf "%.2f", (a - b) * 100 / n}')" \
+    "$(echo "$base_rss/1024" | bc -l)" "$(echo "$with_rss/1024" | bc -l)"
+done
+
+# A job's own cost: a burner in its own job cgroup computes and writes/reads a 4 KiB block
+# every EVERY iterations (1000: a compute job; 20: a job made of small IO system calls); its run
+# time alone, then while an exporter with the sub-collectors counts it (scraped each second).
+# Best of three each.
+burner_rel="slurm_bench/uid_0/job_899999/step_batch/task_0"
+mkdir -p "$cg/cpuacct/$burner_rel" "$cg/memory/$burner_rel"
+burn() { # ITERATIONS EVERY
+  sh -c "echo \$\$ > $cg/cpuacct/$burner_rel/cgroup.procs && echo \$\$ > $cg/memory/$burner_rel/cgroup.procs && exec python3 -c '
+import os, time
+t = time.perf_counter(); fd = os.open(\"$work/burn\", os.O_RDWR | os.O_CREAT)
+x = 0
+for i in range($1):
+    x += i * i % 7
+    if i % $2 == 0:
+        os.pwrite(fd, b\"x\" * 4096, 0); os.pread(fd, 4096, 0)
+print(time.perf_counter() - t)'"
+}
+best() { local b=""; for _ in 1 2 3; do t=$(burn "$@"); b=$(awk -v a="$t" -v b="$b" 'BEGIN {print (b == "" || a < b) ? a : b}'); done; echo "$b"; }
+alone_cpu=$(best 2000000 1000); alone_io=$(best 200000 20)
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$bin" exporter --collector.slurm --collector.disable-defaults --collector.gpu.type=nogpu "${subs[@]}" \
+  --web.listen-address="127.0.0.1:$port" --log.level=error &
+pid=$!
+for _ in $(seq 100); do curl -sf "127.0.0.1:$port/health" >/dev/null && break; sleep 0.05; done
+( while kill -0 "$pid" 2>/dev/null; do curl -sf "127.0.0.1:$port/metrics" -o /dev/null; sleep 1; done ) &
+scraper=$!
+sleep 1.5
+counted_cpu=$(best 2000000 1000); counted_io=$(best 200000 20)
+kill "$pid" "$scraper" 2>/dev/null; wait "$pid" "$scraper" 2>/dev/null || true
+echo
+for kind in cpu io; do
+  a=alone_$kind b=counted_$kind
+  printf '%s burner alone %.3f s, counted by perf and eBPF %.3f s: %+.2f%%\n' "$kind" "${!a}" "${!b}" \
+    "$(awk -v a="${!a}" -v b="${!b}" 'BEGIN {print (b - a) * 100 / a}')"
+done
