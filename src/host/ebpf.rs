@@ -297,16 +297,6 @@ impl Programs {
             cgroups.contains(&k.cgroup)
         });
     }
-
-    /// Entries in all maps, for tests and logs.
-    pub fn len(&self) -> usize {
-        let s = self.snapshot();
-        s.reads.len() + s.writes.len() + s.file_ops.len() + s.traffic.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 fn remove_where<K: Pod, V: Pod>(ebpf: &mut Ebpf, map: &str, gone: impl Fn(&K) -> bool) {

@@ -160,14 +160,6 @@ impl EbpfStats {
         })
     }
 
-    /// Entries in the kernel maps, for tests.
-    pub fn map_entries(&self) -> usize {
-        let programs = Arc::clone(&self.programs);
-        crate::security::privileged(self.capabilities, move || {
-            programs.lock().unwrap_or_else(|p| p.into_inner()).len()
-        })
-    }
-
     /// The directory whose subtree holds the unit's cgroups in the hierarchy that keys the maps.
     fn keyed_dir(&self, unit: &EbpfUnit<'_>) -> PathBuf {
         match (&self.version, &self.keyed_root) {
