@@ -52,7 +52,8 @@ pub fn subtree_pids(dir: &Path) -> Vec<u32> {
     pids
 }
 
-fn read_stat(path: &Path) -> Option<PidStat> {
+/// `/proc/<pid>/stat` (or a task's), parsed; None when it is gone or malformed.
+pub fn read_stat(path: &Path) -> Option<PidStat> {
     let text = std::fs::read_to_string(path).ok()?;
     procfs::pid_stat(&text).ok()
 }

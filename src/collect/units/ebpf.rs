@@ -61,10 +61,18 @@ pub struct EbpfUnit<'a> {
     pub rel: &'a Path,
 }
 
+/// A unit's cgroups in the hierarchy that keys the maps.
+#[derive(Default)]
+struct UnitCgroups {
+    /// Every cgroup id seen, kept for the unit's life so a step's counts stay after it ends.
+    ids: HashSet<u64>,
+    /// The subtree as last walked: walked again only when it changed (a step came or went).
+    shape: Option<crate::host::cgroup::SubtreeShape>,
+}
+
 #[derive(Default)]
 struct State {
-    /// Each unit's cgroup ids, kept for the unit's life so a step's counts stay after it ends.
-    cgroups: HashMap<String, HashSet<u64>>,
+    cgroups: HashMap<String, UnitCgroups>,
     /// dev_t → mount point, refreshed when an unknown device shows up.
     mounts: HashMap<u32, String>,
 }
@@ -177,15 +185,20 @@ impl EbpfStats {
     ) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         for unit in units {
-            let ids = state.cgroups.entry(unit.uuid.to_owned()).or_default();
-            subtree_ids(&self.keyed_dir(unit), ids);
+            let known = state.cgroups.entry(unit.uuid.to_owned()).or_default();
+            if !known.shape.as_ref().is_some_and(|s| s.unchanged()) {
+                let dir = self.keyed_dir(unit);
+                // Stamped before the walk, so a change during it shows next time.
+                known.shape = Some(crate::host::cgroup::shape(&dir));
+                subtree_ids(&dir, &mut known.ids);
+            }
         }
         let present: HashSet<&str> = units.iter().map(|u| u.uuid).collect();
         let ended: HashSet<u64> = state
             .cgroups
             .iter()
             .filter(|(uuid, _)| !present.contains(uuid.as_str()))
-            .flat_map(|(_, ids)| ids.iter().copied())
+            .flat_map(|(_, known)| known.ids.iter().copied())
             .collect();
         state
             .cgroups
@@ -202,7 +215,7 @@ impl EbpfStats {
         let State { cgroups, mounts } = &mut *state;
         let owner: HashMap<u64, &str> = cgroups
             .iter()
-            .flat_map(|(uuid, ids)| ids.iter().map(move |id| (*id, uuid.as_str())))
+            .flat_map(|(uuid, known)| known.ids.iter().map(move |id| (*id, uuid.as_str())))
             .collect();
         if self.io {
             let unknown = snapshot

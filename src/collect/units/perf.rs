@@ -133,7 +133,7 @@ pub struct PerfUnit<'a> {
 
 /// A process counted through its own counters; its descendants created afterwards count there.
 struct Root {
-    start_ticks: u64,
+    /// Clock ticks after boot when its counters opened.
     opened_at: u64,
     counters: Vec<(usize, Counter)>,
 }
@@ -147,8 +147,8 @@ struct UnitCounters {
     cgroup: Option<Vec<(usize, Counter)>>,
     /// Task mode: the processes counted through their own counters.
     roots: HashMap<u32, Root>,
-    /// Processes counted through a root's inherited counters: pid → (start, root pid).
-    covered: HashMap<u32, (u64, u32)>,
+    /// Processes counted through a root's inherited counters: pid → root pid.
+    covered: HashMap<u32, u32>,
     /// The totals last exported, which the next never go below.
     last: Vec<u64>,
 }
@@ -197,14 +197,13 @@ enum OpenRequest {
     Process {
         uuid: String,
         pid: u32,
-        start_ticks: u64,
     },
 }
 
 struct Opened {
     uuid: String,
-    /// Some((pid, start, opened_at)) for a process.
-    process: Option<(u32, u64, u64)>,
+    /// Some((pid, opened_at)) for a process.
+    process: Option<(u32, u64)>,
     counters: Vec<(usize, Counter)>,
     errors: Vec<(usize, io::Error)>,
 }
@@ -216,8 +215,8 @@ struct State {
     unsupported: HashSet<usize>,
     /// Other failures already said, by kind, so a node that refuses says it once.
     said: HashSet<String>,
-    /// `--collector.perf.env-var`: pid → (start, whether its environment sets one).
-    environ: HashMap<u32, (u64, bool)>,
+    /// `--collector.perf.env-var`: pid → whether its environment sets one, while it lives.
+    environ: HashMap<u32, bool>,
 }
 
 /// The perf sub-collector of one unit collector.
@@ -324,8 +323,7 @@ impl PerfStats {
     }
 
     fn stat(&self, pid: u32) -> Option<procfs::PidStat> {
-        let text = std::fs::read_to_string(self.procfs.join(pid.to_string()).join("stat")).ok()?;
-        procfs::pid_stat(&text).ok()
+        crate::host::processes::read_stat(&self.procfs.join(pid.to_string()).join("stat"))
     }
 
     /// Counts each unit's events and exports them; units not in `units` are forgotten and their
@@ -343,12 +341,7 @@ impl PerfStats {
             .units
             .retain(|uuid, _| present.contains(uuid.as_str()));
 
-        let stats: HashMap<u32, procfs::PidStat> = units
-            .iter()
-            .flat_map(|u| u.pids.iter())
-            .filter_map(|&pid| Some((pid, self.stat(pid)?)))
-            .collect();
-        let enabled = self.enabled_units(&mut state, units, &stats);
+        let enabled = self.enabled_units(&mut state, units);
 
         let mut requests = Vec::new();
         for unit in units {
@@ -372,7 +365,7 @@ impl PerfStats {
                 }
                 continue;
             }
-            plan_processes(counters, unit, &stats, &mut requests);
+            plan_processes(counters, unit, &mut |pid| self.stat(pid), &mut requests);
         }
         if !requests.is_empty() {
             self.open(&mut state, requests);
@@ -417,52 +410,39 @@ impl PerfStats {
 
     /// The units to count now: all, or with `--collector.perf.env-var` those with a process
     /// whose environment sets one of the variables.
-    fn enabled_units<'u>(
-        &self,
-        state: &mut State,
-        units: &'u [PerfUnit<'u>],
-        stats: &HashMap<u32, procfs::PidStat>,
-    ) -> HashSet<&'u str> {
+    fn enabled_units<'u>(&self, state: &mut State, units: &'u [PerfUnit<'u>]) -> HashSet<&'u str> {
         if self.env_vars.is_empty() {
             return units.iter().map(|u| u.uuid).collect();
         }
-        state
-            .environ
-            .retain(|pid, (start, _)| stats.get(pid).is_some_and(|s| s.start_ticks == *start));
-        let unknown: Vec<(u32, u64)> = stats
-            .iter()
-            .filter(|(pid, _)| !state.environ.contains_key(pid))
-            .map(|(pid, s)| (*pid, s.start_ticks))
+        let present: HashSet<u32> = units.iter().flat_map(|u| u.pids.iter().copied()).collect();
+        state.environ.retain(|pid, _| present.contains(pid));
+        let unknown: Vec<u32> = present
+            .into_iter()
+            .filter(|pid| !state.environ.contains_key(pid))
             .collect();
         if !unknown.is_empty() {
             let procfs = self.procfs.clone();
             let vars = self.env_vars.clone();
-            let read: Vec<(u32, u64, bool)> =
+            let read: Vec<(u32, bool)> =
                 crate::security::privileged(self.capabilities, move || {
                     unknown
                         .into_iter()
-                        .map(|(pid, start)| {
+                        .map(|pid| {
                             let environ =
                                 std::fs::read(procfs.join(pid.to_string()).join("environ"))
                                     .unwrap_or_default();
                             let set = vars
                                 .iter()
                                 .any(|v| procfs::environ_var(&environ, v).is_some());
-                            (pid, start, set)
+                            (pid, set)
                         })
                         .collect()
                 });
-            for (pid, start, set) in read {
-                state.environ.insert(pid, (start, set));
-            }
+            state.environ.extend(read);
         }
         units
             .iter()
-            .filter(|u| {
-                u.pids
-                    .iter()
-                    .any(|p| state.environ.get(p).is_some_and(|(_, set)| *set))
-            })
+            .filter(|u| u.pids.iter().any(|p| state.environ.get(p) == Some(&true)))
             .map(|u| u.uuid)
             .collect()
     }
@@ -505,11 +485,10 @@ impl PerfStats {
             };
             match o.process {
                 None => counters.cgroup = Some(o.counters),
-                Some((pid, start_ticks, opened_at)) if !o.counters.is_empty() => {
+                Some((pid, opened_at)) if !o.counters.is_empty() => {
                     counters.roots.insert(
                         pid,
                         Root {
-                            start_ticks,
                             opened_at,
                             counters: o.counters,
                         },
@@ -522,23 +501,22 @@ impl PerfStats {
 }
 
 /// Task mode: closes the counters of processes gone (once nothing they cover lives) and asks
-/// for counters on the unit's processes that nothing counts yet.
+/// for counters on the unit's processes that nothing counts yet. Only those are `stat`ed: a
+/// process is alive while its pid is in the unit.
 fn plan_processes(
     counters: &mut UnitCounters,
     unit: &PerfUnit<'_>,
-    stats: &HashMap<u32, procfs::PidStat>,
+    stat: &mut impl FnMut(u32) -> Option<procfs::PidStat>,
     requests: &mut Vec<OpenRequest>,
 ) {
-    let alive = |pid: u32, start: u64| stats.get(&pid).is_some_and(|s| s.start_ticks == start);
-    counters
-        .covered
-        .retain(|pid, (start, _)| alive(*pid, *start));
+    let alive: HashSet<u32> = unit.pids.iter().copied().collect();
+    counters.covered.retain(|pid, _| alive.contains(pid));
     let dead: Vec<u32> = counters
         .roots
-        .iter()
-        .filter(|(pid, r)| !alive(**pid, r.start_ticks))
-        .filter(|(pid, _)| !counters.covered.values().any(|(_, root)| root == *pid))
-        .map(|(pid, _)| *pid)
+        .keys()
+        .filter(|pid| !alive.contains(pid))
+        .filter(|pid| !counters.covered.values().any(|root| root == *pid))
+        .copied()
         .collect();
     for pid in dead {
         if let Some(r) = counters.roots.remove(&pid) {
@@ -546,17 +524,11 @@ fn plan_processes(
         }
     }
     // Parents before children, so a child's cover is decided after its parent's.
-    let mut new: Vec<(u32, &procfs::PidStat)> = unit
+    let mut new: Vec<(u32, procfs::PidStat)> = unit
         .pids
         .iter()
-        .filter_map(|p| Some((*p, stats.get(p)?)))
-        .filter(|(p, s)| {
-            let counted = counters
-                .roots
-                .get(p)
-                .is_some_and(|r| r.start_ticks == s.start_ticks);
-            !(counted || counters.covered.contains_key(p))
-        })
+        .filter(|p| !counters.roots.contains_key(p) && !counters.covered.contains_key(p))
+        .filter_map(|p| Some((*p, stat(*p)?)))
         .collect();
     new.sort_by_key(|(p, s)| (s.start_ticks, *p));
     for (pid, stat) in new {
@@ -565,23 +537,16 @@ fn plan_processes(
         let cover = if let Some(r) = counters.roots.get(&parent) {
             (stat.start_ticks > r.opened_at).then_some(parent)
         } else {
-            counters.covered.get(&parent).map(|(_, root)| *root)
+            counters.covered.get(&parent).copied()
         };
         match cover {
             Some(root) => {
-                counters.covered.insert(pid, (stat.start_ticks, root));
+                counters.covered.insert(pid, root);
             }
-            None => {
-                // A pid used again: what its earlier process counted is kept.
-                if let Some(stale) = counters.roots.remove(&pid) {
-                    counters.close(stale.counters);
-                }
-                requests.push(OpenRequest::Process {
-                    uuid: unit.uuid.to_owned(),
-                    pid,
-                    start_ticks: stat.start_ticks,
-                });
-            }
+            None => requests.push(OpenRequest::Process {
+                uuid: unit.uuid.to_owned(),
+                pid,
+            }),
         }
     }
 }
@@ -628,11 +593,7 @@ fn open_request(
                 errors,
             }
         }
-        OpenRequest::Process {
-            uuid,
-            pid,
-            start_ticks,
-        } => {
+        OpenRequest::Process { uuid, pid } => {
             let opened_at = boot_ticks();
             let tids: Vec<i32> = std::fs::read_dir(procfs.join(pid.to_string()).join("task"))
                 .map(|d| {
@@ -656,7 +617,7 @@ fn open_request(
             }
             Opened {
                 uuid,
-                process: Some((pid, start_ticks, opened_at)),
+                process: Some((pid, opened_at)),
                 counters,
                 errors,
             }
@@ -725,7 +686,6 @@ mod tests {
         counters.roots.insert(
             10,
             Root {
-                start_ticks: 100,
                 opened_at: 200,
                 counters: Vec::new(),
             },
@@ -749,7 +709,12 @@ mod tests {
             pids: &pids,
         };
         let mut requests = Vec::new();
-        plan_processes(&mut counters, &unit, &stats, &mut requests);
+        plan_processes(
+            &mut counters,
+            &unit,
+            &mut |p| stats.get(&p).copied(),
+            &mut requests,
+        );
         let opened: Vec<u32> = requests
             .iter()
             .map(|r| match r {
@@ -758,18 +723,23 @@ mod tests {
             })
             .collect();
         assert_eq!(opened, vec![13, 14]);
-        assert_eq!(counters.covered.get(&12), Some(&(260, 10)));
+        assert_eq!(counters.covered.get(&12), Some(&10));
         // The root is gone but its child lives: its counters stay open.
         let stats: HashMap<u32, procfs::PidStat> = [(11, stat(1, 250))].into_iter().collect();
         let unit = PerfUnit {
             pids: &[11],
             ..unit
         };
-        plan_processes(&mut counters, &unit, &stats, &mut Vec::new());
+        plan_processes(
+            &mut counters,
+            &unit,
+            &mut |p| stats.get(&p).copied(),
+            &mut Vec::new(),
+        );
         assert!(counters.roots.contains_key(&10));
         // And once that child is gone too, they close.
         let unit = PerfUnit { pids: &[], ..unit };
-        plan_processes(&mut counters, &unit, &HashMap::new(), &mut Vec::new());
+        plan_processes(&mut counters, &unit, &mut |_| None, &mut Vec::new());
         assert!(counters.roots.is_empty());
     }
 }

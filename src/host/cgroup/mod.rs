@@ -675,6 +675,26 @@ pub fn subtree(dir: &Path, faults: &mut Vec<FileFault>) -> (Vec<u32>, SubtreeSha
     (pids, shape)
 }
 
+/// The shape of a unit's subtree alone, without reading its processes: for readers that walk
+/// the subtree again only when it changed.
+pub fn shape(dir: &Path) -> SubtreeShape {
+    let top = dir_stamp(dir);
+    let mut children = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            if let Some((ino, nlink)) = dir_stamp(&entry.path()) {
+                children.push((entry.file_name(), ino, nlink));
+            }
+        }
+    }
+    SubtreeShape {
+        dir: dir.to_owned(),
+        held: kept::Held::open_dir(dir, &DescriptorBudget::process()),
+        top,
+        children,
+    }
+}
+
 /// The first process of a unit's subtree, if it has any.
 pub fn first_pid(dir: &Path, faults: &mut Vec<FileFault>) -> Option<u32> {
     find_pid(dir, faults, &mut |_| true)
