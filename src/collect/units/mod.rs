@@ -7,6 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 pub mod ebpf;
 mod emit;
@@ -89,7 +90,55 @@ pub struct UnitCollector<M> {
     ebpf: Option<ebpf::EbpfStats>,
     /// `--collector.slurm.scratch-path`: filesystems whose use by a unit is exported.
     scratch: Vec<PathBuf>,
+    /// The units' processes as last listed, for the perf sub-collector alone.
+    listed: Mutex<PidLists>,
 }
+
+/// A unit's processes as one walk of its subtree found them.
+struct ListedPids {
+    shape: cgroup::SubtreeShape,
+    pids: Vec<u32>,
+    at: Instant,
+}
+
+/// Units' process lists, walked again only when a unit's subtree changed shape or its list
+/// grew old: walking every cgroup of every job each scrape costs far more than reading the
+/// perf counters themselves.
+#[derive(Default)]
+struct PidLists(HashMap<String, ListedPids>);
+
+impl PidLists {
+    /// Each unit's pids; units not in `units` are forgotten.
+    fn list(&mut self, units: &[UnitCgroup], max_age: Duration) -> Vec<(String, Vec<u32>)> {
+        let present: HashSet<&str> = units.iter().map(|u| u.uuid.as_str()).collect();
+        self.0.retain(|uuid, _| present.contains(uuid.as_str()));
+        let mut faults = Vec::new();
+        units
+            .iter()
+            .map(|u| {
+                let fresh = self
+                    .0
+                    .get(&u.uuid)
+                    .is_some_and(|l| l.at.elapsed() < max_age && l.shape.unchanged());
+                if !fresh {
+                    let at = Instant::now();
+                    let (pids, shape) = cgroup::subtree(&u.dir, &mut faults);
+                    faults.clear();
+                    self.0
+                        .insert(u.uuid.clone(), ListedPids { shape, pids, at });
+                }
+                let pids = self.0.get(&u.uuid).map(|l| l.pids.clone());
+                (u.uuid.clone(), pids.unwrap_or_default())
+            })
+            .collect()
+    }
+}
+
+/// How long the perf sub-collector trusts a unit's process list while its subtree keeps its
+/// shape. A new step is a new directory and is seen at once; a process moved into an existing
+/// directory (pam_slurm_adopt's ssh sessions) is seen within this time. Counters inherit into
+/// every process the counted ones create, so those need no listing.
+const PIDS_RELISTED_AFTER: Duration = Duration::from_secs(60);
 
 impl<M: ResourceManager> UnitCollector<M> {
     /// A collector of `manager`'s units in the hierarchy at `cgroupfs`; reading other users'
@@ -116,6 +165,7 @@ impl<M: ResourceManager> UnitCollector<M> {
             perf: None,
             ebpf: None,
             scratch: Vec::new(),
+            listed: Mutex::new(PidLists::default()),
         }
     }
 
@@ -178,11 +228,14 @@ impl<M: ResourceManager> UnitCollector<M> {
         let read_processes = self.processes.is_some() || !self.scratch.is_empty();
         // Sub-collectors that read the pid list after the privileged pass.
         let pids_after = self.rdma.is_some() || self.perf.is_some();
-        let mut pids: Vec<(String, Vec<u32>)> = if read_processes || pids_after {
+        let mut pids: Vec<(String, Vec<u32>)> = if read_processes || self.rdma.is_some() {
             units
                 .iter()
                 .map(|u| (u.uuid.clone(), processes::subtree_pids(&u.dir)))
                 .collect()
+        } else if self.perf.is_some() {
+            let mut listed = self.listed.lock().unwrap_or_else(|p| p.into_inner());
+            listed.list(units, PIDS_RELISTED_AFTER)
         } else {
             Vec::new()
         };
@@ -349,5 +402,55 @@ impl<M: ResourceManager> Collector for UnitCollector<M> {
         }
         self.collect_units(&units, out);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    fn unit(root: &Path, id: &str) -> UnitCgroup {
+        let rel = PathBuf::from(format!("slurm/job_{id}"));
+        UnitCgroup {
+            uuid: id.to_owned(),
+            cgroup_host: String::new(),
+            dir: root.join(&rel),
+            rel,
+            dir_ino: None,
+        }
+    }
+
+    fn procs(dir: &Path, pids: &str) {
+        fs::create_dir_all(dir).unwrap();
+        fs::write(dir.join("cgroup.procs"), pids).unwrap();
+    }
+
+    #[test]
+    fn process_lists_are_walked_again_on_a_new_step_or_when_old() {
+        let tmp = tempfile::tempdir().unwrap();
+        let job = unit(tmp.path(), "7");
+        procs(&job.dir.join("step_batch"), "10\n");
+        let mut lists = PidLists::default();
+        let hour = Duration::from_secs(3600);
+        assert_eq!(lists.list(std::slice::from_ref(&job), hour)[0].1, [10]);
+
+        // A process moved into a directory that was there: the list is trusted until it is old.
+        procs(&job.dir.join("step_batch"), "10\n11\n");
+        assert_eq!(lists.list(std::slice::from_ref(&job), hour)[0].1, [10]);
+        assert_eq!(
+            lists.list(std::slice::from_ref(&job), Duration::ZERO)[0].1,
+            [10, 11]
+        );
+
+        // A new step is a new directory: seen at once.
+        procs(&job.dir.join("step_0"), "20\n");
+        let mut pids = lists.list(std::slice::from_ref(&job), hour).remove(0).1;
+        pids.sort_unstable();
+        assert_eq!(pids, [10, 11, 20]);
+
+        // A unit that ended is forgotten.
+        lists.list(&[], hour);
+        assert!(lists.0.is_empty());
     }
 }

@@ -227,6 +227,8 @@ pub struct PerfStats {
     sysfs: PathBuf,
     cgroupfs: PathBuf,
     version: CgroupVersion,
+    /// v1: whether a `perf_event` hierarchy is mounted, looked up once, not per unit and scrape.
+    v1_perf_event: bool,
     capabilities: &'static [Capability],
     state: Mutex<State>,
 }
@@ -264,6 +266,7 @@ impl PerfStats {
             sysfs: sysfs.to_owned(),
             cgroupfs: cgroupfs.to_owned(),
             version,
+            v1_perf_event: cgroupfs.join("perf_event").is_dir(),
             capabilities: capabilities(),
             state: Mutex::new(State::default()),
         }))
@@ -294,6 +297,7 @@ impl PerfStats {
     fn cgroup_dir(&self, unit: &PerfUnit<'_>) -> Option<PathBuf> {
         match self.version {
             CgroupVersion::V2 => Some(unit.dir.to_owned()),
+            CgroupVersion::V1 if !self.v1_perf_event => None,
             CgroupVersion::V1 => {
                 let dir = self.cgroupfs.join("perf_event").join(unit.rel);
                 dir.is_dir().then_some(dir)
@@ -354,15 +358,16 @@ impl PerfStats {
                 counters.close_all();
                 continue;
             }
+            if counters.cgroup.is_some() {
+                continue;
+            }
             if let Some(dir) = self.cgroup_dir(unit) {
-                if counters.cgroup.is_none() {
-                    counters.cgroup = Some(Vec::new());
-                    requests.push(OpenRequest::Cgroup {
-                        uuid: unit.uuid.to_owned(),
-                        dir,
-                        cpus: self.cpus(unit),
-                    });
-                }
+                counters.cgroup = Some(Vec::new());
+                requests.push(OpenRequest::Cgroup {
+                    uuid: unit.uuid.to_owned(),
+                    dir,
+                    cpus: self.cpus(unit),
+                });
                 continue;
             }
             plan_processes(counters, unit, &mut |pid| self.stat(pid), &mut requests);
