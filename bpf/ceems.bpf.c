@@ -5,7 +5,9 @@
  *
  * Tracepoints, not kprobes or fentry/fexit: their records are an ABI, and they attach on
  * kernels built without kprobes or locked down against tracing programs. A call's file is
- * kept from the syscall's entry to its exit in `inflight`. Socket lengths need 6.3 or later.
+ * kept from the syscall's entry to its exit in `inflight`, storage of the task itself (5.11
+ * or later), which costs a fraction of a hash map's update and delete. Socket lengths need
+ * 6.3 or later.
  *
  * Keys are cgroup ids (the cgroup directory's inode number): on cgroups v2 the task's cgroup,
  * on v1 its cgroup in the hierarchy of subsystem `cgroup_subsys`, which the exporter sets.
@@ -25,7 +27,6 @@ volatile const int cgroup_subsys = -1;
 
 #define MAX_CGROUPS 16384
 #define MAX_SOCKETS 65536
-#define MAX_INFLIGHT 16384
 #define S_IFMT 00170000
 #define S_IFREG 0100000
 #define O_CREAT 0100
@@ -123,36 +124,43 @@ enum call {
 	CALL_OPEN,
 };
 
+/* Per task: what each kind of call in progress was given. */
+struct calls {
+	__u64 arg[4];
+};
+
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MAX_INFLIGHT);
-	__type(key, __u64);
-	__type(value, __u64);
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct calls);
 } inflight SEC(".maps");
 
-static __always_inline __u64 call_key(enum call kind)
-{
-	return bpf_get_current_pid_tgid() | ((__u64)kind << 56);
-}
-
+/*
+ * Keeps `arg` for the call's exit. 0 keeps nothing: it clears what an earlier call of the
+ * kind left (one whose exit ran before its program was attached) without making storage for
+ * a task that never had any.
+ */
 static __always_inline void enter(enum call kind, __u64 arg)
 {
-	__u64 key = call_key(kind);
-	bpf_map_update_elem(&inflight, &key, &arg, BPF_ANY);
+	struct calls *c = bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0,
+					       arg ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	if (c && kind < 4)
+		c->arg[kind] = arg;
 }
 
-/* The argument kept at entry, removed; 0 when the entry was not seen or not kept. */
+/* The argument kept at entry, cleared; 0 when the entry was not seen or not kept. */
 static __always_inline __u64 leave(enum call kind)
 {
-	__u64 key = call_key(kind);
-	__u64 *arg = bpf_map_lookup_elem(&inflight, &key);
-	if (!arg)
+	struct calls *c = bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
+	if (!c || kind >= 4)
 		return 0;
-	__u64 value = *arg;
-	bpf_map_delete_elem(&inflight, &key);
+	__u64 value = c->arg[kind];
+	c->arg[kind] = 0;
 	return value;
 }
 
+/* Reads through the task's BTF pointer are plain loads, far cheaper than probe-read calls. */
 static __always_inline __u64 current_cgroup(void)
 {
 	int subsys = cgroup_subsys;
@@ -160,12 +168,11 @@ static __always_inline __u64 current_cgroup(void)
 		return bpf_get_current_cgroup_id();
 	if (subsys >= 16)
 		return 0;
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	struct css_set *cgroups = BPF_CORE_READ(task, cgroups);
-	struct cgroup_subsys_state *css = 0;
-	if (bpf_probe_read_kernel(&css, sizeof(css), &cgroups->subsys[subsys]) || !css)
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct cgroup_subsys_state *css = task->cgroups->subsys[subsys];
+	if (!css)
 		return 0;
-	return BPF_CORE_READ(css, cgroup, kn, id);
+	return css->cgroup->kn->id;
 }
 
 static __always_inline void *lookup_or_init(void *map, const void *key, const void *zero)
@@ -180,29 +187,21 @@ static __always_inline void *lookup_or_init(void *map, const void *key, const vo
 /* The current task's open file `fd`, or 0. */
 static __always_inline struct file *current_file(__u64 fd)
 {
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
-	if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct fdtable *fdt = task->files->fdt;
+	if (!fdt || fd >= fdt->max_fds)
 		return 0;
-	struct file **fds = BPF_CORE_READ(fdt, fd);
 	struct file *file = 0;
-	if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]))
+	if (bpf_probe_read_kernel(&file, sizeof(file), &fdt->fd[fd]))
 		return 0;
 	return file;
 }
 
-static __always_inline int regular_file(struct file *file)
-{
-	/* Files on file systems only: not pipes, sockets, terminals or /proc. */
-	__u16 mode = BPF_CORE_READ(file, f_inode, i_mode);
-	return (mode & S_IFMT) == S_IFREG;
-}
-
-static __always_inline void count_io(void *map, struct file *file, long ret)
+static __always_inline void count_io(void *map, __u32 dev, long ret)
 {
 	struct io_key key = {
 		.cgroup = current_cgroup(),
-		.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev),
+		.dev = dev,
 	};
 	if (!key.cgroup)
 		return;
@@ -217,18 +216,25 @@ static __always_inline void count_io(void *map, struct file *file, long ret)
 		__sync_fetch_and_add(&v->bytes, ret);
 }
 
+/*
+ * Kept at entry: the device of the call's file, with bit 32 set, when it is a regular file on
+ * a file system (not a pipe, socket, terminal or /proc).
+ */
 static __always_inline void io_enter(enum call kind, struct syscall_enter *ctx)
 {
+	__u64 kept = 0;
 	struct file *file = current_file(ctx->args[0]);
-	if (file && regular_file(file))
-		enter(kind, (__u64)file);
+	struct inode *inode = file ? BPF_CORE_READ(file, f_inode) : 0;
+	if (inode && (BPF_CORE_READ(inode, i_mode) & S_IFMT) == S_IFREG)
+		kept = (1ULL << 32) | BPF_CORE_READ(inode, i_sb, s_dev);
+	enter(kind, kept);
 }
 
 static __always_inline void io_exit(enum call kind, void *map, struct syscall_exit *ctx)
 {
-	struct file *file = (struct file *)leave(kind);
-	if (file)
-		count_io(map, file, ctx->ret);
+	__u64 kept = leave(kind);
+	if (kept)
+		count_io(map, (__u32)kept, ctx->ret);
 }
 
 SEC("tracepoint/syscalls/sys_enter_read")

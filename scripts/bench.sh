@@ -173,38 +173,56 @@ for n in ${SUB_JOBS:-10 100 500}; do
     "$(echo "$base_rss/1024" | bc -l)" "$(echo "$with_rss/1024" | bc -l)"
 done
 
-# A job's own cost: a burner in its own job cgroup computes and writes/reads a 4 KiB block
-# every EVERY iterations (1000: a compute job; 20: a job made of small IO system calls); its run
-# time alone, then while an exporter with the sub-collectors counts it (scraped each second).
-# Best of three each.
-burner_rel="slurm_bench/uid_0/job_899999/step_batch/task_0"
-mkdir -p "$cg/cpuacct/$burner_rel" "$cg/memory/$burner_rel"
-burn() { # ITERATIONS EVERY
-  sh -c "echo \$\$ > $cg/cpuacct/$burner_rel/cgroup.procs && echo \$\$ > $cg/memory/$burner_rel/cgroup.procs && exec python3 -c '
+# A job's own cost: a burner computes and writes/reads a 4 KiB block every EVERY iterations
+# (1000: a compute job; 20: a job made of small IO system calls). Each run is a new job (its
+# own cgroup, as Slurm makes one per job) whose burner waits until an exporter with the
+# sub-collectors has scraped once, so that perf counts it in task mode too. ROUNDS rounds
+# (default 7) alternate runs without an exporter and with one (scraped each second
+# meanwhile); the medians are compared, so drift in the machine's speed hits both alike.
+rounds=${ROUNDS:-7}
+burn_id=899000
+burn() { # ITERATIONS EVERY COUNTED
+  burn_id=$((burn_id + 1))
+  local rel="slurm_bench/uid_0/job_$burn_id/step_batch/task_0" go="$work/go" t burner
+  mkdir -p "$cg/cpuacct/$rel" "$cg/memory/$rel"
+  rm -f "$go" "$work/took"
+  sh -c "echo \$\$ > $cg/cpuacct/$rel/cgroup.procs && echo \$\$ > $cg/memory/$rel/cgroup.procs && exec python3 -c '
 import os, time
+while not os.path.exists(\"$go\"): time.sleep(0.005)
 t = time.perf_counter(); fd = os.open(\"$work/burn\", os.O_RDWR | os.O_CREAT)
 x = 0
 for i in range($1):
     x += i * i % 7
     if i % $2 == 0:
         os.pwrite(fd, b\"x\" * 4096, 0); os.pread(fd, 4096, 0)
-print(time.perf_counter() - t)'"
+print(time.perf_counter() - t)'" >"$work/took" &
+  burner=$!
+  sleep 0.1
+  [ "$3" = 1 ] && curl -sf "127.0.0.1:$port/metrics" -o /dev/null
+  touch "$go"
+  wait "$burner"
+  cat "$work/took"
 }
-best() { local b=""; for _ in 1 2 3; do t=$(burn "$@"); b=$(awk -v a="$t" -v b="$b" 'BEGIN {print (b == "" || a < b) ? a : b}'); done; echo "$b"; }
-alone_cpu=$(best 2000000 1000); alone_io=$(best 200000 20)
+median() { sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$bin" exporter --collector.slurm --collector.disable-defaults --collector.gpu.type=nogpu "${subs[@]}" \
-  --web.listen-address="127.0.0.1:$port" --log.level=error &
-pid=$!
-for _ in $(seq 100); do curl -sf "127.0.0.1:$port/health" >/dev/null && break; sleep 0.05; done
-( while kill -0 "$pid" 2>/dev/null; do curl -sf "127.0.0.1:$port/metrics" -o /dev/null; sleep 1; done ) &
-scraper=$!
-sleep 1.5
-counted_cpu=$(best 2000000 1000); counted_io=$(best 200000 20)
-kill "$pid" "$scraper" 2>/dev/null; wait "$pid" "$scraper" 2>/dev/null || true
+: >"$work/times"
+for _ in $(seq "$rounds"); do
+  echo "alone cpu $(burn 2000000 1000 0)" >>"$work/times"
+  echo "alone io $(burn 200000 20 0)" >>"$work/times"
+  "$bin" exporter --collector.slurm --collector.disable-defaults --collector.gpu.type=nogpu "${subs[@]}" \
+    --web.listen-address="127.0.0.1:$port" --log.level=error &
+  pid=$!
+  for _ in $(seq 100); do curl -sf "127.0.0.1:$port/health" >/dev/null && break; sleep 0.05; done
+  ( while kill -0 "$pid" 2>/dev/null; do curl -sf "127.0.0.1:$port/metrics" -o /dev/null; sleep 1; done ) &
+  scraper=$!
+  echo "counted cpu $(burn 2000000 1000 1)" >>"$work/times"
+  echo "counted io $(burn 200000 20 1)" >>"$work/times"
+  kill "$pid" "$scraper" 2>/dev/null; wait "$pid" "$scraper" 2>/dev/null || true
+done
 echo
 for kind in cpu io; do
-  a=alone_$kind b=counted_$kind
-  printf '%s burner alone %.3f s, counted by perf and eBPF %.3f s: %+.2f%%\n' "$kind" "${!a}" "${!b}" \
-    "$(awk -v a="${!a}" -v b="${!b}" 'BEGIN {print (b - a) * 100 / a}')"
+  alone=$(awk -v k="$kind" '$1 == "alone" && $2 == k {print $3}' "$work/times" | median)
+  counted=$(awk -v k="$kind" '$1 == "counted" && $2 == k {print $3}' "$work/times" | median)
+  printf '%s burner, median of %d: alone %.4f s, counted by the sub-collectors %.4f s: %+.2f%%\n' \
+    "$kind" "$rounds" "$alone" "$counted" "$(awk -v a="$alone" -v b="$counted" 'BEGIN {print (b - a) * 100 / a}')"
 done

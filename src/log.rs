@@ -2,7 +2,6 @@
 
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
 
 use crate::config::LogConfig;
@@ -43,6 +42,11 @@ pub fn init(cfg: &LogConfig) -> Result<(), LogError> {
             .boxed(),
         other => return Err(LogError::Format(other.to_owned())),
     };
-    let _ = tracing_subscriber::registry().with(layer).try_init();
+    // Crates that log through `log` come along, except aya's loader: it warns about the
+    // eBPF object's per-task map, which the loader is told to accept.
+    let _ = tracing_log::LogTracer::builder()
+        .ignore_crate("aya::bpf")
+        .init();
+    let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer));
     Ok(())
 }

@@ -177,7 +177,7 @@ pub enum LoadError {
     Btf(String),
     #[error("tracefs is not mounted (at /sys/kernel/tracing or /sys/kernel/debug/tracing): the programs attach to its tracepoints; mount it (systemd's sys-kernel-tracing.mount)")]
     Tracefs,
-    #[error("cannot load the eBPF object: {0}")]
+    #[error("cannot load the eBPF object (IO counting needs Linux 5.12 or later, network counting 6.3): {0}")]
     Object(String),
     #[error("no {group:?} program could be attached: {reasons}")]
     NoneAttached {
@@ -218,6 +218,7 @@ pub fn load(groups: &[ProgramGroup], cgroup_subsys: i32) -> Result<Programs, Loa
     let mut ebpf = EbpfLoader::new()
         .btf(Some(&btf))
         .set_global("cgroup_subsys", &cgroup_subsys, true)
+        .allow_unsupported_maps()
         .load(OBJECT)
         .map_err(|e| LoadError::Object(chain(&e)))?;
     let mut skipped = Vec::new();
