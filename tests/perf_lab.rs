@@ -1,8 +1,9 @@
 //! The perf sub-collector on this machine's real kernel, as root: a job in real cgroups runs a
 //! burner that counts the page faults it causes itself, and the exporter (privileges dropped as
 //! in production) must count at least as many; a job without the opt-in variable gets no perf
-//! series; 200 jobs coming and going leave no descriptor behind; and a cgroup on the unified
-//! hierarchy is counted in cgroup mode.
+//! series; 200 jobs coming and going leave no descriptor behind; a cgroup on the unified
+//! hierarchy is counted in cgroup mode; and perf and eBPF failing leave the job's other series
+//! and the collector's success as they were.
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::cgroup::{fd_count, make_dirs, spawn_in, v1_job, v1_skip_reason, JobCgroups, CGROUPFS};
-use common::{label_of, name_of, parse_series, start_exporter, Running};
+use common::{label_of, name_of, parse_series, start_exporter, start_listening, Running};
 
 const PERF_FD: &str = "anon_inode:[perf_event]";
 
@@ -321,4 +322,76 @@ fn perf_counts_a_cgroup_in_cgroup_mode() {
     // The unit ends: its descriptors close.
     perf.collect(&[], "slurm", "node", &mut ceems::metrics::MetricSet::new());
     assert_eq!(perf.open_descriptors(), 0);
+}
+
+#[test]
+fn perf_and_ebpf_failures_leave_the_slurm_series_whole() {
+    let missing = ["unshare", "setpriv"].into_iter().find(|tool| {
+        !std::process::Command::new(tool)
+            .arg("--version")
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if let Some(reason) = v1_skip_reason().or(missing.map(|t| format!("`{t}` is not installed"))) {
+        println!("SKIPPED perf_and_ebpf_failures_leave_the_slurm_series_whole: {reason}");
+        return;
+    }
+    let id = job_id(7);
+    let _job = v1_job(id, "exec sleep 600", &[]);
+    let job = id.to_string();
+    let log = tempfile::NamedTempFile::new().expect("log file");
+
+    // In a mount namespace of its own without tracefs (the eBPF programs cannot attach), and
+    // without CAP_PERFMON or CAP_SYS_ADMIN in its bounding set (the kernel refuses every perf
+    // counter on another user's process, at the scrape that opens them).
+    let mut command = std::process::Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(
+            "umount -l /sys/kernel/tracing 2>/dev/null; umount -l /sys/kernel/debug 2>/dev/null; \
+             exec setpriv --bounding-set -perfmon,-sys_admin -- \"$@\"",
+        )
+        .args(["sh", env!("CARGO_BIN_EXE_ceems"), "exporter"])
+        .args([
+            "--collector.slurm",
+            "--collector.perf.software-events",
+            "--collector.ebpf.io-metrics",
+            "--collector.ebpf.network-metrics",
+            "--web.disable-exporter-metrics",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(log.reopen().expect("log file"));
+    let exporter = start_listening(command, "exporter without perf and eBPF");
+
+    for _ in 0..3 {
+        let series = scrape(&exporter);
+        assert_eq!(
+            series["ceems_scrape_collector_success{collector=\"slurm\"}"], 1.0,
+            "the slurm collector failed with its sub-collectors"
+        );
+        assert!(
+            value_of(&series, &job, "ceems_compute_unit_memory_used_bytes") > 0.0,
+            "job {job}'s own series are missing"
+        );
+        assert!(
+            !series.keys().any(|k| (name_of(k).starts_with("ceems_perf_")
+                || name_of(k).starts_with("ceems_ebpf_"))
+                && label_of(k, "uuid") == Some(job.as_str())),
+            "series from sub-collectors that cannot count"
+        );
+    }
+    let log = fs::read_to_string(log.path()).expect("log");
+    let lines = |what: &str| log.lines().filter(|l| l.contains(what)).count();
+    assert_eq!(
+        lines("eBPF sub-collector off"),
+        1,
+        "the eBPF failure is said once:\n{log}"
+    );
+    assert!(log.contains("tracefs is not mounted"), "{log}");
+    assert_eq!(
+        lines("cannot open perf counters"),
+        1,
+        "the perf refusal is said once over three scrapes:\n{log}"
+    );
 }

@@ -87,15 +87,23 @@ pub fn start_subcommand(
     args: &[&str],
     env: &[(&str, std::ffi::OsString)],
 ) -> Running {
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_ceems"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ceems"));
+    command
         .envs(env.iter().map(|(k, v)| (k, v)))
         .arg(subcommand)
         .args(args)
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
         .current_dir(cwd)
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::inherit());
+    start_listening(command, subcommand)
+}
+
+/// Starts `command`, whose arguments end with a ceems subcommand's (it may run ceems through
+/// a wrapper that execs it), on a free port and waits until its /health answers.
+pub fn start_listening(mut command: Command, what: &str) -> Running {
+    let port = free_port();
+    let child = command
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
         .spawn()
         .expect("cannot start ceems");
     let mut running = Running {
@@ -112,11 +120,11 @@ pub fn start_subcommand(
             return running;
         }
         if let Ok(Some(status)) = running.child.try_wait() {
-            panic!("{subcommand} exited at start: {status}");
+            panic!("{what} exited at start: {status}");
         }
         assert!(
             start.elapsed() < Duration::from_secs(10),
-            "{subcommand} did not answer within 10 s"
+            "{what} did not answer within 10 s"
         );
         std::thread::sleep(Duration::from_millis(50));
     }

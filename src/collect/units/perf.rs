@@ -234,8 +234,9 @@ pub struct PerfStats {
 }
 
 impl PerfStats {
-    /// None when no perf flag is on; an error for an unknown profiler name or a kernel that
-    /// refuses every counter (`perf_event_paranoid` above 2, as some distributions set).
+    /// None when no perf flag is on, or (said in the log) when the kernel refuses every
+    /// counter (`perf_event_paranoid` above 2, as some distributions set): the unit collector
+    /// goes on without it. An error for an unknown profiler name.
     pub fn from_settings(
         settings: &PerfSettings,
         procfs: &Path,
@@ -247,12 +248,9 @@ impl PerfStats {
             return Ok(None);
         }
         let events = settings.events()?;
-        if let Some(level) = perf::paranoid(procfs) {
-            if level > 2 {
-                return Err(format!(
-                    "kernel.perf_event_paranoid is {level}: the kernel refuses perf counters to every process but root's; set it to 2 or lower for the perf sub-collector"
-                ));
-            }
+        if let Err(why) = paranoid_allows(procfs) {
+            tracing::error!(%why, "perf sub-collector off; the rest of the collector goes on");
+            return Ok(None);
         }
         tracing::info!(
             events = events.len(),
@@ -505,6 +503,17 @@ impl PerfStats {
     }
 }
 
+/// Whether `perf_event_paranoid` lets a capable exporter open counters, and what to change
+/// when it does not.
+fn paranoid_allows(procfs: &Path) -> Result<(), String> {
+    match perf::paranoid(procfs) {
+        Some(level) if level > 2 => Err(format!(
+            "kernel.perf_event_paranoid is {level}: the kernel refuses perf counters to every process but root's; set it to 2 or lower"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Task mode: closes the counters of processes gone (once nothing they cover lives) and asks
 /// for counters on the unit's processes that nothing counts yet. Only those are `stat`ed: a
 /// process is alive while its pid is in the unit.
@@ -659,19 +668,29 @@ mod tests {
     }
 
     #[test]
-    fn paranoid_above_two_is_refused_with_the_fix() {
+    fn paranoid_above_two_turns_perf_off_with_the_fix() {
         let root = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(root.path().join("sys/kernel")).unwrap();
-        std::fs::write(root.path().join("sys/kernel/perf_event_paranoid"), "3\n").unwrap();
+        let paranoid = root.path().join("sys/kernel/perf_event_paranoid");
         let s = PerfSettings {
             software_events: true,
             ..PerfSettings::default()
         };
-        let err =
+        let build = || {
             PerfStats::from_settings(&s, root.path(), root.path(), root.path(), CgroupVersion::V1)
-                .err()
-                .expect("refused");
-        assert!(err.contains("perf_event_paranoid is 3"), "{err}");
+        };
+        std::fs::write(&paranoid, "2\n").unwrap();
+        assert!(matches!(build(), Ok(Some(_))));
+        std::fs::write(&paranoid, "3\n").unwrap();
+        assert!(
+            matches!(build(), Ok(None)),
+            "perf stays off, the collector goes on"
+        );
+        let why = paranoid_allows(root.path()).unwrap_err();
+        assert!(
+            why.contains("perf_event_paranoid is 3") && why.contains("2 or lower"),
+            "{why}"
+        );
     }
 
     fn stat(ppid: u32, start_ticks: u64) -> procfs::PidStat {
