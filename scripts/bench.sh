@@ -127,11 +127,11 @@ measure_real() {
   for _ in $(seq 100); do curl -sf "127.0.0.1:$port/health" >/dev/null && break; sleep 0.05; done
   curl -sf "127.0.0.1:$port/metrics" -o "$work/body"   # warm up
   before=$(cpu_ticks "$pid")
-  for _ in $(seq "$scrapes"); do curl -sf "127.0.0.1:$port/metrics" -o "$work/body"; done
+  for _ in $(seq "${n_scrapes:-$scrapes}"); do curl -sf "127.0.0.1:$port/metrics" -o "$work/body"; done
   after=$(cpu_ticks "$pid")
   rss_kib "$pid" >"$work/rss"
   kill "$pid"; wait "$pid" 2>/dev/null || true
-  awk -v d=$((after - before)) -v n="$scrapes" -v t="$tck" 'BEGIN {printf "%.2f", d * 1000 / t / n}'
+  awk -v d=$((after - before)) -v n="${n_scrapes:-$scrapes}" -v t="$tck" 'BEGIN {printf "%.3f", d * 1000 / t / n}'
 }
 
 if [[ " $parts " == *" real "* ]]; then
@@ -159,15 +159,18 @@ fi
 read -r -a subs <<<"${SUBS:---collector.perf.hardware-events --collector.perf.software-events --collector.ebpf.io-metrics --collector.ebpf.network-metrics}"
 mountpoint -q /sys/kernel/tracing || mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null || true
 echo
-echo "perf and eBPF sub-collectors on real v1 jobs, $scrapes scrapes each"
+# CPU time is counted in clock ticks (10 ms): fewer jobs get more scrapes, SCRAPES x 500 / jobs.
+echo "perf and eBPF sub-collectors on real v1 jobs, $scrapes x 500 / jobs scrapes each"
 printf '%6s %14s %14s %16s %10s %10s\n' jobs base_ms/scrape subs_ms/scrape added_ms/100jobs base_rss_MB subs_rss_MB
 made=0
 for n in ${SUB_JOBS:-10 100 500}; do
   make_jobs $((made + 1)) "$n"
   made=$n
   sleep 1
+  n_scrapes=$((scrapes * 500 / n))
   base=$(measure_real --collector.gpu.type=nogpu); base_rss=$(cat "$work/rss")
   with=$(measure_real --collector.gpu.type=nogpu "${subs[@]}"); with_rss=$(cat "$work/rss")
+  unset n_scrapes
   printf '%6d %14s %14s %16s %10.1f %10.1f\n' "$n" "$base" "$with" \
     "$(awk -v a="$with" -v b="$base" -v n="$n" 'BEGIN {printf "%.2f", (a - b) * 100 / n}')" \
     "$(echo "$base_rss/1024" | bc -l)" "$(echo "$with_rss/1024" | bc -l)"

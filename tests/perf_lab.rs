@@ -42,10 +42,12 @@ os.rename(done + ".tmp", done)
 time.sleep(600)
 "#;
 
+/// The job's shell waits for `go`, then starts the burner as its child: created after the
+/// first scrape opened the shell's counters, the burner is counted through their inheritance.
 fn burner_script(dir: &Path) -> String {
     fs::write(dir.join("burner.py"), BURNER).expect("write burner");
     format!(
-        "exec python3 {0}/burner.py {0}/go {0}/done {PAGES}",
+        "while [ ! -e {0}/go ]; do sleep 0.005; done; python3 {0}/burner.py {0}/go {0}/done {PAGES}",
         dir.display()
     )
 }

@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io;
 
 use perf_event::events::{Cache, CacheId, CacheOp, CacheResult, Hardware, Software};
-use perf_event::{Builder, Counter};
+use perf_event::{Builder, Counter, ReadFormat};
 
 use super::ParseError;
 
@@ -268,6 +268,10 @@ pub enum Target<'a> {
 /// Opens `event` on `target`, counting at once; kernel-mode work done for the tasks counts
 /// too (a context switch happens in the kernel).
 pub fn open(event: &PerfEvent, target: &Target<'_>) -> io::Result<Counter> {
+    builder(event, target).build()
+}
+
+fn builder<'a>(event: &PerfEvent, target: &Target<'a>) -> Builder<'a> {
     let mut builder = match event.kind {
         EventKind::Hardware(e) => Builder::new(e),
         EventKind::Software(e) => Builder::new(e),
@@ -286,7 +290,100 @@ pub fn open(event: &PerfEvent, target: &Target<'_>) -> io::Result<Counter> {
             builder.observe_pid(*tid).any_cpu().inherit(true);
         }
     }
-    builder.build()
+    builder
+}
+
+/// The counters of one target (a task, or a cgroup on one CPU). Software events are one group,
+/// read with one `read` for all; the kernel never takes them off a CPU, so grouping them costs
+/// nothing. Hardware and cache events stay alone: the CPU has few registers for them, and
+/// alone each can be multiplexed where a group would need a register for every member at once.
+#[derive(Default)]
+pub struct TargetCounters {
+    software: Option<SoftwareGroup>,
+    alone: Vec<(usize, Counter)>,
+}
+
+struct SoftwareGroup {
+    /// Counts the first event and reads the whole group.
+    leader: Counter,
+    /// Counter id → the caller's event index, the leader's included.
+    events: Vec<(u64, usize)>,
+    /// Kept open: closing a member would take it out of the group.
+    _members: Vec<Counter>,
+}
+
+impl TargetCounters {
+    /// Opens `events` (the caller's index, the event) on `target`; those that fail come back
+    /// with why, beside the counters that opened.
+    pub fn open(
+        events: &[(usize, &PerfEvent)],
+        target: &Target<'_>,
+    ) -> (TargetCounters, Vec<(usize, io::Error)>) {
+        let mut counters = TargetCounters::default();
+        let mut errors = Vec::new();
+        for (index, event) in events {
+            let software = matches!(event.kind, EventKind::Software(_));
+            let opened = match (&mut counters.software, software) {
+                (None, true) => builder(event, target)
+                    .read_format(
+                        ReadFormat::GROUP
+                            | ReadFormat::ID
+                            | ReadFormat::TOTAL_TIME_ENABLED
+                            | ReadFormat::TOTAL_TIME_RUNNING,
+                    )
+                    .build_group()
+                    .map(|group| {
+                        let leader = group.into_counter();
+                        counters.software = Some(SoftwareGroup {
+                            events: vec![(leader.id(), *index)],
+                            leader,
+                            _members: Vec::new(),
+                        });
+                    }),
+                (Some(group), true) => builder(event, target)
+                    .build_with_group(&mut group.leader)
+                    .map(|member| {
+                        group.events.push((member.id(), *index));
+                        group._members.push(member);
+                    }),
+                (_, false) => {
+                    open(event, target).map(|counter| counters.alone.push((*index, counter)))
+                }
+            };
+            if let Err(e) = opened {
+                errors.push((*index, e));
+            }
+        }
+        (counters, errors)
+    }
+
+    /// Adds each event's count, scaled for multiplexing, to `totals[index]`.
+    pub fn add_to(&mut self, totals: &mut [u64]) {
+        if let Some(group) = &mut self.software {
+            if let Ok(data) = group.leader.read_group() {
+                let ns = |d: Option<std::time::Duration>| {
+                    d.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+                };
+                let (enabled, running) = (ns(data.time_enabled()), ns(data.time_running()));
+                for entry in data.iter() {
+                    let index = group.events.iter().find(|(id, _)| *id == entry.id());
+                    if let Some(total) = index.and_then(|(_, i)| totals.get_mut(*i)) {
+                        *total = total.saturating_add(scale(entry.value(), enabled, running));
+                    }
+                }
+            }
+        }
+        for (index, counter) in &mut self.alone {
+            if let (Ok(v), Some(total)) = (read_scaled(counter), totals.get_mut(*index)) {
+                *total = total.saturating_add(v);
+            }
+        }
+    }
+
+    /// Open descriptors.
+    pub fn descriptors(&self) -> usize {
+        self.software.as_ref().map_or(0, |g| g.events.len()) + self.alone.len()
+    }
 }
 
 /// Whether an open failed because this CPU or kernel lacks the event (a VM without a PMU, an

@@ -14,12 +14,11 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use perf_event::Counter;
 use serde::Deserialize;
 
 use crate::collect::Capability;
 use crate::host::cgroup::CgroupVersion;
-use crate::host::perf::{self, EventGroup, PerfEvent, Target, EVENTS};
+use crate::host::perf::{self, EventGroup, PerfEvent, Target, TargetCounters, EVENTS};
 use crate::host::procfs;
 use crate::metrics::{Labels, MetricSet};
 
@@ -135,7 +134,7 @@ pub struct PerfUnit<'a> {
 struct Root {
     /// Clock ticks after boot when its counters opened.
     opened_at: u64,
-    counters: Vec<(usize, Counter)>,
+    counters: Vec<TargetCounters>,
 }
 
 /// What is counted of one unit.
@@ -144,7 +143,7 @@ struct UnitCounters {
     /// Counts of counters already closed, per event.
     closed: Vec<u64>,
     /// Cgroup mode: per event and CPU; opened once.
-    cgroup: Option<Vec<(usize, Counter)>>,
+    cgroup: Option<Vec<TargetCounters>>,
     /// Task mode: the processes counted through their own counters.
     roots: HashMap<u32, Root>,
     /// Processes counted through a root's inherited counters: pid → root pid.
@@ -162,11 +161,9 @@ impl UnitCounters {
         }
     }
 
-    fn close(&mut self, counters: Vec<(usize, Counter)>) {
-        for (event, mut c) in counters {
-            if let Ok(v) = perf::read_scaled(&mut c) {
-                self.closed[event] = self.closed[event].saturating_add(v);
-            }
+    fn close(&mut self, counters: Vec<TargetCounters>) {
+        for mut c in counters {
+            c.add_to(&mut self.closed);
         }
     }
 
@@ -182,8 +179,10 @@ impl UnitCounters {
     }
 
     fn fds(&self) -> usize {
-        self.cgroup.as_ref().map_or(0, Vec::len)
-            + self.roots.values().map(|r| r.counters.len()).sum::<usize>()
+        let all = self.cgroup.iter().flatten();
+        all.chain(self.roots.values().flat_map(|r| &r.counters))
+            .map(TargetCounters::descriptors)
+            .sum()
     }
 }
 
@@ -204,7 +203,7 @@ struct Opened {
     uuid: String,
     /// Some((pid, opened_at)) for a process.
     process: Option<(u32, u64)>,
-    counters: Vec<(usize, Counter)>,
+    counters: Vec<TargetCounters>,
     errors: Vec<(usize, io::Error)>,
 }
 
@@ -385,10 +384,8 @@ impl PerfStats {
                     .values_mut()
                     .flat_map(|r| r.counters.iter_mut()),
             );
-            for (event, c) in live {
-                if let Ok(v) = perf::read_scaled(c) {
-                    totals[*event] = totals[*event].saturating_add(v);
-                }
+            for c in live {
+                c.add_to(&mut totals);
             }
             let labels = Labels::new(&[
                 ("hostname", hostname),
@@ -586,15 +583,15 @@ fn open_request(
         OpenRequest::Cgroup { uuid, dir, cpus } => {
             match File::open(&dir) {
                 Ok(file) => {
-                    for (i, e) in events {
-                        for &cpu in &cpus {
-                            match perf::open(e, &Target::Cgroup { dir: &file, cpu }) {
-                                Ok(c) => counters.push((*i, c)),
-                                Err(err) => {
-                                    errors.push((*i, err));
-                                    break;
-                                }
-                            }
+                    let mut events = events.to_vec();
+                    for &cpu in &cpus {
+                        let (opened, failed) =
+                            TargetCounters::open(&events, &Target::Cgroup { dir: &file, cpu });
+                        // An event that fails on one CPU is not asked for on the others.
+                        events.retain(|(i, _)| !failed.iter().any(|(f, _)| f == i));
+                        errors.extend(failed);
+                        if opened.descriptors() > 0 {
+                            counters.push(opened);
                         }
                     }
                 }
@@ -615,18 +612,18 @@ fn open_request(
                         .collect()
                 })
                 .unwrap_or_default();
-            for (i, e) in events {
-                for &tid in &tids {
-                    match perf::open(e, &Target::Task(tid)) {
-                        Ok(c) => counters.push((*i, c)),
-                        Err(err) => {
-                            let unsupported = perf::is_unsupported(&err);
-                            errors.push((*i, err));
-                            if unsupported {
-                                break;
-                            }
-                        }
-                    }
+            let mut events = events.to_vec();
+            for &tid in &tids {
+                let (opened, failed) = TargetCounters::open(&events, &Target::Task(tid));
+                // What this CPU lacks is not asked for on the other threads.
+                events.retain(|(i, _)| {
+                    !failed
+                        .iter()
+                        .any(|(f, e)| f == i && perf::is_unsupported(e))
+                });
+                errors.extend(failed);
+                if opened.descriptors() > 0 {
+                    counters.push(opened);
                 }
             }
             Opened {
