@@ -1,7 +1,8 @@
 //! Real libvirt and KVM: start libvirtd (no systemd here, so libvirt uses its own `machine/`
 //! cgroup layout), define a diskless domain carrying Nova's metadata, boot it (it idles in its
 //! firmware) and scrape the `libvirt` collector: the VM is a unit with its instance UUID, CPU
-//! seconds that grow and the memory its cgroup files hold.
+//! seconds that grow and the memory its cgroup files hold; with perf and eBPF on, QEMU's
+//! context switches are counted for the VM and the collector still succeeds.
 
 mod common;
 
@@ -186,6 +187,9 @@ fn a_booted_vm_is_a_unit_with_its_instance_uuid() {
         &[
             "--collector.disable-defaults",
             "--collector.libvirt",
+            "--collector.perf.software-events",
+            "--collector.ebpf.io-metrics",
+            "--collector.ebpf.network-metrics",
             "--web.disable-exporter-metrics",
         ],
     );
@@ -221,6 +225,21 @@ fn a_booted_vm_is_a_unit_with_its_instance_uuid() {
         "CPU seconds of the VM did not grow: {before} then {after}"
     );
 
+    // perf counts QEMU's threads (its vCPUs among them), opened at the first scrape.
+    let switches = |text: &str| vm_series(text, "ceems_perf_context_switches_total");
+    let text = exporter.get("/metrics");
+    let first_switches = switches(&text);
+    std::thread::sleep(Duration::from_secs(2));
+    let last_switches = switches(&exporter.get("/metrics"));
+    assert!(
+        first_switches.is_some_and(|a| last_switches.is_some_and(|b| b > a)),
+        "the VM's context switches were not counted: {first_switches:?} then {last_switches:?}"
+    );
+    assert!(
+        text.contains("ceems_scrape_collector_success{collector=\"libvirt\"} 1"),
+        "the libvirt collector failed with perf and eBPF on:\n{text}"
+    );
+
     // Memory against the VM's own cgroup file, read right after the scrape.
     let text = exporter.get("/metrics");
     let scraped = vm_series(&text, "ceems_compute_unit_memory_used_bytes").unwrap();
@@ -236,6 +255,6 @@ fn a_booted_vm_is_a_unit_with_its_instance_uuid() {
         file.display()
     );
     println!(
-        "{name} ({uuid}): cpu {before:.3} s then {after:.3} s; memory exporter {scraped} / kernel {kernel}"
+        "{name} ({uuid}): cpu {before:.3} s then {after:.3} s; memory exporter {scraped} / kernel {kernel}; context switches {first_switches:?} then {last_switches:?}"
     );
 }
