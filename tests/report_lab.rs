@@ -267,6 +267,21 @@ fn a_sleeping_job_gets_the_cpu_finding_and_its_report_renders_in_a_browser() {
     // The lab has no GPU: the page says so instead of drawing an empty plot.
     assert!(json.contains("No gpu use plot"), "{json}");
 
+    // The text form, as `curl` on a login node gets it: the finding and a line per plot.
+    let (status, text) = get(&server, &format!("{page}.txt"), Some("alice"));
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        text.contains("It used 0.0 of its 2 CPU cores on average"),
+        "{text}"
+    );
+    let drawn = text
+        .lines()
+        .filter(|l| l.contains('▁') || l.contains('█'))
+        .count();
+    assert_eq!(drawn, plots.len(), "{text}");
+    assert_eq!(get(&server, &format!("{page}.txt"), Some("bob")).0, 403);
+    println!("{text}");
+
     // In a real browser, through a proxy that sets the user, with JavaScript off.
     let proxy = UserProxy::start(server.port, "alice");
     let dom = browse(&proxy.url(&page), &["--dump-dom"]);

@@ -2,7 +2,8 @@
 //! JavaScript, nothing loaded from elsewhere) with the job's facts, its findings and advice,
 //! plots of its CPU, memory, GPU use and power drawn here as SVG from Prometheus range
 //! queries, and its energy and emissions; `/report/{cluster}/{jobid}.json` says the same for
-//! scripts. The user and admins are as for the API.
+//! scripts, and `/report/{cluster}/{jobid}.txt` as plain text for a terminal or a mail. The
+//! user and admins are as for the API.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,9 +17,11 @@ use super::prometheus::{PromError, RangeQuery};
 
 mod html;
 mod svg;
+mod text;
 
 use html::{escape, render_html};
 pub use svg::svg;
+use text::render_text;
 
 /// One plot of the report.
 struct PlotSpec {
@@ -102,15 +105,33 @@ pub struct Page {
     pub body: String,
 }
 
+/// The forms a report comes in, by the path's suffix.
+#[derive(Clone, Copy, PartialEq)]
+enum Form {
+    Html,
+    Json,
+    Text,
+}
+
 impl Page {
-    fn error(e: ApiError, html: bool) -> Page {
+    fn error(e: ApiError, form: Form) -> Page {
         let status = e.status();
-        if !html {
-            return Page {
-                status,
-                content_type: "application/json",
-                body: Answer::from(e).text().to_owned(),
-            };
+        match form {
+            Form::Json => {
+                return Page {
+                    status,
+                    content_type: "application/json",
+                    body: Answer::from(e).text().to_owned(),
+                }
+            }
+            Form::Text => {
+                return Page {
+                    status,
+                    content_type: "text/plain; charset=utf-8",
+                    body: format!("{status}: {}\n", text::clean(&e.to_string())),
+                }
+            }
+            Form::Html => {}
         }
         Page {
             status,
@@ -136,43 +157,49 @@ impl Reports {
         }
     }
 
-    /// Answers `GET /report/{cluster}/{jobid}[.json]` for `user` at `now`.
+    /// Answers `GET /report/{cluster}/{jobid}[.json|.txt]` for `user` at `now`.
     pub async fn handle(&self, path: &str, user: Option<&str>, now: i64) -> Page {
         let rest = path.strip_prefix("/report/").unwrap_or("");
-        let (rest, html) = match rest.strip_suffix(".json") {
-            Some(r) => (r, false),
-            None => (rest, true),
+        let (rest, form) = if let Some(r) = rest.strip_suffix(".json") {
+            (r, Form::Json)
+        } else if let Some(r) = rest.strip_suffix(".txt") {
+            (r, Form::Text)
+        } else {
+            (rest, Form::Html)
         };
         let Some((cluster, job)) = rest.split_once('/') else {
             return Page::error(
                 ApiError::NotFound("expected /report/{cluster}/{jobid}".into()),
-                html,
+                form,
             );
         };
         let user = match self.api.user(user) {
             Ok(u) => u,
-            Err(a) => return Page::error(a, html),
+            Err(a) => return Page::error(a, form),
         };
         let id = match self.api.authorize_job(cluster, job, user).await {
             Ok(id) => id,
-            Err(a) => return Page::error(a, html),
+            Err(a) => return Page::error(a, form),
         };
         let data = match self.data(id, cluster, job, now).await {
             Ok(d) => d,
-            Err(a) => return Page::error(a, html),
+            Err(a) => return Page::error(a, form),
         };
-        if html {
-            Page {
-                status: StatusCode::OK,
-                content_type: "text/html; charset=utf-8",
-                body: render_html(cluster, job, &data),
-            }
-        } else {
-            Page {
-                status: StatusCode::OK,
-                content_type: "application/json",
-                body: json!({"status": "success", "data": data}).to_string(),
-            }
+        let (content_type, body) = match form {
+            Form::Html => ("text/html; charset=utf-8", render_html(cluster, job, &data)),
+            Form::Text => (
+                "text/plain; charset=utf-8",
+                render_text(cluster, job, &data),
+            ),
+            Form::Json => (
+                "application/json",
+                json!({"status": "success", "data": data}).to_string(),
+            ),
+        };
+        Page {
+            status: StatusCode::OK,
+            content_type,
+            body,
         }
     }
 
@@ -370,6 +397,15 @@ mod tests {
         assert_eq!(html.content_type, "text/html; charset=utf-8");
         let json = r.handle("/report/lab/1.json", Some("alice"), now).await;
         assert_eq!(json.content_type, "application/json");
+        let text = r.handle("/report/lab/1.txt", Some("alice"), now).await;
+        assert_eq!(text.content_type, "text/plain; charset=utf-8");
+        let refused = r.handle("/report/lab/1.txt", Some("bob"), now).await;
+        assert_eq!(refused.status, StatusCode::FORBIDDEN);
+        assert!(
+            refused.body.starts_with("403 Forbidden: ") && !refused.body.contains("physics"),
+            "{}",
+            refused.body
+        );
         let forbidden = r.handle("/report/lab/1", Some("bob"), now).await;
         assert!(
             forbidden.body.contains("<h1>403 Forbidden</h1>"),
@@ -409,6 +445,21 @@ mod tests {
             body.contains("0:10:00 of 1:00:00 asked for"),
             "elapsed time: {body}"
         );
+
+        // The text form says the same: findings, advice, a line per plot, why others are missing.
+        let text = r.handle("/report/lab/1.txt", Some("alice"), now).await.body;
+        assert!(text.starts_with("Job 1 "), "{text}");
+        assert!(text.contains("ended in state FAILED"), "{text}");
+        assert!(text.contains("Read the job's error output"), "{text}");
+        assert!(text.contains("0:10:00 of 1:00:00 asked for"), "{text}");
+        let drawn: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains('▁') || l.contains('█'))
+            .collect();
+        assert_eq!(drawn.len(), 2, "CPU and memory lines: {text}");
+        assert!(drawn[0].trim_start().starts_with("CPU use") && drawn[1].contains("Memory"));
+        assert!(text.contains("No gpu use plot") && text.contains("connection refused"));
+        assert!(!text.contains('<'), "markup in the text form: {text}");
 
         let json: Value = serde_json::from_str(
             &r.handle("/report/lab/1.json", Some("alice"), now)
