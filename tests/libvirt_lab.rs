@@ -2,7 +2,7 @@
 //! cgroup layout), define a diskless domain carrying Nova's metadata, boot it (it idles in its
 //! firmware) and scrape the `libvirt` collector: the VM is a unit with its instance UUID, CPU
 //! seconds that grow and the memory its cgroup files hold; with perf and eBPF on, QEMU's
-//! context switches are counted for the VM and the collector still succeeds.
+//! context switches and its firmware reads are counted for the VM.
 
 mod common;
 
@@ -178,9 +178,6 @@ fn a_booted_vm_is_a_unit_with_its_instance_uuid() {
     let _ = virsh(&["undefine", &name]);
     virsh(&["define", &xml.to_string_lossy()]).unwrap_or_else(|e| panic!("define: {e}"));
     let vm = Vm { name: name.clone() };
-    virsh(&["start", &vm.name]).unwrap_or_else(|e| panic!("start: {e}"));
-    let cgroup = memory_dir(&name).unwrap_or_else(|| panic!("no cgroup of {name}"));
-    println!("{name} runs in {}", cgroup.display());
 
     let exporter = start_exporter(
         Path::new("/"),
@@ -193,6 +190,10 @@ fn a_booted_vm_is_a_unit_with_its_instance_uuid() {
             "--web.disable-exporter-metrics",
         ],
     );
+    // Started after the exporter, so that eBPF sees QEMU read its firmware.
+    virsh(&["start", &vm.name]).unwrap_or_else(|e| panic!("start: {e}"));
+    let cgroup = memory_dir(&name).unwrap_or_else(|| panic!("no cgroup of {name}"));
+    println!("{name} runs in {}", cgroup.display());
     let vm_series = |text: &str, family: &str| -> Option<f64> {
         parse_series(text)
             .into_iter()
@@ -239,6 +240,16 @@ fn a_booted_vm_is_a_unit_with_its_instance_uuid() {
         text.contains("ceems_scrape_collector_success{collector=\"libvirt\"} 1"),
         "the libvirt collector failed with perf and eBPF on:\n{text}"
     );
+    // eBPF saw QEMU, in the VM's cgroup, read its firmware (SeaBIOS alone is 256 KiB).
+    let read: f64 = parse_series(&text)
+        .into_iter()
+        .filter(|(k, _)| {
+            name_of(k) == "ceems_ebpf_read_bytes_total"
+                && label_of(k, "uuid") == Some(uuid.as_str())
+        })
+        .map(|(_, v)| v)
+        .sum();
+    assert!(read >= 256.0 * 1024.0, "the VM read {read} bytes:\n{text}");
 
     // Memory against the VM's own cgroup file, read right after the scrape.
     let text = exporter.get("/metrics");
@@ -255,6 +266,6 @@ fn a_booted_vm_is_a_unit_with_its_instance_uuid() {
         file.display()
     );
     println!(
-        "{name} ({uuid}): cpu {before:.3} s then {after:.3} s; memory exporter {scraped} / kernel {kernel}; context switches {first_switches:?} then {last_switches:?}"
+        "{name} ({uuid}): cpu {before:.3} s then {after:.3} s; memory exporter {scraped} / kernel {kernel}; context switches {first_switches:?} then {last_switches:?}; read {read} bytes"
     );
 }
