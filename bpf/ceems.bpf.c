@@ -5,7 +5,7 @@
  *
  * Tracepoints, not kprobes or fentry/fexit: their records are an ABI, and they attach on
  * kernels built without kprobes or locked down against tracing programs. A call's file is
- * kept from the syscall's entry to its exit in `inflight`, storage of the task itself (5.11
+ * kept from the syscall's entry to its exit in `inflight`, storage of the task itself (5.12
  * or later), which costs a fraction of a hash map's update and delete. Socket lengths need
  * 6.3 or later.
  *
