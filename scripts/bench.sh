@@ -7,7 +7,7 @@
 # - real: REAL_JOBS (500) real v1 job cgroups with a sleeping process each (root only), on a
 #   CPU node and on a GPU node, in one run;
 # - subs: the perf and eBPF sub-collectors at 10, 100 and 500 real jobs (CPU per scrape and
-#   RSS, with and without them), and what they add to a job's own run time (a burner that
+#   RSS, with and without them), and what they add to a job's own CPU time (a burner that
 #   computes and does small file IO, timed with and without them).
 # Usage: scripts/bench.sh [SCRAPES [PART...]]   (default 30 scrapes, parts trees and real).
 # Prints tables; asserts nothing.
@@ -189,7 +189,7 @@ rounds=${ROUNDS:-9}
 burn_id=899000
 burn() { # ITERATIONS EVERY COUNTED
   burn_id=$((burn_id + 1))
-  local rel="slurm_bench/uid_0/job_$burn_id/step_batch/task_0" go="$work/go" t burner
+  local rel="slurm_bench/uid_0/job_$burn_id/step_batch/task_0" go="$work/go" burner
   mkdir -p "$cg/cpuacct/$rel" "$cg/memory/$rel"
   rm -f "$go" "$work/took"
   sh -c "echo \$\$ > $cg/cpuacct/$rel/cgroup.procs && echo \$\$ > $cg/memory/$rel/cgroup.procs && exec python3 -c '
