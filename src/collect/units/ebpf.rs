@@ -246,6 +246,106 @@ impl EbpfStats {
     }
 }
 
+/// The IO series' names and help, reads then writes: bytes, requests, errors.
+const IO_SERIES: [[(&str, &str); 3]; 2] = [
+    [
+        (
+            "ceems_ebpf_read_bytes_total",
+            "Total number of bytes read from a cgroup",
+        ),
+        (
+            "ceems_ebpf_read_requests_total",
+            "Total number of read requests from a cgroup",
+        ),
+        (
+            "ceems_ebpf_read_errors_total",
+            "Total number of read errors from a cgroup",
+        ),
+    ],
+    [
+        (
+            "ceems_ebpf_write_bytes_total",
+            "Total number of bytes written from a cgroup",
+        ),
+        (
+            "ceems_ebpf_write_requests_total",
+            "Total number of write requests from a cgroup",
+        ),
+        (
+            "ceems_ebpf_write_errors_total",
+            "Total number of write errors from a cgroup",
+        ),
+    ],
+];
+
+/// The file operations' series, requests then errors: open, create, unlink.
+const FILE_OP_SERIES: [[(&str, &str); 2]; 3] = [
+    [
+        (
+            "ceems_ebpf_open_requests_total",
+            "Total number of open requests from a cgroup",
+        ),
+        (
+            "ceems_ebpf_open_errors_total",
+            "Total number of open errors from a cgroup",
+        ),
+    ],
+    [
+        (
+            "ceems_ebpf_create_requests_total",
+            "Total number of create requests from a cgroup",
+        ),
+        (
+            "ceems_ebpf_create_errors_total",
+            "Total number of create errors from a cgroup",
+        ),
+    ],
+    [
+        (
+            "ceems_ebpf_unlink_requests_total",
+            "Total number of unlink requests from a cgroup",
+        ),
+        (
+            "ceems_ebpf_unlink_errors_total",
+            "Total number of unlink errors from a cgroup",
+        ),
+    ],
+];
+
+/// The traffic series, packets then bytes: ingress, egress, retransmissions.
+const TRAFFIC_SERIES: [[(&str, &str); 2]; 3] = [
+    [
+        (
+            "ceems_ebpf_ingress_packets_total",
+            "Total number of ingress packets from a cgroup",
+        ),
+        (
+            "ceems_ebpf_ingress_bytes_total",
+            "Total number of ingress bytes from a cgroup",
+        ),
+    ],
+    [
+        (
+            "ceems_ebpf_egress_packets_total",
+            "Total number of egress packets from a cgroup",
+        ),
+        (
+            "ceems_ebpf_egress_bytes_total",
+            "Total number of egress bytes from a cgroup",
+        ),
+    ],
+    [
+        (
+            "ceems_ebpf_retrans_packets_total",
+            "Total number of retransmission packets from a cgroup",
+        ),
+        (
+            "ceems_ebpf_retrans_bytes_total",
+            "Total number of retransmission bytes from a cgroup",
+        ),
+    ],
+];
+
 fn emit_io(
     mount_filter: &[String],
     snapshot: &Snapshot,
@@ -255,7 +355,10 @@ fn emit_io(
     hostname: &str,
     out: &mut MetricSet,
 ) {
-    for (map, op) in [(&snapshot.reads, "read"), (&snapshot.writes, "write")] {
+    for (map, series) in [&snapshot.reads, &snapshot.writes]
+        .into_iter()
+        .zip(&IO_SERIES)
+    {
         let mut sums: BTreeMap<(&str, &str), [u64; 3]> = BTreeMap::new();
         for (key, value) in map {
             let (Some(uuid), Some(mount)) = (owner.get(&key.cgroup), mounts.get(&key.dev)) else {
@@ -271,32 +374,16 @@ fn emit_io(
             sum[1] += value.calls;
             sum[2] += value.errors;
         }
-        for ((uuid, mount), [bytes, calls, errors]) in sums {
+        for ((uuid, mount), values) in sums {
             let labels = Labels::new(&[
                 ("hostname", hostname),
                 ("manager", manager),
                 ("mountpoint", mount),
                 ("uuid", uuid),
             ]);
-            let help = |what: &str| format!("Total number of {what} from a cgroup");
-            out.counter(
-                &format!("ceems_ebpf_{op}_bytes_total"),
-                &help(&format!("bytes {op}")),
-                labels.clone(),
-                bytes as f64,
-            );
-            out.counter(
-                &format!("ceems_ebpf_{op}_requests_total"),
-                &help(&format!("{op} requests")),
-                labels.clone(),
-                calls as f64,
-            );
-            out.counter(
-                &format!("ceems_ebpf_{op}_errors_total"),
-                &help(&format!("{op} errors")),
-                labels,
-                errors as f64,
-            );
+            for ((name, help), value) in series.iter().zip(values) {
+                out.counter(name, help, labels.clone(), value as f64);
+            }
         }
     }
     let mut ops: BTreeMap<&str, [u64; 6]> = BTreeMap::new();
@@ -318,20 +405,7 @@ fn emit_io(
     }
     for (uuid, values) in ops {
         let labels = Labels::new(&[("hostname", hostname), ("manager", manager), ("uuid", uuid)]);
-        for (i, op) in ["open", "create", "unlink"].iter().enumerate() {
-            out.counter(
-                &format!("ceems_ebpf_{op}_requests_total"),
-                &format!("Total number of {op} requests from a cgroup"),
-                labels.clone(),
-                values[2 * i] as f64,
-            );
-            out.counter(
-                &format!("ceems_ebpf_{op}_errors_total"),
-                &format!("Total number of {op} errors from a cgroup"),
-                labels.clone(),
-                values[2 * i + 1] as f64,
-            );
-        }
+        emit_pairs(out, &labels, &FILE_OP_SERIES, &values);
     }
 }
 
@@ -407,26 +481,20 @@ fn emit_network(
             ("proto", proto),
             ("uuid", uuid),
         ]);
-        for (i, (dir, what)) in [
-            ("ingress", "ingress"),
-            ("egress", "egress"),
-            ("retrans", "retransmission"),
-        ]
-        .iter()
-        .enumerate()
-        {
-            out.counter(
-                &format!("ceems_ebpf_{dir}_packets_total"),
-                &format!("Total number of {what} packets from a cgroup"),
-                labels.clone(),
-                values[2 * i] as f64,
-            );
-            out.counter(
-                &format!("ceems_ebpf_{dir}_bytes_total"),
-                &format!("Total number of {what} bytes from a cgroup"),
-                labels.clone(),
-                values[2 * i + 1] as f64,
-            );
+        emit_pairs(out, &labels, &TRAFFIC_SERIES, &values);
+    }
+}
+
+/// Each pair of series with its two values, in order.
+fn emit_pairs(
+    out: &mut MetricSet,
+    labels: &Labels,
+    series: &[[(&str, &str); 2]; 3],
+    values: &[u64; 6],
+) {
+    for (pair, v) in series.iter().zip(values.chunks_exact(2)) {
+        for ((name, help), value) in pair.iter().zip(v) {
+            out.counter(name, help, labels.clone(), *value as f64);
         }
     }
 }

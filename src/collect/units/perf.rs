@@ -221,6 +221,8 @@ struct State {
 /// The perf sub-collector of one unit collector.
 pub struct PerfStats {
     events: Vec<&'static PerfEvent>,
+    /// `ceems_perf_<metric>_total` of each event, made once rather than per unit and scrape.
+    names: Vec<String>,
     env_vars: Vec<String>,
     procfs: PathBuf,
     sysfs: PathBuf,
@@ -257,6 +259,10 @@ impl PerfStats {
             "perf sub-collector on"
         );
         Ok(Some(PerfStats {
+            names: events
+                .iter()
+                .map(|e| format!("ceems_perf_{}_total", e.metric))
+                .collect(),
             events,
             env_vars: settings.env_vars.clone(),
             procfs: procfs.to_owned(),
@@ -396,10 +402,9 @@ impl PerfStats {
                 let total = (*total).max(counters.last[event]);
                 counters.last[event] = total;
                 if total > 0 {
-                    let e = self.events[event];
                     out.counter(
-                        &format!("ceems_perf_{}_total", e.metric),
-                        e.help,
+                        &self.names[event],
+                        self.events[event].help,
                         labels.clone(),
                         total as f64,
                     );
