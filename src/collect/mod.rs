@@ -271,11 +271,11 @@ pub fn options() -> Vec<Opt> {
         .key("collector.perf.env-vars"),
         Opt::flag(
             "collector.ebpf.io-metrics",
-            "Count file system reads, writes, opens, creates and unlinks per unit with eBPF (ceems_ebpf_*; kernel 5.17 or later with BTF)",
+            "Count file system reads, writes, opens, creates and unlinks per unit with eBPF (ceems_ebpf_*; Linux 5.12 or later with BTF)",
         ),
         Opt::flag(
             "collector.ebpf.network-metrics",
-            "Count TCP and UDP traffic and TCP retransmissions per unit with eBPF (ceems_ebpf_ingress_*, egress_*, retrans_*)",
+            "Count TCP and UDP traffic and TCP retransmissions per unit with eBPF (ceems_ebpf_ingress_*, egress_*, retrans_*; Linux 6.3 or later)",
         ),
         Opt::new(
             "collector.ebpf.fs-mount-point",
