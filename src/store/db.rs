@@ -94,6 +94,13 @@ impl Store {
         })
     }
 
+    /// A write transaction that takes SQLite's write lock at once. A deferred one that read
+    /// first fails with "database is locked" when another writer (the digests, say) committed
+    /// meanwhile, instead of waiting its turn.
+    pub async fn write_tx(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, StoreError> {
+        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
@@ -116,7 +123,7 @@ impl Store {
         jobs: &[UnitRecord],
         now: i64,
     ) -> Result<usize, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         upsert(&mut tx, cluster, jobs, now).await?;
         tx.commit().await?;
         self.written();
@@ -246,7 +253,7 @@ impl Store {
         next_window: i64,
         now: i64,
     ) -> Result<usize, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         upsert(&mut tx, cluster, jobs, now).await?;
         sqlx::query(
             "INSERT INTO ingest_state (cluster_id, window_start) VALUES (?1, ?2)
@@ -322,7 +329,7 @@ impl Store {
         a: &Associations,
         now: i64,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         for table in ["users", "projects", "associations"] {
             sqlx::query(&format!("DELETE FROM {table} WHERE cluster_id = ?1"))
                 .bind(cluster)
@@ -366,7 +373,7 @@ impl Store {
 
     /// Replaces the admin users that came from `source` (the configuration).
     pub async fn set_admins(&self, source: &str, names: &[String]) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         sqlx::query("DELETE FROM admin_users WHERE source = ?1")
             .bind(source)
             .execute(&mut *tx)
@@ -460,7 +467,7 @@ impl Store {
         deltas: &[AggregateDelta],
         now: i64,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         for d in deltas {
             // A mean absent from this window keeps its value; weights are the covered seconds.
             sqlx::query(
@@ -517,7 +524,7 @@ impl Store {
 
     /// Rebuilds the per-project, per-user usage of `cluster` from its jobs.
     pub async fn rebuild_usage(&self, cluster: &str, now: i64) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         sqlx::query("DELETE FROM usage WHERE cluster_id = ?1")
             .bind(cluster)
             .execute(&mut *tx)
