@@ -23,6 +23,8 @@ if [ "$(id -u)" = 0 ]; then
   python3 -c 'import pyghmi' 2>/dev/null || python3 -m pip install -q pyghmi >/dev/null 2>&1 || true
   # A real Redfish emulator (tests/redfish_emulator.rs).
   python3 -c 'import sushy_tools.static.main' 2>/dev/null || python3 -m pip install -q sushy-tools >/dev/null 2>&1 || true
+  # A real SMTP server for the mail tests (tests/mail.rs, tests/slurm_mail_lab.rs).
+  python3 -c 'import aiosmtpd' 2>/dev/null || python3 -m pip install -q aiosmtpd >/dev/null 2>&1 || true
 fi
 # The eBPF object is rebuilt from its C source, so the tests load what clang just built.
 if [ "$(id -u)" = 0 ]; then

@@ -10,6 +10,7 @@ pub mod host;
 pub mod log;
 pub mod manager;
 pub mod metrics;
+pub mod notify;
 pub mod proxy;
 pub mod security;
 pub mod store;

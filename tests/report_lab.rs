@@ -9,61 +9,16 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::bmc::{Flavor, PowerModel, StandinBmc};
+use common::browser::{browse, chromium};
 use common::lab::{
     lab, prometheus_scraping, prometheus_tools, start_stats_server, submit, wait_jobs_gone,
     wait_until, write_burner, CancelOnDrop, BURNER,
 };
-use common::{ensure_tools, runnable, start_exporter};
-
-fn chromium() -> Result<(), String> {
-    ensure_tools(
-        || {
-            Command::new("chromium")
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        },
-        &["chromium"],
-        &[],
-    )
-}
-
-/// Runs headless chromium on `url` with a throwaway profile whose content settings block
-/// JavaScript. (`--blink-settings=scriptEnabled=false` would also stop headless chromium's own
-/// `--dump-dom` and `--screenshot`.)
-fn browse(url: &str, args: &[&str]) -> String {
-    let profile = tempfile::tempdir().unwrap();
-    std::fs::create_dir(profile.path().join("Default")).unwrap();
-    std::fs::write(
-        profile.path().join("Default/Preferences"),
-        r#"{"profile":{"default_content_setting_values":{"javascript":2}}}"#,
-    )
-    .unwrap();
-    let out = Command::new("chromium")
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--hide-scrollbars",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .args(args)
-        .arg(url)
-        .output()
-        .expect("run chromium");
-    assert!(
-        out.status.success(),
-        "chromium {args:?} {url}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::{runnable, start_exporter};
 
 /// What a site's auth proxy does in front of the stats-server: it adds the user header. A
 /// browser cannot set it, so chromium goes through this one. It records each response's

@@ -3,6 +3,7 @@
 pub mod assets;
 pub mod check_privileges;
 pub mod exporter;
+pub mod mail_opts;
 pub mod redfish_proxy;
 pub mod stats_server;
 

@@ -2,9 +2,11 @@
 #![allow(dead_code)]
 
 pub mod bmc;
+pub mod browser;
 pub mod cgroup;
 pub mod http;
 pub mod lab;
+pub mod mail;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;

@@ -31,8 +31,28 @@ pub(super) struct Source {
     pub(super) stats: Stats,
 }
 
-pub(super) fn metrics(sources: &[Source]) -> String {
+/// What the digests did since start, served on /metrics.
+#[derive(Default)]
+pub(super) struct MailStats {
+    pub(super) sent: AtomicU64,
+    pub(super) deferred: AtomicU64,
+    pub(super) refused: AtomicU64,
+}
+
+pub(super) fn metrics(sources: &[Source], mail: &MailStats) -> String {
     let mut set = MetricSet::new();
+    for (status, v) in [
+        ("sent", &mail.sent),
+        ("deferred", &mail.deferred),
+        ("refused", &mail.refused),
+    ] {
+        set.counter(
+            "ceems_stats_mail_messages_total",
+            "Digest deliveries by outcome: sent, deferred (retried next period) or refused",
+            Labels::new(&[("status", status)]),
+            v.load(Ordering::Relaxed) as f64,
+        );
+    }
     for s in sources {
         let labels = Labels::new(&[("cluster_id", &s.cluster.id)]);
         let st = &s.stats;
@@ -186,6 +206,38 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
             Ok(0) => {}
             Ok(n) => tracing::info!(jobs = n, "deleted jobs past the retention period"),
             Err(e) => tracing::warn!(error = %e, "retention failed"),
+        }
+    }
+}
+
+/// Every period: the digest round. Rounds are spaced by the period across restarts.
+pub(super) async fn notify_loop(store: Arc<Store>, notifier: Notifier, stats: Arc<MailStats>) {
+    loop {
+        let wait = notifier.wait(&store, unix_now()).await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot read when the last digest went; trying in a minute");
+            Duration::from_secs(60)
+        });
+        tokio::time::sleep(wait).await;
+        match notifier.round(&store, unix_now()).await {
+            Ok(r) => {
+                stats.sent.fetch_add(r.sent as u64, Ordering::Relaxed);
+                stats
+                    .deferred
+                    .fetch_add(r.deferred as u64, Ordering::Relaxed);
+                stats.refused.fetch_add(r.refused as u64, Ordering::Relaxed);
+                tracing::info!(
+                    queued = r.queued,
+                    sent = r.sent,
+                    deferred = r.deferred,
+                    refused = r.refused,
+                    quiet_jobs = r.quiet_jobs,
+                    "digest round"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "digest round failed; trying again in a minute");
+                tokio::time::sleep(Duration::from_secs(60)).await;
+            }
         }
     }
 }

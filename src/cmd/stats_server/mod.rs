@@ -16,6 +16,8 @@ use crate::config::{self, Kind, Layered, LogConfig, Opt};
 use crate::manager::slurm::accounting::SlurmAccounting;
 use crate::manager::slurm::runner::{self, RunMode, SlurmCommand};
 use crate::metrics::{Labels, MetricSet, TEXT_CONTENT_TYPE};
+use crate::notify::outbox::Notifier;
+use crate::notify::smtp::Delivery;
 use crate::store::aggregate::{self, Limits, Queries};
 use crate::store::api::Api;
 use crate::store::db::{self, Store};
@@ -165,7 +167,38 @@ pub fn opts() -> Vec<Opt> {
             Kind::FileOnly,
             "PromQL templates of the aggregates ($uuids, $range); see examples/ceems.toml",
         ),
+        Opt::new(
+            "web.external-url",
+            Kind::Str,
+            "URL users reach this server at, for the report links in mails (empty: http://<this host>:<port>)",
+        )
+        .default(""),
+        Opt::new(
+            "notify.period",
+            Kind::Duration,
+            "Time between two digests of findings mailed to users",
+        )
+        .default("1d"),
+        Opt::new(
+            "notify.min-severity",
+            Kind::Str,
+            "Jobs are mailed about when a finding is at least this severe: info, warning or critical",
+        )
+        .default("warning"),
+        Opt::new(
+            "notify.opt-out",
+            Kind::List,
+            "User who gets no digest (repeatable)",
+        )
+        .default(""),
+        Opt::new(
+            "notify.eml-dir",
+            Kind::Str,
+            "Dry run: write each digest as an .eml file into this directory instead of sending it",
+        )
+        .default(""),
     ]);
+    opts.extend(super::mail_opts::opts("notify."));
     opts.extend(crate::security::opts());
     opts.extend(config::log_opts());
     opts
@@ -201,6 +234,19 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         storage.data.backup.keep >= 1,
         "--storage.data.backup.keep must be at least 1"
     );
+
+    let notify: NotifySettings = settings.get("notify")?;
+    let external: String = settings.get("web.external-url")?;
+    let notifier = notify
+        .notifier(
+            external_url(&external, &listen),
+            cluster_list
+                .iter()
+                .filter(|c| !c.prometheus_url.as_deref().unwrap_or(&prom.url).is_empty())
+                .map(|c| c.id.clone())
+                .collect(),
+        )
+        .context("[stats-server.notify]")?;
 
     let listener = web::bind_std(&listen)?;
     let security: crate::security::SecuritySettings = settings.get("security")?;
@@ -302,6 +348,10 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 retention: storage.data.retention_period,
             },
         ));
+        let mail = Arc::new(MailStats::default());
+        if let Some(notifier) = notifier {
+            tokio::spawn(notify_loop(Arc::clone(&store), notifier, Arc::clone(&mail)));
+        }
         if !storage.data.backup.path.is_empty() {
             tokio::spawn(backup_loop(
                 Arc::clone(&store),
@@ -327,6 +377,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         ));
         let handler: web::Handler = Arc::new(move |req| {
             let sources = Arc::clone(&sources);
+            let mail = Arc::clone(&mail);
             let api = Arc::clone(&api);
             let reports = Arc::clone(&reports);
             Box::pin(async move {
@@ -358,7 +409,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 match path {
                     "/health" => web::text_response(StatusCode::OK, "OK\n"),
                     "/metrics" => web::body_response(
-                        metrics(&sources),
+                        metrics(&sources, &mail),
                         TEXT_CONTENT_TYPE,
                         web::accepts_gzip(&req),
                     ),

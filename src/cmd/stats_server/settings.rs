@@ -132,3 +132,70 @@ pub fn run_mode(run_as_user: &str, probe: &std::path::Path) -> RunMode {
     tracing::info!(mode = %mode, reasons = %why.join("; "), "how sacct and sacctmgr run");
     mode
 }
+
+/// `[stats-server.notify]`: digests of findings mailed to users.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) struct NotifySettings {
+    #[serde(flatten)]
+    pub(super) mail: super::super::mail_opts::MailSettings,
+    #[serde(deserialize_with = "config::de_duration")]
+    pub(super) period: Duration,
+    pub(super) min_severity: crate::store::findings::Severity,
+    pub(super) opt_out: Vec<String>,
+    pub(super) eml_dir: String,
+}
+
+impl NotifySettings {
+    /// The notifier, or None when neither an SMTP server nor a dry-run directory is set.
+    pub(super) fn notifier(
+        &self,
+        base_url: String,
+        aggregated_clusters: std::collections::HashSet<String>,
+    ) -> anyhow::Result<Option<Notifier>> {
+        let delivery = if !self.eml_dir.is_empty() {
+            tracing::info!(dir = %self.eml_dir, "digests are written as .eml files, not sent (--notify.eml-dir)");
+            Delivery::Directory(PathBuf::from(&self.eml_dir))
+        } else {
+            match self.mail.server()? {
+                Some(server) => {
+                    tracing::info!(host = %server.host, port = server.port, tls = ?server.security, "digests go to the SMTP server");
+                    self.mail.delivery(&server)?
+                }
+                None => return Ok(None),
+            }
+        };
+        anyhow::ensure!(
+            self.period >= Duration::from_secs(1),
+            "notify.period must be at least 1s"
+        );
+        Ok(Some(Notifier {
+            from: self.mail.sender()?,
+            addresses: self.mail.addresses()?,
+            min_severity: self.min_severity,
+            opt_out: self
+                .opt_out
+                .iter()
+                .filter(|u| !u.is_empty())
+                .cloned()
+                .collect(),
+            base_url,
+            aggregated_clusters,
+            delivery,
+            period: self.period,
+        }))
+    }
+}
+
+/// `--web.external-url`, else this host's name and the port listened on.
+pub(super) fn external_url(configured: &str, listen: &str) -> String {
+    if !configured.is_empty() {
+        return configured.trim_end_matches('/').to_owned();
+    }
+    let port = listen.rsplit(':').next().unwrap_or("9020");
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("http://{host}:{port}")
+}

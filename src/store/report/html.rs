@@ -120,7 +120,7 @@ table{{border-collapse:collapse}}td,th{{text-align:left;padding:.2rem .8rem .2re
 }
 
 /// Text made safe inside HTML elements and quoted attributes.
-pub(super) fn escape(s: &str) -> String {
+pub fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {

@@ -19,8 +19,10 @@ mod html;
 mod svg;
 mod text;
 
-use html::{escape, render_html};
+pub use html::escape;
+use html::render_html;
 pub use svg::svg;
+pub use text::clean;
 use text::render_text;
 
 /// One plot of the report.

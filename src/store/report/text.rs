@@ -11,7 +11,7 @@ const BLOCKS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█
 
 /// Text from the job's record made safe for a terminal: control characters (newlines, escape
 /// sequences that could rewrite the screen) are shown as escapes, not sent.
-pub(super) fn clean(s: &str) -> String {
+pub fn clean(s: &str) -> String {
     s.chars()
         .flat_map(|c| {
             let shown: Vec<char> = if c.is_control() {

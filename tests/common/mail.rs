@@ -1,0 +1,118 @@
+//! A real SMTP server for the mail tests: aiosmtpd (PyPI) running `tests/tools/smtp-sink.py`
+//! on 127.0.0.1, each accepted message kept as a file with its envelope and decoded parts.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::{ensure_tools, free_port, KillOnDrop};
+
+pub fn aiosmtpd() -> Result<(), String> {
+    ensure_tools(
+        || {
+            Command::new("python3")
+                .args(["-c", "import aiosmtpd"])
+                .status()
+                .is_ok_and(|s| s.success())
+        },
+        &[],
+        &["aiosmtpd"],
+    )
+}
+
+/// One message as the server took it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub envelope: serde_json::Value,
+    pub raw: String,
+}
+
+impl Received {
+    pub fn rcpt(&self) -> Vec<String> {
+        self.envelope["rcpt_tos"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    pub fn text(&self) -> &str {
+        self.envelope["plain"].as_str().unwrap_or("")
+    }
+
+    pub fn html(&self) -> &str {
+        self.envelope["html"].as_str().unwrap_or("")
+    }
+}
+
+pub struct SmtpSink {
+    pub port: u16,
+    pub dir: PathBuf,
+    process: Option<KillOnDrop>,
+    extra: Vec<String>,
+}
+
+impl SmtpSink {
+    /// A plain server on a free port, writing into `dir`.
+    pub fn start(dir: &Path) -> SmtpSink {
+        SmtpSink::start_with(dir, &[])
+    }
+
+    /// With the script's extra arguments (`--cert`, `--key`, `--login`).
+    pub fn start_with(dir: &Path, extra: &[&str]) -> SmtpSink {
+        let mut sink = SmtpSink {
+            port: free_port(),
+            dir: dir.to_owned(),
+            process: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        sink.resume();
+        sink
+    }
+
+    /// Stops it: the port then refuses connections.
+    pub fn stop(&mut self) {
+        self.process = None;
+    }
+
+    /// Starts it again on the same port and directory.
+    pub fn resume(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/smtp-sink.py");
+        let mut child = Command::new("python3")
+            .arg(script)
+            .arg(format!("--port={}", self.port))
+            .arg(format!("--dir={}", self.dir.display()))
+            .args(&self.extra)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the SMTP sink");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        let guard = KillOnDrop(child);
+        BufReader::new(stdout).read_line(&mut line).expect("read");
+        assert_eq!(line.trim(), "ready", "the SMTP sink did not start");
+        self.process = Some(guard);
+    }
+
+    /// The messages received so far, oldest first.
+    pub fn received(&self) -> Vec<Received> {
+        let mut names: Vec<PathBuf> = std::fs::read_dir(&self.dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        names.retain(|p| p.extension().is_some_and(|e| e == "eml"));
+        names.sort();
+        names
+            .iter()
+            .map(|eml| Received {
+                envelope: serde_json::from_str(
+                    &std::fs::read_to_string(eml.with_extension("json")).expect("envelope"),
+                )
+                .expect("envelope JSON"),
+                raw: String::from_utf8_lossy(&std::fs::read(eml).expect("message")).into_owned(),
+            })
+            .collect()
+    }
+}
