@@ -250,6 +250,7 @@ pub async fn update(
     queries: &Queries,
     limits: &Limits,
     cluster: &str,
+    only: Option<&str>,
     now: i64,
 ) -> Result<AggregateReport, AggregateError> {
     let cutoff = i64::try_from(limits.cutoff.as_secs()).unwrap_or(i64::MAX);
@@ -257,7 +258,7 @@ pub async fn update(
         too_short: store.mark_too_short(cluster, cutoff, now).await?,
         ..Default::default()
     };
-    let targets = store.aggregate_targets(cluster, now).await?;
+    let targets = store.aggregate_targets(cluster, only, now).await?;
     let mut first_error = None;
     for (from, group) in groups(targets) {
         let range = now - from;
@@ -298,6 +299,7 @@ async fn query_batch(
         .iter()
         .map(|t| AggregateDelta {
             row: t.row,
+            counted_until: t.counted_until,
             to: t.to,
             ended: t.ended,
             seconds: t.to - t.from,
@@ -446,7 +448,7 @@ mod tests {
         let limits = Limits::default();
         let q = Queries::default();
 
-        let r = update(&store, fake.clone(), &q, &limits, "lab", 1600)
+        let r = update(&store, fake.clone(), &q, &limits, "lab", None, 1600)
             .await
             .unwrap();
         assert_eq!((r.updated, r.too_short), (1, 1));
@@ -459,7 +461,7 @@ mod tests {
 
         // Prometheus down: nothing written, the window stays where it was.
         *fake.down.lock().unwrap() = true;
-        assert!(update(&store, fake.clone(), &q, &limits, "lab", 2200)
+        assert!(update(&store, fake.clone(), &q, &limits, "lab", None, 2200)
             .await
             .is_err());
         *fake.down.lock().unwrap() = false;
@@ -471,7 +473,7 @@ mod tests {
         );
         let (jobs, _) = sacct::parse_output(&ended);
         store.ingest("lab", &jobs, 0, 2800).await.unwrap();
-        update(&store, fake.clone(), &q, &limits, "lab", 2800)
+        update(&store, fake.clone(), &q, &limits, "lab", None, 2800)
             .await
             .unwrap();
         assert!(fake
@@ -496,10 +498,70 @@ mod tests {
 
         // Done jobs are not asked again.
         fake.asked.lock().unwrap().clear();
-        let r = update(&store, fake.clone(), &q, &limits, "lab", 3400)
+        let r = update(&store, fake.clone(), &q, &limits, "lab", None, 3400)
             .await
             .unwrap();
         assert_eq!((r.updated, r.queries), (0, 0));
         assert!(fake.asked.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn one_job_can_be_updated_alone_and_a_window_read_twice_counts_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(&tmp.path().join("ceems.db")).await.unwrap();
+        let lines = "\
+1|debug|normal|physics|alice|2001|alice|2001|990|1000|Unknown|00:00:00|0|0:0|RUNNING|billing=2,cpu=2,mem=1G,node=1|localhost|/tmp|60|a
+2|debug|normal|physics|alice|2001|alice|2001|990|1000|Unknown|00:00:00|0|0:0|RUNNING|billing=2,cpu=2,mem=1G,node=1|localhost|/tmp|60|b
+";
+        let (jobs, _) = sacct::parse_output(lines);
+        store.ingest("lab", &jobs, 0, 1000).await.unwrap();
+        // Two updaters read job 1's window before either writes (an on-demand report beside
+        // the update loop): only the first write counts.
+        let early = store
+            .aggregate_targets("lab", Some("1"), 1600)
+            .await
+            .unwrap();
+        assert_eq!(early.len(), 1);
+        let fake = Arc::new(FakePrometheus::default());
+        let r = update(
+            &store,
+            fake.clone(),
+            &Queries::default(),
+            &Limits::default(),
+            "lab",
+            Some("1"),
+            1600,
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.updated, 1);
+        assert!(fake
+            .asked
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|q| q.contains(r#"uuid=~"1""#)));
+        let t = &early[0];
+        let late = AggregateDelta {
+            row: t.row,
+            counted_until: t.counted_until,
+            to: 1600,
+            seconds: 600,
+            cpu_seconds: 1200.0,
+            ..Default::default()
+        };
+        store.apply_aggregates(&[late], 1600).await.unwrap();
+        let rows = sqlx::query_as::<_, (String, f64, Option<i64>)>(
+            "SELECT uuid, cpu_seconds, aggregates_until FROM units ORDER BY uuid",
+        )
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+        assert_eq!(rows[0], ("1".to_owned(), 1200.0, Some(1600)));
+        assert_eq!(
+            rows[1],
+            ("2".to_owned(), 0.0, None),
+            "job 2 was not asked for"
+        );
     }
 }

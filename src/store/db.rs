@@ -303,6 +303,10 @@ pub struct AggregateTarget {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AggregateDelta {
     pub row: i64,
+    /// Where the job's counted window ended when this one was read: the delta applies only if
+    /// it still does, so a window counted meanwhile (an on-demand report, another server) is
+    /// not counted twice.
+    pub counted_until: Option<i64>,
     pub to: i64,
     pub ended: bool,
     /// Seconds of the job's life inside the window.
@@ -433,14 +437,16 @@ impl Store {
     pub async fn aggregate_targets(
         &self,
         cluster: &str,
+        only: Option<&str>,
         now: i64,
     ) -> Result<Vec<AggregateTarget>, StoreError> {
         let rows = sqlx::query(
             "SELECT id, uuid, aggregates_until, started_at, ended_at FROM units
              WHERE cluster_id = ?1 AND aggregates_status IN ('pending', 'partial')
-               AND started_at > 0",
+               AND started_at > 0 AND (?2 IS NULL OR uuid = ?2)",
         )
         .bind(cluster)
+        .bind(only)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows
@@ -495,7 +501,7 @@ impl Store {
                     aggregates_until = ?12,
                     aggregates_status = CASE WHEN ?13 THEN 'done' ELSE 'partial' END,
                     aggregates_updated_at = ?14
-                 WHERE id = ?1",
+                 WHERE id = ?1 AND aggregates_until IS ?18",
             )
             .bind(d.row)
             .bind(d.cpu_seconds)
@@ -514,6 +520,7 @@ impl Store {
             .bind(d.memory_peak_bytes)
             .bind(d.memory_fail_count)
             .bind(d.gpu_utilization_max)
+            .bind(d.counted_until)
             .execute(&mut *tx)
             .await?;
         }

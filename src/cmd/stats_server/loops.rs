@@ -171,6 +171,7 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                     &queries,
                     &limits,
                     id,
+                    None,
                     unix_now(),
                 )
                 .await
