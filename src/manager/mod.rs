@@ -143,6 +143,8 @@ pub trait Accounting: Send + Sync + 'static {
     fn manager(&self) -> &'static str;
     /// The units that were pending, running or ended in the last `seconds_ago` seconds.
     fn units_since(&self, seconds_ago: i64) -> Result<UnitRecords, AccountingError>;
+    /// The unit `id` whenever it ran: for a report asked for before the next pull has seen it.
+    fn unit(&self, id: &str) -> Result<UnitRecords, AccountingError>;
     /// The cluster's projects and members, with the records that could not be read; None
     /// when this cluster's are not pulled.
     fn associations(&self) -> Option<Result<(Associations, Vec<ParseError>), AccountingError>>;

@@ -6,5 +6,6 @@ pub mod db;
 pub mod findings;
 pub mod ingest;
 pub mod prometheus;
+pub mod refresh;
 pub mod report;
 pub mod unit_cache;

@@ -24,11 +24,15 @@ use crate::store::db::{self, Store};
 use crate::store::findings::Thresholds;
 use crate::store::ingest::{self, Cluster};
 use crate::store::prometheus::{HttpPrometheus, Prometheus, RangeQuery};
+use crate::store::refresh::{JobRefresh, RefreshSource};
 use crate::store::report::Reports;
 use crate::web;
 
 mod loops;
 mod settings;
+
+/// The longest a report waits for its job to be pulled and aggregated on demand.
+const REFRESH_TIMEOUT: Duration = Duration::from_secs(30);
 
 use loops::*;
 use settings::*;
@@ -336,6 +340,28 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("recording cluster `{}`", s.cluster.id))?;
         }
         tracing::info!(db = %db_path.display(), clusters = sources.len(), admins = admins.len(), "stats-server started");
+        let refresh = Arc::new(JobRefresh::new(
+            Arc::clone(&store),
+            sources
+                .iter()
+                .map(|s| {
+                    (
+                        s.cluster.id.clone(),
+                        RefreshSource {
+                            accounting: Arc::clone(&s.cluster.accounting),
+                            prometheus: s
+                                .prometheus
+                                .as_ref()
+                                .map(|p| Arc::clone(p) as Arc<dyn Prometheus>),
+                        },
+                    )
+                })
+                .collect(),
+            prom.queries.clone(),
+            limits.clone(),
+            thresholds.clone(),
+            REFRESH_TIMEOUT,
+        ));
         tokio::spawn(update_loop(
             Arc::clone(&store),
             Arc::clone(&sources),
@@ -374,7 +400,8 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 })
                 .collect(),
             i64::try_from(prom.scrape_interval.as_secs()).unwrap_or(15),
-        ));
+        )
+        .with_refresh(refresh));
         let handler: web::Handler = Arc::new(move |req| {
             let sources = Arc::clone(&sources);
             let mail = Arc::clone(&mail);

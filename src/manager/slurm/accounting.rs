@@ -23,20 +23,27 @@ pub struct SlurmAccounting {
 impl SlurmAccounting {
     /// The sacct arguments for jobs since `seconds_ago` until now, every user, allocations only.
     pub fn sacct_args(&self, seconds_ago: i64) -> Vec<String> {
-        let mut args = vec![
+        self.with_format(vec![
             "-D".into(),
-            "-X".into(),
-            "--noheader".into(),
-            "--allusers".into(),
-            "--parsable2".into(),
-            "--format".into(),
-            FIELDS.join(","),
             // Relative times: sacct reads absolute ones in the server's local time zone.
             "--starttime".into(),
             format!("now-{}", seconds_ago.max(0)),
             "--endtime".into(),
             "now".into(),
-        ];
+        ])
+    }
+
+    /// The sacct arguments for one job: with `--jobs` and no start time, sacct looks back to
+    /// the epoch.
+    pub fn sacct_job_args(&self, id: &str) -> Vec<String> {
+        self.with_format(vec!["--jobs".into(), id.to_owned()])
+    }
+
+    fn with_format(&self, mut args: Vec<String>) -> Vec<String> {
+        args.extend(
+            ["-X", "--noheader", "--allusers", "--parsable2", "--format"].map(str::to_owned),
+        );
+        args.push(FIELDS.join(","));
         if let Some(name) = &self.slurm_name {
             args.push(format!("--clusters={name}"));
         }
@@ -72,6 +79,19 @@ impl Accounting for SlurmAccounting {
             MAX_SACCT_OUTPUT,
         )?;
         // Lines are parsed as the caller pulls them, so a large window is never held twice.
+        Ok(Box::new(SacctRecords {
+            text: output,
+            at: 0,
+            line: 0,
+        }))
+    }
+
+    fn unit(&self, id: &str) -> Result<UnitRecords, AccountingError> {
+        let output = self.sacct.run(
+            &self.sacct_job_args(id),
+            &[("SLURM_TIME_FORMAT", "%s")],
+            MAX_SACCTMGR_OUTPUT,
+        )?;
         Ok(Box::new(SacctRecords {
             text: output,
             at: 0,
@@ -150,6 +170,9 @@ mod tests {
             slurm_name: Some("lab".into()),
         };
         assert!(acct.sacct_args(60).contains(&"--clusters=lab".to_owned()));
+        let one = acct.sacct_job_args("42");
+        assert!(one.windows(2).any(|w| w == ["--jobs", "42"]), "{one:?}");
+        assert!(!one.iter().any(|a| a == "--starttime"), "{one:?}");
         let got: Vec<_> = acct.units_since(60).unwrap().collect();
         assert_eq!(got.len(), 3, "{got:?}");
         assert_eq!(got[0].as_ref().unwrap().uuid, "1");

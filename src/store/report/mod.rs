@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 use super::api::{Answer, Api, ApiError};
 use super::prometheus::{PromError, RangeQuery};
+use super::refresh::{JobRefresh, Refreshed};
 
 mod html;
 mod svg;
@@ -95,6 +96,8 @@ pub struct Reports {
     prometheus: HashMap<String, Arc<dyn RangeQuery>>,
     /// The exporters' scrape interval, for rate windows.
     scrape_interval: i64,
+    /// Brings a job the periodic update has not reached up to date first.
+    refresh: Option<Arc<JobRefresh>>,
 }
 
 /// Points per plot at most: the step is fitted to the job's length.
@@ -156,7 +159,13 @@ impl Reports {
             api,
             prometheus,
             scrape_interval: scrape_interval.max(1),
+            refresh: None,
         }
+    }
+
+    pub fn with_refresh(mut self, refresh: Arc<JobRefresh>) -> Reports {
+        self.refresh = Some(refresh);
+        self
     }
 
     /// Answers `GET /report/{cluster}/{jobid}[.json|.txt]` for `user` at `now`.
@@ -179,14 +188,21 @@ impl Reports {
             Ok(u) => u,
             Err(a) => return Page::error(a, form),
         };
+        let refreshed = match &self.refresh {
+            Some(r) => r.refresh(cluster, job, now).await,
+            None => Refreshed::default(),
+        };
         let id = match self.api.authorize_job(cluster, job, user).await {
             Ok(id) => id,
             Err(a) => return Page::error(a, form),
         };
-        let data = match self.data(id, cluster, job, now).await {
+        let mut data = match self.data(id, cluster, job, now).await {
             Ok(d) => d,
             Err(a) => return Page::error(a, form),
         };
+        if let Some(partial) = refreshed.partial {
+            data.notes.insert(0, partial);
+        }
         let (content_type, body) = match form {
             Form::Html => ("text/html; charset=utf-8", render_html(cluster, job, &data)),
             Form::Text => (
