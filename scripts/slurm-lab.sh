@@ -71,6 +71,13 @@ mkdir -p "$gpu_dir"
 for n in 0 1; do
   [ -c "$gpu_dir/gpu$n" ] || mknod -m 666 "$gpu_dir/gpu$n" c 195 "$n"
 done
+# slurmctld's MailProg: a test puts `ceems mailprog` behind this path (tests/slurm_mail_lab.rs);
+# until then it takes the mail and drops it.
+mkdir -p /run/ceems-lab
+if [ ! -x /run/ceems-lab/mailprog ]; then
+  printf '#!/bin/sh\nexit 0\n' > /run/ceems-lab/mailprog
+  chmod 755 /run/ceems-lab/mailprog
+fi
 cat > /etc/slurm/gres.conf <<CONF
 NodeName=localhost Name=gpu File=$gpu_dir/gpu[0-1]
 CONF
@@ -95,6 +102,7 @@ SelectTypeParameters=CR_Core_Memory
 SchedulerParameters=batch_sched_delay=0
 DefMemPerCPU=1000
 ReturnToService=2
+MailProg=/run/ceems-lab/mailprog
 GresTypes=gpu
 AccountingStorageTRES=gres/gpu
 NodeName=localhost NodeHostname=$node CPUs=$cpus RealMemory=$mem_mib Gres=gpu:2 State=UNKNOWN
@@ -130,6 +138,8 @@ wait_for 30 sacctmgr -n list cluster
 sacctmgr -i add cluster lab >/dev/null 2>&1 || true
 running slurmctld || slurmctld
 wait_for 30 scontrol ping
+# A slurmctld started from an older configuration (no MailProg) reads it again.
+scontrol show config | grep -q '^MailProg *= /run/ceems-lab/mailprog' || scontrol reconfigure
 for spec in "alice 2001 physics" "bob 2002 chemistry"; do
   set -- $spec
   id -u "$1" >/dev/null 2>&1 || useradd -m -u "$2" "$1"

@@ -28,6 +28,7 @@ pub const SUBCOMMAND_TABLES: &[&str] = &[
     "stats-server",
     "redfish-proxy",
     "check-privileges",
+    "mailprog",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -264,3 +264,68 @@ fn each_user_gets_one_digest_of_their_own_jobs_once_across_restarts_and_an_smtp_
     assert!(alice.text().contains("Job 106 ") && !alice.text().contains("Job 101 "));
     assert!(bob.text().contains("Job 107 ") && !bob.text().contains("Job 103 "));
 }
+
+/// `ceems mailprog` to a server that requires STARTTLS and a login: the certificate is
+/// checked against the site CA given, the password comes from the environment, and a wrong
+/// password sends nothing and says so in the exit status.
+#[test]
+fn mailprog_logs_in_over_starttls_with_the_password_from_the_environment() {
+    if !runnable("mail (STARTTLS)", aiosmtpd()) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    std::fs::write(dir.join("cert.pem"), cert.cert.pem()).unwrap();
+    std::fs::write(dir.join("key.pem"), cert.signing_key.serialize_pem()).unwrap();
+    let sink = SmtpSink::start_with(
+        &dir.join("smtp"),
+        &[
+            &format!("--cert={}", dir.join("cert.pem").display()),
+            &format!("--key={}", dir.join("key.pem").display()),
+            "--login=ceems:s3cret",
+        ],
+    );
+    let send = |password: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ceems"))
+            .args([
+                "mailprog",
+                "--smtp.host=localhost",
+                &format!("--smtp.port={}", sink.port),
+                "--smtp.tls=starttls",
+                &format!("--smtp.ca-file={}", dir.join("cert.pem").display()),
+                "--smtp.username=ceems",
+                "--from=Slurm <slurm@lab.example>",
+                "-s",
+                "Slurm Job_id=9 Name=x Began, Queued time 00:00:01",
+                "alice@lab.example",
+            ])
+            .env("CEEMS_SMTP_PASSWORD", password)
+            .env("SLURM_JOB_MAIL_TYPE", "Began")
+            .env_remove("CEEMS_CONFIG_FILE")
+            .output()
+            .unwrap()
+    };
+    let refused = send("wrong");
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("not sent"), "{said}");
+    assert!(sink.received().is_empty());
+
+    let sent = send("s3cret");
+    assert!(
+        sent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    let got = sink.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].envelope["tls"], true);
+    assert_eq!(got[0].envelope["login"], "ceems");
+    assert_eq!(got[0].rcpt(), ["alice@lab.example"]);
+    // A job that only began: Slurm's line, no report.
+    assert_eq!(
+        got[0].text().trim_end(),
+        "Slurm Job_id=9 Name=x Began, Queued time 00:00:01"
+    );
+}

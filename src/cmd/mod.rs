@@ -4,6 +4,7 @@ pub mod assets;
 pub mod check_privileges;
 pub mod exporter;
 pub mod mail_opts;
+pub mod mailprog;
 pub mod redfish_proxy;
 pub mod stats_server;
 
@@ -37,6 +38,7 @@ pub fn cli() -> Command {
         .subcommand(stats_server::command())
         .subcommand(redfish_proxy::command())
         .subcommand(check_privileges::command())
+        .subcommand(mailprog::command())
         .subcommand(assets::command())
 }
 
@@ -46,6 +48,7 @@ fn dispatch(name: &str, matches: &clap::ArgMatches) -> anyhow::Result<ExitCode> 
         "stats-server" => stats_server::run(matches),
         "redfish-proxy" => redfish_proxy::run(matches),
         "check-privileges" => check_privileges::run(matches),
+        "mailprog" => mailprog::run(matches),
         "generate-assets" => assets::run(matches),
         other => anyhow::bail!("unknown subcommand {other}"),
     }

@@ -64,7 +64,7 @@ pub enum MailError {
     Refused(String),
     /// The server could not be reached or answered "try later" (4xx), or a login failed: the
     /// message waits for the next attempt.
-    #[error("not delivered, retried later: {0}")]
+    #[error("not delivered now: {0}")]
     Deferred(String),
     #[error("{0}")]
     Setup(String),

@@ -190,6 +190,14 @@ pub fn wait_jobs_gone(ids: &[String], timeout: Duration) {
 /// user, aggregates from `prometheus_url`, an update every 2 s over the last hour, root an
 /// admin. The data directory lives as long as the returned guard.
 pub fn start_stats_server(prometheus_url: &str) -> (super::Running, tempfile::TempDir) {
+    start_stats_server_every(prometheus_url, "2s")
+}
+
+/// As [`start_stats_server`], with the periodic update every `interval`.
+pub fn start_stats_server_every(
+    prometheus_url: &str,
+    interval: &str,
+) -> (super::Running, tempfile::TempDir) {
     let data = tempfile::tempdir().expect("tempdir");
     // The server drops to nobody before it creates its database.
     std::fs::set_permissions(
@@ -203,7 +211,7 @@ pub fn start_stats_server(prometheus_url: &str) -> (super::Running, tempfile::Te
         &[
             &format!("--storage.data.path={}", data.path().join("db").display()),
             &format!("--prometheus.url={prometheus_url}"),
-            "--storage.update-interval=2s",
+            &format!("--storage.update-interval={interval}"),
             "--storage.first-window=1h",
             "--prometheus.cutoff=5s",
             "--prometheus.scrape-interval=1s",

@@ -37,7 +37,11 @@ class Sink:
         meta = {
             "mail_from": envelope.mail_from,
             "rcpt_tos": envelope.rcpt_tos,
-            "login": session.auth_data.login.decode() if session.authenticated else None,
+            "login": (
+                session.auth_data.login.decode()
+                if session.authenticated and session.auth_data is not None
+                else None
+            ),
             "tls": session.ssl is not None,
         }
         raw = envelope.original_content or envelope.content
@@ -79,7 +83,7 @@ def main():
                 and auth_data.login.decode() == user
                 and auth_data.password.decode() == password
             )
-            return AuthResult(success=ok, handled=False)
+            return AuthResult(success=ok, handled=False, auth_data=auth_data)
 
         kwargs.update(authenticator=check, auth_required=True, auth_require_tls=True)
     controller = Controller(
