@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::store::findings::{Finding, Severity};
-use crate::store::report::{clean, escape};
+use crate::store::report::{clean, escape, utc};
 
 /// A job of the digest, as the store holds it.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,18 +36,6 @@ fn severity_word(s: Severity) -> &'static str {
     }
 }
 
-fn ended(t: Option<i64>) -> String {
-    match t.and_then(|t| u64::try_from(t).ok()) {
-        Some(t) => humantime::format_rfc3339_seconds(
-            std::time::UNIX_EPOCH + std::time::Duration::from_secs(t),
-        )
-        .to_string()
-        .replace('T', " ")
-        .replace('Z', " UTC"),
-        None => "-".to_owned(),
-    }
-}
-
 /// The subject names how many jobs, never a job's name: names come from users and do not
 /// belong in a header.
 pub fn subject(jobs: &[JobFindings]) -> String {
@@ -73,7 +61,7 @@ pub fn text(user: &str, jobs: &[JobFindings], base: &str) -> String {
             clean(&job.name),
             clean(&job.cluster),
             clean(&job.state),
-            ended(job.ended_at)
+            utc(job.ended_at)
         );
         for f in &job.findings {
             let _ = writeln!(
@@ -115,7 +103,7 @@ body{font-family:sans-serif;max-width:48rem;margin:1rem auto;padding:0 1rem;colo
             escape(&job.name),
             escape(&job.cluster),
             escape(&job.state),
-            ended(job.ended_at)
+            utc(job.ended_at)
         );
         for f in &job.findings {
             let class = match f.severity {

@@ -67,17 +67,11 @@ impl SlurmAccounting {
     }
 }
 
-impl Accounting for SlurmAccounting {
-    fn manager(&self) -> &'static str {
-        super::MANAGER
-    }
-
-    fn units_since(&self, seconds_ago: i64) -> Result<UnitRecords, AccountingError> {
-        let output = self.sacct.run(
-            &self.sacct_args(seconds_ago),
-            &[("SLURM_TIME_FORMAT", "%s")],
-            MAX_SACCT_OUTPUT,
-        )?;
+impl SlurmAccounting {
+    fn records(&self, args: &[String], limit: u64) -> Result<UnitRecords, AccountingError> {
+        let output = self
+            .sacct
+            .run(args, &[("SLURM_TIME_FORMAT", "%s")], limit)?;
         // Lines are parsed as the caller pulls them, so a large window is never held twice.
         Ok(Box::new(SacctRecords {
             text: output,
@@ -85,18 +79,20 @@ impl Accounting for SlurmAccounting {
             line: 0,
         }))
     }
+}
+
+impl Accounting for SlurmAccounting {
+    fn manager(&self) -> &'static str {
+        super::MANAGER
+    }
+
+    fn units_since(&self, seconds_ago: i64) -> Result<UnitRecords, AccountingError> {
+        self.records(&self.sacct_args(seconds_ago), MAX_SACCT_OUTPUT)
+    }
 
     fn unit(&self, id: &str) -> Result<UnitRecords, AccountingError> {
-        let output = self.sacct.run(
-            &self.sacct_job_args(id),
-            &[("SLURM_TIME_FORMAT", "%s")],
-            MAX_SACCTMGR_OUTPUT,
-        )?;
-        Ok(Box::new(SacctRecords {
-            text: output,
-            at: 0,
-            line: 0,
-        }))
+        // A job id's lines (an array's tasks at most) are small.
+        self.records(&self.sacct_job_args(id), MAX_SACCTMGR_OUTPUT)
     }
 
     fn associations(&self) -> Option<Result<(Associations, Vec<ParseError>), AccountingError>> {

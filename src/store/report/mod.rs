@@ -23,8 +23,8 @@ mod text;
 pub use html::escape;
 use html::render_html;
 pub use svg::svg;
-pub use text::clean;
 use text::render_text;
+pub use text::{clean, utc};
 
 /// One plot of the report.
 struct PlotSpec {

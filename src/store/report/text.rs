@@ -29,7 +29,8 @@ fn human_duration(s: i64) -> String {
     format!("{}:{:02}:{:02}", s / 3600, (s % 3600) / 60, s % 60)
 }
 
-fn utc(t: Option<i64>) -> String {
+/// A unix time as `2026-11-23 20:50:16 UTC`, or `-`.
+pub fn utc(t: Option<i64>) -> String {
     match t.and_then(|t| u64::try_from(t).ok()) {
         Some(t) => humantime::format_rfc3339_seconds(
             std::time::UNIX_EPOCH + std::time::Duration::from_secs(t),
