@@ -39,12 +39,20 @@ impl Received {
             .unwrap_or_default()
     }
 
-    pub fn text(&self) -> &str {
-        self.envelope["plain"].as_str().unwrap_or("")
+    /// The text part, its lines ended by `\n` (SMTP sends `\r\n`).
+    pub fn text(&self) -> String {
+        self.part("plain")
     }
 
-    pub fn html(&self) -> &str {
-        self.envelope["html"].as_str().unwrap_or("")
+    pub fn html(&self) -> String {
+        self.part("html")
+    }
+
+    fn part(&self, kind: &str) -> String {
+        self.envelope[kind]
+            .as_str()
+            .unwrap_or("")
+            .replace("\r\n", "\n")
     }
 }
 
