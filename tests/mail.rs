@@ -11,7 +11,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::browser::{browse, chromium};
+use common::browser::{browse, chromium, screenshot};
 use common::mail::{aiosmtpd, Received, SmtpSink};
 use common::{parse_series, runnable, start_subcommand, Running};
 
@@ -212,22 +212,7 @@ fn each_user_gets_one_digest_of_their_own_jobs_once_across_restarts_and_an_smtp_
             "{dom}"
         );
         assert!(!dom.contains("<script"), "{dom}");
-        let png = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("digest.png");
-        let _ = std::fs::remove_file(&png);
-        browse(
-            &url,
-            &[
-                "--window-size=900,900",
-                &format!("--screenshot={}", png.display()),
-            ],
-        );
-        let bytes = std::fs::read(&png).expect("chromium wrote no screenshot");
-        assert!(
-            bytes.starts_with(b"\x89PNG") && bytes.len() > 10_000,
-            "{} bytes",
-            bytes.len()
-        );
-        println!("screenshot: {}", png.display());
+        screenshot(&url, "900,900", "digest.png", 10_000);
     }
 
     // A restart, killed as a crash would: no message again.

@@ -8,12 +8,12 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::bmc::{Flavor, PowerModel, StandinBmc};
-use common::browser::{browse, chromium};
+use common::browser::{browse, chromium, screenshot};
 use common::lab::{
     lab, prometheus_scraping, prometheus_tools, start_stats_server, submit, wait_jobs_gone,
     wait_until, write_burner, CancelOnDrop, BURNER,
@@ -266,20 +266,5 @@ fn a_sleeping_job_gets_the_cpu_finding_and_its_report_renders_in_a_browser() {
         "{seen:?}"
     );
 
-    let png = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("report.png");
-    let _ = std::fs::remove_file(&png);
-    browse(
-        &proxy.url(&page),
-        &[
-            "--window-size=1000,1400",
-            &format!("--screenshot={}", png.display()),
-        ],
-    );
-    let bytes = std::fs::read(&png).expect("chromium wrote no screenshot");
-    assert!(
-        bytes.starts_with(b"\x89PNG") && bytes.len() > 20_000,
-        "screenshot of {} bytes",
-        bytes.len()
-    );
-    println!("screenshot: {}", png.display());
+    screenshot(&proxy.url(&page), "1000,1400", "report.png", 20_000);
 }

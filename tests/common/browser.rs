@@ -48,3 +48,25 @@ pub fn browse(url: &str, args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Screenshots `url` at `size` (`W,H`) into the test target directory as `name`, checks it is
+/// a PNG of at least `min_bytes` (a blank page is smaller), and returns its path.
+pub fn screenshot(url: &str, size: &str, name: &str, min_bytes: usize) -> std::path::PathBuf {
+    let png = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_file(&png);
+    browse(
+        url,
+        &[
+            &format!("--window-size={size}"),
+            &format!("--screenshot={}", png.display()),
+        ],
+    );
+    let bytes = std::fs::read(&png).expect("chromium wrote no screenshot");
+    assert!(
+        bytes.starts_with(b"\x89PNG") && bytes.len() > min_bytes,
+        "screenshot of {} bytes",
+        bytes.len()
+    );
+    println!("screenshot: {}", png.display());
+    png
+}
