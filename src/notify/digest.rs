@@ -3,8 +3,8 @@
 
 use std::fmt::Write as _;
 
-use crate::store::findings::{Finding, Severity};
-use crate::store::report::{clean, escape, utc};
+use crate::store::findings::Finding;
+use crate::store::report::{clean, escape, utc, FINDING_STYLE};
 
 /// A job of the digest, as the store holds it.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,14 +26,6 @@ pub fn report_url(base: &str, job: &JobFindings) -> String {
         segment(&job.cluster),
         segment(&job.uuid)
     )
-}
-
-fn severity_word(s: Severity) -> &'static str {
-    match s {
-        Severity::Critical => "critical",
-        Severity::Warning => "warning",
-        Severity::Info => "note",
-    }
 }
 
 /// The subject names how many jobs, never a job's name: names come from users and do not
@@ -67,7 +59,7 @@ pub fn text(user: &str, jobs: &[JobFindings], base: &str) -> String {
             let _ = writeln!(
                 t,
                 "  - [{}] {}\n    What to change: {}",
-                severity_word(f.severity),
+                f.severity.name(),
                 clean(&f.message),
                 clean(&f.advice)
             );
@@ -79,13 +71,11 @@ pub fn text(user: &str, jobs: &[JobFindings], base: &str) -> String {
 }
 
 pub fn html(user: &str, jobs: &[JobFindings], base: &str) -> String {
-    let mut h = String::from(
+    let mut h = format!(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
 <title>Your jobs</title><style>\
-body{font-family:sans-serif;max-width:48rem;margin:1rem auto;padding:0 1rem;color:#222}\
-.job{margin:1.2rem 0}.finding{border-left:.3rem solid #888;padding:.3rem .8rem;margin:.4rem 0;background:#f6f6f6}\
-.critical{border-color:#c0392b}.warning{border-color:#e67e22}.info{border-color:#2980b9}\
-.advice{color:#555}</style></head><body>\n",
+body{{font-family:sans-serif;max-width:48rem;margin:1rem auto;padding:0 1rem;color:#222}}\
+.job{{margin:1.2rem 0}}{FINDING_STYLE}</style></head><body>\n"
     );
     let _ = writeln!(
         h,
@@ -106,16 +96,12 @@ body{font-family:sans-serif;max-width:48rem;margin:1rem auto;padding:0 1rem;colo
             utc(job.ended_at)
         );
         for f in &job.findings {
-            let class = match f.severity {
-                Severity::Critical => "critical",
-                Severity::Warning => "warning",
-                Severity::Info => "info",
-            };
+            let class = f.severity.name();
             let _ = writeln!(
                 h,
                 "<div class=\"finding {class}\"><p><strong>{}</strong>: {}</p>\
                  <p class=\"advice\">What to change: {}</p></div>",
-                severity_word(f.severity),
+                f.severity.name(),
                 escape(&f.message),
                 escape(&f.advice)
             );
@@ -131,6 +117,7 @@ body{font-family:sans-serif;max-width:48rem;margin:1rem auto;padding:0 1rem;colo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::findings::Severity;
 
     fn job(name: &str) -> JobFindings {
         JobFindings {

@@ -47,6 +47,17 @@ pub enum Severity {
     Critical,
 }
 
+impl Severity {
+    /// Its name as stored and served (`info`, `warning`, `critical`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Critical => "critical",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Finding {
     pub id: String,
@@ -275,6 +286,16 @@ mod tests {
             cpu_seconds: 4.0 * 3600.0,
             memory_peak_bytes: Some(3.0 * (1u64 << 30) as f64),
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_severity_s_name_is_the_one_stored_and_served() {
+        for s in [Severity::Info, Severity::Warning, Severity::Critical] {
+            assert_eq!(
+                serde_json::to_string(&s).unwrap(),
+                format!("\"{}\"", s.name())
+            );
         }
     }
 

@@ -9,6 +9,12 @@ fn human_duration(s: i64) -> String {
     format!("{}:{:02}:{:02}", s / 3600, (s % 3600) / 60, s % 60)
 }
 
+/// How a finding looks: a bar coloured by its severity (the class), its advice in grey. The
+/// report page and the mailed digest share it.
+pub const FINDING_STYLE: &str = ".finding{border-left:.3rem solid #888;padding:.3rem .8rem;\
+margin:.6rem 0;background:#f6f6f6}.critical{border-color:#c0392b}.warning{border-color:#e67e22}\
+.info{border-color:#2980b9}.advice{color:#555}";
+
 pub(super) fn render_html(cluster: &str, job: &str, data: &ReportData) -> String {
     let j = &data.job;
     let text = |k: &str| escape(j[k].as_str().unwrap_or(""));
@@ -34,9 +40,7 @@ pub(super) fn render_html(cluster: &str, job: &str, data: &ReportData) -> String
 <title>Job {job} on {cluster}</title><style>\
 body{{font-family:sans-serif;max-width:60rem;margin:1rem auto;padding:0 1rem;color:#222}}\
 table{{border-collapse:collapse}}td,th{{text-align:left;padding:.2rem .8rem .2rem 0}}\
-.finding{{border-left:.3rem solid #888;padding:.3rem .8rem;margin:.6rem 0;background:#f6f6f6}}\
-.critical{{border-color:#c0392b}}.warning{{border-color:#e67e22}}.info{{border-color:#2980b9}}\
-.advice{{color:#555}}svg{{max-width:100%;height:auto}}</style></head><body>\n",
+{FINDING_STYLE}svg{{max-width:100%;height:auto}}</style></head><body>\n",
         job = escape(job),
         cluster = escape(cluster)
     );

@@ -20,8 +20,8 @@ mod html;
 mod svg;
 mod text;
 
-pub use html::escape;
 use html::render_html;
+pub use html::{escape, FINDING_STYLE};
 pub use svg::svg;
 use text::render_text;
 pub use text::{clean, utc};
