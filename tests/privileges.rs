@@ -395,3 +395,81 @@ fn check_privileges_usage_errors_exit_2() {
         assert_eq!(out.status.code(), Some(2), "{args:?}");
     }
 }
+
+/// First start as root on a fresh node: the data and backup directories do not exist yet. The
+/// server creates them for the user it drops to, then opens its database there as that user.
+#[test]
+fn stats_server_first_start_as_root_creates_its_directories_for_nobody() {
+    use std::os::unix::fs::MetadataExt;
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let data = tmp.path().join("var/lib/ceems");
+    let backups = tmp.path().join("backups/ceems");
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_ceems"))
+        .args([
+            "stats-server",
+            &format!("--web.listen-address=127.0.0.1:{port}"),
+            &format!("--storage.data.path={}", data.display()),
+            &format!("--storage.data.backup.path={}", backups.display()),
+            "--storage.data.backup.interval=1s",
+            "--slurm.sacct.path=/bin/true",
+            "--slurm.cluster-id=lab",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start stats-server");
+    let mut server = Running {
+        child: KillOnDrop(child),
+        port,
+    };
+    let start = Instant::now();
+    while ureq::get(&server.url("/health")).call().is_err() {
+        if let Ok(Some(status)) = server.child.try_wait() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(server.child.0.stderr.as_mut().unwrap(), &mut err)
+                .unwrap();
+            panic!("stats-server exited at start ({status}): {err}");
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "stats-server did not answer"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    for dir in [
+        tmp.path().join("var"),
+        tmp.path().join("var/lib"),
+        data.clone(),
+        backups.clone(),
+    ] {
+        let meta = std::fs::metadata(&dir).unwrap();
+        assert_eq!(
+            (meta.uid(), meta.mode() & 0o777),
+            (nobody.uid.as_raw(), 0o750),
+            "{}",
+            dir.display()
+        );
+    }
+    assert_eq!(
+        std::fs::metadata(tmp.path()).unwrap().uid(),
+        0,
+        "an existing directory changed hands"
+    );
+    let db = std::fs::metadata(data.join("ceems.db")).expect("the database");
+    assert_eq!(db.uid(), nobody.uid.as_raw());
+    let start = Instant::now();
+    while std::fs::read_dir(&backups).unwrap().next().is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no backup written in 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

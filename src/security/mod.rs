@@ -55,6 +55,12 @@ pub enum SecurityError {
         what: &'static str,
         source: nix::errno::Errno,
     },
+    #[error("cannot create {path} for uid {uid}: {source}")]
+    Dir {
+        path: std::path::PathBuf,
+        uid: u32,
+        source: io::Error,
+    },
     #[error("{what}: {source}")]
     Caps {
         what: &'static str,
@@ -185,6 +191,46 @@ pub fn drop_privileges(
         kept: sorted(kept),
         missing: sorted(missing),
     })
+}
+
+/// Creates each missing directory of `dirs`, and its missing parents, owned by the user
+/// [`drop_privileges`] will switch to, so that a first start as root does not stop at
+/// "permission denied" once it runs as that user. Directories that exist are left as they are.
+/// Does nothing unless the process is root and drops privileges. Returns what it created.
+pub fn create_dirs_for_run_as_user(
+    settings: &SecuritySettings,
+    dirs: &[&std::path::Path],
+) -> Result<Vec<std::path::PathBuf>, SecurityError> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !settings.drop_privileges || !nix::unistd::geteuid().is_root() {
+        return Ok(Vec::new());
+    }
+    let user = resolve_user(settings.run_as_user.as_deref().unwrap_or("nobody"))?;
+    let mut created = Vec::new();
+    for dir in dirs {
+        let mut missing: Vec<&std::path::Path> = dir
+            .ancestors()
+            .take_while(|p| !p.as_os_str().is_empty() && !p.exists())
+            .collect();
+        missing.reverse();
+        let fail = |path: &std::path::Path, source| SecurityError::Dir {
+            path: path.to_path_buf(),
+            uid: user.uid.as_raw(),
+            source,
+        };
+        // Job data: readable by the service user only.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(dir)
+            .map_err(|e| fail(dir, e))?;
+        for path in missing {
+            nix::unistd::chown(path, Some(user.uid), Some(user.gid))
+                .map_err(|e| fail(path, e.into()))?;
+            created.push(path.to_path_buf());
+        }
+    }
+    Ok(created)
 }
 
 /// Runs `f` with `needed` raised in the effective set. When this thread lacks them but holds

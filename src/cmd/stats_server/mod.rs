@@ -254,6 +254,14 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
 
     let listener = web::bind_std(&listen)?;
     let security: crate::security::SecuritySettings = settings.get("security")?;
+    let backup_dir = PathBuf::from(&storage.data.backup.path);
+    let mut own_dirs = vec![storage.data.path.as_path()];
+    if !storage.data.backup.path.is_empty() {
+        own_dirs.push(&backup_dir);
+    }
+    for dir in crate::security::create_dirs_for_run_as_user(&security, &own_dirs)? {
+        tracing::info!(dir = %dir.display(), "created for the user the server runs as");
+    }
     crate::security::drop_privileges(&security, &needed_capabilities(&settings)?)
         .context("cannot drop privileges (--security.drop-privileges=false to run as started)")?
         .log("stats-server");
