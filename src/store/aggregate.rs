@@ -152,6 +152,8 @@ pub struct Limits {
     pub max_samples: u64,
     /// The exporters' scrape interval, to estimate samples.
     pub scrape_interval: Duration,
+    /// Aggregates are counted up to this long before now.
+    pub query_delay: Duration,
 }
 
 impl Default for Limits {
@@ -161,6 +163,7 @@ impl Default for Limits {
             max_batch: 200,
             max_samples: 50_000_000,
             scrape_interval: Duration::from_secs(15),
+            query_delay: Duration::ZERO,
         }
     }
 }
@@ -253,6 +256,9 @@ pub async fn update(
     only: Option<&str>,
     now: i64,
 ) -> Result<AggregateReport, AggregateError> {
+    // A remote-write store answers for recent samples only once they have arrived: the world
+    // is taken as it was `query_delay` ago, so a job's last samples are not missed for good.
+    let now = now - i64::try_from(limits.query_delay.as_secs()).unwrap_or(0);
     let cutoff = i64::try_from(limits.cutoff.as_secs()).unwrap_or(i64::MAX);
     let mut report = AggregateReport {
         too_short: store.mark_too_short(cluster, cutoff, now).await?,
@@ -363,12 +369,14 @@ mod tests {
     #[derive(Default)]
     struct FakePrometheus {
         asked: Mutex<Vec<String>>,
+        at: Mutex<Vec<i64>>,
         down: Mutex<bool>,
     }
 
     impl Prometheus for FakePrometheus {
-        fn query(&self, promql: &str, _at: i64) -> Result<Vec<(String, f64)>, PromError> {
+        fn query(&self, promql: &str, at: i64) -> Result<Vec<(String, f64)>, PromError> {
             self.asked.lock().unwrap().push(promql.to_owned());
+            self.at.lock().unwrap().push(at);
             if *self.down.lock().unwrap() {
                 return Err(PromError::Request {
                     url: "fake".into(),
@@ -503,6 +511,48 @@ mod tests {
             .unwrap();
         assert_eq!((r.updated, r.queries), (0, 0));
         assert!(fake.asked.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_query_delay_counts_up_to_that_long_ago_and_finishes_the_job_once_past_its_end() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(&tmp.path().join("ceems.db")).await.unwrap();
+        let line = "1|debug|normal|physics|alice|2001|alice|2001|990|1000|1300|00:05:00|300|0:0|COMPLETED|billing=2,cpu=2,mem=1G,node=1|localhost|/tmp|60|a\n";
+        let (jobs, _) = sacct::parse_output(line);
+        store.ingest("lab", &jobs, 0, 1320).await.unwrap();
+        let fake = Arc::new(FakePrometheus::default());
+        let limits = Limits {
+            query_delay: Duration::from_secs(60),
+            ..Limits::default()
+        };
+        let q = Queries::default();
+        let status = || async {
+            sqlx::query_as::<_, (String, i64, f64)>(
+                "SELECT aggregates_status, aggregated_seconds, cpu_seconds FROM units",
+            )
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+        };
+
+        // 20 s after the end, the store may still lack the last samples: counted to 1260.
+        update(&store, fake.clone(), &q, &limits, "lab", None, 1320)
+            .await
+            .unwrap();
+        assert!(fake.at.lock().unwrap().iter().all(|&t| t == 1260));
+        let (st, seconds, _) = status().await;
+        assert_ne!(st, "done");
+        assert_eq!(seconds, 260);
+
+        // A minute past the end: the rest of the job, and it is done.
+        update(&store, fake.clone(), &q, &limits, "lab", None, 1400)
+            .await
+            .unwrap();
+        assert_eq!(fake.at.lock().unwrap().last(), Some(&1340));
+        assert_eq!(
+            status().await,
+            ("done".to_owned(), 300, 2.0 * (260.0 + 80.0))
+        );
     }
 
     #[tokio::test]

@@ -461,7 +461,8 @@ impl Store {
                     counted_until,
                     from: counted_until.unwrap_or(started).max(started),
                     to: ended.unwrap_or(now).min(now),
-                    ended: ended.is_some(),
+                    // Ended before `now`: a delayed `now` may still fall inside the job.
+                    ended: ended.is_some_and(|e| e <= now),
                 }
             })
             .collect())

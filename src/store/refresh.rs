@@ -170,7 +170,8 @@ impl JobRefresh {
             )
             .await?;
             if let Some(s) = self.state(cluster, job).await? {
-                out.partial = self.coverage(prometheus, job, &s, now).await;
+                let delay = i64::try_from(self.limits.query_delay.as_secs()).unwrap_or(0);
+                out.partial = self.coverage(prometheus, job, &s, now - delay).await;
             }
         }
         self.store

@@ -162,6 +162,12 @@ pub fn opts() -> Vec<Opt> {
         )
         .default("15s"),
         Opt::new(
+            "prometheus.query-delay",
+            Kind::Duration,
+            "Aggregates stop this long before now: the lag of a remote-write store (VictoriaMetrics, Mimir, Thanos) before new samples answer; 0 for Prometheus itself",
+        )
+        .default("0s"),
+        Opt::new(
             "findings",
             Kind::FileOnly,
             "Thresholds of the efficiency findings; see examples/ceems.toml",
@@ -293,6 +299,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         max_batch: usize::try_from(prom.max_batch.max(1)).unwrap_or(1),
         max_samples: u64::try_from(prom.max_samples.max(1)).unwrap_or(1),
         scrape_interval: prom.scrape_interval,
+        query_delay: prom.query_delay,
     };
     let sources: Vec<Source> = cluster_list
         .into_iter()

@@ -77,6 +77,8 @@ pub(super) struct PrometheusSettings {
     pub(super) max_samples: i64,
     #[serde(deserialize_with = "config::de_duration")]
     pub(super) scrape_interval: Duration,
+    #[serde(deserialize_with = "config::de_duration")]
+    pub(super) query_delay: Duration,
     #[serde(default)]
     pub(super) queries: Queries,
 }
