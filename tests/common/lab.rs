@@ -81,6 +81,12 @@ pub struct Prometheus {
 impl Prometheus {
     /// Scrapes `targets` every second, with `rules` files evaluated every second.
     pub fn start(targets: &[u16], rules: &[&Path]) -> Prometheus {
+        Prometheus::start_with(targets, "1s", rules, "")
+    }
+
+    /// As [`Prometheus::start`], scraping every `interval`, with `extra` appended to the
+    /// configuration (top-level keys).
+    pub fn start_with(targets: &[u16], interval: &str, rules: &[&Path], extra: &str) -> Prometheus {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = dir.path().join("prometheus.yml");
         let targets: Vec<String> = targets.iter().map(|p| format!("'127.0.0.1:{p}'")).collect();
@@ -88,7 +94,7 @@ impl Prometheus {
         std::fs::write(
             &config,
             format!(
-                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\nrule_files: [{}]\nscrape_configs:\n  - job_name: ceems\n    static_configs:\n      - targets: [{}]\n",
+                "global:\n  scrape_interval: {interval}\n  scrape_timeout: {interval}\n  evaluation_interval: 1s\nrule_files: [{}]\nscrape_configs:\n  - job_name: ceems\n    static_configs:\n      - targets: [{}]\n{extra}",
                 rules.join(", "),
                 targets.join(", ")
             ),
@@ -198,6 +204,15 @@ pub fn start_stats_server_every(
     prometheus_url: &str,
     interval: &str,
 ) -> (super::Running, tempfile::TempDir) {
+    start_stats_server_with(prometheus_url, interval, &[])
+}
+
+/// As [`start_stats_server_every`], with `extra` arguments.
+pub fn start_stats_server_with(
+    prometheus_url: &str,
+    interval: &str,
+    extra: &[&str],
+) -> (super::Running, tempfile::TempDir) {
     let data = tempfile::tempdir().expect("tempdir");
     // The server drops to nobody before it creates its database.
     std::fs::set_permissions(
@@ -209,16 +224,20 @@ pub fn start_stats_server_every(
         "stats-server",
         data.path(),
         &[
-            &format!("--storage.data.path={}", data.path().join("db").display()),
-            &format!("--prometheus.url={prometheus_url}"),
-            &format!("--storage.update-interval={interval}"),
-            "--storage.first-window=1h",
-            "--prometheus.cutoff=5s",
-            "--prometheus.scrape-interval=1s",
-            "--slurm.cluster-id=lab",
-            "--slurm.run-as-user=slurm",
-            "--web.admin-users=root",
-        ],
+            &[
+                &format!("--storage.data.path={}", data.path().join("db").display()) as &str,
+                &format!("--prometheus.url={prometheus_url}"),
+                &format!("--storage.update-interval={interval}"),
+                "--storage.first-window=1h",
+                "--prometheus.cutoff=5s",
+                "--prometheus.scrape-interval=1s",
+                "--slurm.cluster-id=lab",
+                "--slurm.run-as-user=slurm",
+                "--web.admin-users=root",
+            ],
+            extra,
+        ]
+        .concat(),
         &[],
     );
     (server, data)
@@ -227,9 +246,15 @@ pub fn start_stats_server_every(
 /// Debian's Prometheus scraping the exporter on `port` every second, with the project's
 /// recording rules, once it has scraped it.
 pub fn prometheus_scraping(port: u16) -> Prometheus {
+    prometheus_scraping_with(port, "1s", "")
+}
+
+/// As [`prometheus_scraping`], every `interval`, with `extra` configuration (a
+/// `remote_write` section, say).
+pub fn prometheus_scraping_with(port: u16, interval: &str, extra: &str) -> Prometheus {
     let rules = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("examples/prometheus/rules/ceems-host-power.rules.yml");
-    let prom = Prometheus::start(&[port], &[&rules]);
+    let prom = Prometheus::start_with(&[port], interval, &[&rules], extra);
     wait_until(
         "Prometheus scraping the exporter",
         Duration::from_secs(60),
@@ -247,4 +272,60 @@ pub fn write_burner() {
         "import sys, time\nt = time.time()\nwhile time.time() - t < float(sys.argv[1]):\n    pass\n",
     )
     .expect("write the burner");
+}
+
+/// Debian's victoria-metrics, installed when missing and root.
+pub fn victoria_metrics_tools() -> Result<(), String> {
+    super::ensure_tools(
+        || {
+            Command::new("victoria-metrics")
+                .arg("--version")
+                .output()
+                .is_ok()
+        },
+        &["victoria-metrics"],
+        &[],
+    )
+}
+
+/// A single-node VictoriaMetrics on fresh storage, killed when dropped; its defaults
+/// otherwise, as a site would run it.
+pub struct VictoriaMetrics {
+    _child: KillOnDrop,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl VictoriaMetrics {
+    pub fn start() -> VictoriaMetrics {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = super::free_port();
+        let child = Command::new("victoria-metrics")
+            .arg(format!("-storageDataPath={}", dir.path().display()))
+            .arg(format!("-httpListenAddr=127.0.0.1:{port}"))
+            .arg("-retentionPeriod=1d")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start victoria-metrics");
+        let vm = VictoriaMetrics {
+            _child: KillOnDrop(child),
+            port,
+            _dir: dir,
+        };
+        wait_until("VictoriaMetrics to answer", Duration::from_secs(30), || {
+            ureq::get(&format!("{}/health", vm.url())).call().is_ok()
+        });
+        vm
+    }
+
+    /// Where Prometheus and Grafana query it: its Prometheus-compatible API root.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Prometheus's `remote_write` section for it.
+    pub fn remote_write(&self) -> String {
+        format!("remote_write:\n  - url: {}/api/v1/write\n", self.url())
+    }
 }
