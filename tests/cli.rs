@@ -256,6 +256,35 @@ fn a_malformed_gpu_order_map_stops_start_up_with_one_clear_line() {
 }
 
 #[test]
+fn a_slurmrestd_source_that_cannot_work_stops_start_up_saying_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = format!("--storage.data.path={}", dir.path().display());
+    for (args, want) in [
+        (
+            &["--slurm.slurmrestd.url=unix:/run/slurmrestd.sock"][..],
+            "--slurm.slurmrestd.api-version v0.0.37 is not read: its jobs' start time is their eligible time (Slurm 22.05), which would file a job under the wrong start; use v0.0.38",
+        ),
+        (&[][..], "--slurm.source=slurmrestd needs --slurm.slurmrestd.url"),
+    ] {
+        let out = Command::new(BIN)
+            .args([
+                "stats-server",
+                "--web.listen-address=127.0.0.1:0",
+                "--security.drop-privileges=false",
+                "--slurm.source=slurmrestd",
+                "--slurm.slurmrestd.api-version=v0.0.37",
+                &data,
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(err.contains(&format!("ceems: error: {want}")), "{err}");
+    }
+}
+
+#[test]
 fn bad_config_is_an_error_naming_key_and_file() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bad.toml");

@@ -14,7 +14,9 @@ use serde::Deserialize;
 
 use crate::config::{self, Kind, Layered, LogConfig, Opt};
 use crate::manager::slurm::accounting::SlurmAccounting;
+use crate::manager::slurm::rest::{self, RestAccounting};
 use crate::manager::slurm::runner::{self, RunMode, SlurmCommand};
+use crate::manager::Accounting;
 use crate::metrics::{Labels, MetricSet, TEXT_CONTENT_TYPE};
 use crate::notify::outbox::Notifier;
 use crate::notify::smtp::Delivery;
@@ -95,6 +97,42 @@ pub fn opts() -> Vec<Opt> {
             "How far back the first pull of an empty database looks",
         )
         .default("1d"),
+        Opt::new(
+            "slurm.source",
+            Kind::Str,
+            "Where jobs, users and projects come from: sacct (sacct and sacctmgr) or slurmrestd",
+        )
+        .default("sacct"),
+        Opt::new(
+            "slurm.slurmrestd.url",
+            Kind::Str,
+            "slurmrestd with --slurm.source=slurmrestd: unix:/path/to/socket (rest_auth/local: slurmrestd must run as this server's user) or http(s)://host:port (with a JWT)",
+        )
+        .default(""),
+        Opt::new(
+            "slurm.slurmrestd.api-version",
+            Kind::Str,
+            "OpenAPI data version asked for: v0.0.38 (Slurm 22.05; its v0.0.36 and v0.0.37 give the eligible time as the start time)",
+        )
+        .default("v0.0.38"),
+        Opt::new(
+            "slurm.slurmrestd.token-file",
+            Kind::Str,
+            "File holding a JWT for slurmrestd (auth/jwt), read at each call (empty: none)",
+        )
+        .default(""),
+        Opt::new(
+            "slurm.slurmrestd.user",
+            Kind::Str,
+            "User the JWT was issued to (X-SLURM-USER-NAME)",
+        )
+        .default(""),
+        Opt::new(
+            "slurm.slurmrestd.timeout",
+            Kind::Duration,
+            "Give up on a slurmrestd answer after this long",
+        )
+        .default("5m"),
         Opt::new("slurm.sacct.path", Kind::Str, "sacct command").default("sacct"),
         Opt::new(
             "slurm.sacctmgr.path",
@@ -292,7 +330,12 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         );
     }
     let db_path = storage.data.path.join("ceems.db");
-    let mode = run_mode(&slurm.run_as_user, &slurm.sacct.path);
+    let rest = slurm.rest()?;
+    let mode = match rest {
+        // No command runs: nothing to decide or log.
+        Some(_) => RunMode::Native,
+        None => run_mode(&slurm.run_as_user, &slurm.sacct.path),
+    };
 
     let limits = Limits {
         cutoff: prom.cutoff,
@@ -314,18 +357,29 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 .clone()
                 .unwrap_or_else(|| slurm.sacctmgr.path.clone());
             let url = c.prometheus_url.clone().unwrap_or_else(|| prom.url.clone());
+            let accounting: Arc<dyn Accounting> = match &rest {
+                Some(rest) => Arc::new(RestAccounting {
+                    endpoint: c
+                        .slurmrestd_url
+                        .clone()
+                        .unwrap_or_else(|| rest.endpoint.clone()),
+                    slurm_name: c.slurm_cluster_name.clone(),
+                    ..rest.clone()
+                }),
+                None => Arc::new(SlurmAccounting {
+                    sacct: command(
+                        c.sacct_path
+                            .clone()
+                            .unwrap_or_else(|| slurm.sacct.path.clone()),
+                    ),
+                    sacctmgr: (!sacctmgr.is_empty()).then(|| command(PathBuf::from(sacctmgr))),
+                    slurm_name: c.slurm_cluster_name.clone(),
+                }),
+            };
             Source {
                 cluster: Cluster {
                     id: c.id.clone(),
-                    accounting: Arc::new(SlurmAccounting {
-                        sacct: command(
-                            c.sacct_path
-                                .clone()
-                                .unwrap_or_else(|| slurm.sacct.path.clone()),
-                        ),
-                        sacctmgr: (!sacctmgr.is_empty()).then(|| command(PathBuf::from(sacctmgr))),
-                        slurm_name: c.slurm_cluster_name.clone(),
-                    }),
+                    accounting,
                 },
                 prometheus: (!url.is_empty())
                     .then(|| Arc::new(HttpPrometheus::new(&url, prom.timeout))),

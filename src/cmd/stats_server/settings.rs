@@ -32,10 +32,72 @@ pub(super) struct BackupSettings {
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub(super) struct SlurmSettings {
+    pub(super) source: String,
+    pub(super) slurmrestd: SlurmrestdSettings,
     pub(super) sacct: SacctSettings,
     pub(super) sacctmgr: PathSetting,
     pub(super) cluster_id: String,
     pub(super) run_as_user: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) struct SlurmrestdSettings {
+    pub(super) url: String,
+    pub(super) api_version: String,
+    pub(super) token_file: String,
+    pub(super) user: String,
+    #[serde(deserialize_with = "config::de_duration")]
+    pub(super) timeout: Duration,
+}
+
+impl SlurmSettings {
+    /// slurmrestd's client when it is the source, checked; None for sacct.
+    pub(super) fn rest(&self) -> anyhow::Result<Option<RestAccounting>> {
+        match self.source.as_str() {
+            "sacct" => return Ok(None),
+            "slurmrestd" => {}
+            other => anyhow::bail!("--slurm.source `{other}`: sacct or slurmrestd"),
+        }
+        let r = &self.slurmrestd;
+        anyhow::ensure!(
+            !r.url.is_empty(),
+            "--slurm.source=slurmrestd needs --slurm.slurmrestd.url"
+        );
+        let endpoint = r
+            .url
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--slurm.slurmrestd.url {e}"))?;
+        if let Some((v, why)) = rest::REFUSED_VERSIONS
+            .iter()
+            .find(|(v, _)| *v == r.api_version)
+        {
+            anyhow::bail!("--slurm.slurmrestd.api-version {v} is not read: {why}; use v0.0.38");
+        }
+        anyhow::ensure!(
+            rest::VERSIONS.contains(&r.api_version.as_str()),
+            "--slurm.slurmrestd.api-version `{}`: one of {}",
+            r.api_version,
+            rest::VERSIONS.join(", ")
+        );
+        let jwt = match (r.token_file.is_empty(), r.user.is_empty()) {
+            (true, true) => None,
+            (false, false) => Some(rest::Jwt {
+                user: r.user.clone(),
+                token_file: PathBuf::from(&r.token_file),
+            }),
+            _ => anyhow::bail!(
+                "--slurm.slurmrestd.token-file and --slurm.slurmrestd.user go together"
+            ),
+        };
+        Ok(Some(RestAccounting {
+            endpoint,
+            version: r.api_version.clone(),
+            jwt,
+            slurm_name: None,
+            timeout: r.timeout,
+        }))
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -63,6 +125,14 @@ pub(super) struct ClusterSettings {
     pub(super) slurm_cluster_name: Option<String>,
     #[serde(default)]
     pub(super) prometheus_url: Option<String>,
+    /// This cluster's slurmrestd, with `--slurm.source=slurmrestd`.
+    #[serde(default, deserialize_with = "de_endpoint")]
+    pub(super) slurmrestd_url: Option<rest::Endpoint>,
+}
+
+fn de_endpoint<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<rest::Endpoint>, D::Error> {
+    let s = String::deserialize(d)?;
+    s.parse().map(Some).map_err(serde::de::Error::custom)
 }
 
 #[derive(Debug, Deserialize)]
@@ -99,6 +169,7 @@ pub(super) fn clusters(
             sacctmgr_path: None,
             slurm_cluster_name: None,
             prometheus_url: None,
+            slurmrestd_url: None,
         }]
     });
     let mut seen = std::collections::HashSet::new();
@@ -116,7 +187,9 @@ pub(super) fn clusters(
 /// Whether the stats-server keeps CAP_SETUID/CAP_SETGID: to run Slurm commands as a user.
 pub fn needed_capabilities(settings: &Layered) -> anyhow::Result<Vec<caps::Capability>> {
     let user: String = settings.get("slurm.run-as-user")?;
-    Ok(if user.is_empty() {
+    let source: String = settings.get("slurm.source")?;
+    // slurmrestd does the switching itself: no command runs here.
+    Ok(if user.is_empty() || source == "slurmrestd" {
         Vec::new()
     } else {
         runner::CAPABILITIES.to_vec()

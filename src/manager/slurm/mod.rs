@@ -4,7 +4,8 @@
 //! - `discover`: finds the node's job cgroups at each scrape;
 //! - `props`: who a job belongs to (`ceems_compute_unit_info`);
 //! - `gpus` and `gpu_env`: which of the node's GPUs each job holds;
-//! - `accounting`, `sacct`, `runner`: the stats-server's side;
+//! - `accounting`, `sacct`, `runner`: the stats-server's side; `rest` and `rest_json` the same
+//!   through slurmrestd;
 //! - here: the collector's flags and the [`ResourceManager`] over the parts above.
 
 use std::collections::{HashMap, HashSet};
@@ -28,6 +29,8 @@ mod discover;
 pub mod gpu_env;
 mod gpus;
 pub mod props;
+pub mod rest;
+pub mod rest_json;
 pub mod runner;
 pub mod sacct;
 
