@@ -27,10 +27,11 @@ if [ "${1:-}" = stop ]; then
   exit 0
 fi
 
-if ! command -v slurmctld >/dev/null || ! command -v slurmdbd >/dev/null || ! command -v mariadbd >/dev/null; then
+if ! command -v slurmctld >/dev/null || ! command -v slurmdbd >/dev/null || ! command -v mariadbd >/dev/null \
+   || [ ! -x /usr/sbin/slurmrestd ]; then
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -qq slurm-wlm slurmdbd mariadb-server munge >/dev/null 2>&1 \
-    || { apt-get update -qq && apt-get install -y -qq slurm-wlm slurmdbd mariadb-server munge >/dev/null; }
+  apt-get install -y -qq slurm-wlm slurmdbd slurmrestd mariadb-server munge >/dev/null 2>&1 \
+    || { apt-get update -qq && apt-get install -y -qq slurm-wlm slurmdbd slurmrestd mariadb-server munge >/dev/null; }
 fi
 
 running() { pgrep -x "$1" >/dev/null; }

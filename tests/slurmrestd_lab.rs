@@ -1,0 +1,208 @@
+//! slurmrestd as the job source in the real Slurm lab: Debian's slurmrestd 22.05 on a unix
+//! socket with `rest_auth/local`, run as the same user as the stats-server. A stats-server
+//! reading its `dbv0.0.38` API ingests the same jobs, users and projects as one reading `sacct`
+//! and `sacctmgr`, field by field: completed, failed, cancelled, held and time-limited jobs
+//! of two users. The one difference is Slurm's: slurmrestd 22.05 says a script that exited 3
+//! succeeded, so a failed job's exit code is recorded as unknown.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::lab::{as_user, lab, start_stats_server_with, submit, wait_until, CancelOnDrop};
+use common::{runnable, KillOnDrop};
+
+/// The user slurmrestd and the stats-server run as: `rest_auth/local` accepts only its own.
+const SERVICE_USER: &str = "daemon";
+
+fn slurmrestd_tools() -> Result<(), String> {
+    common::ensure_tools(
+        || Path::new("/usr/sbin/slurmrestd").exists(),
+        &["slurmrestd"],
+        &[],
+    )
+}
+
+/// Every job the server holds, every field but the times of its own writes, by job id.
+fn jobs(server: &common::Running) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let body = ureq::get(&server.url("/api/v1/units/admin?from=0"))
+        .set("X-Grafana-User", "root")
+        .call()
+        .expect("units")
+        .into_string()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| {
+            let mut u = u.clone();
+            let o = u.as_object_mut().unwrap();
+            o.remove("last_updated_at_ts");
+            o.remove("aggregates_updated_at_ts");
+            (o["uuid"].as_str().unwrap().to_owned(), u)
+        })
+        .collect()
+}
+
+fn get(server: &common::Running, path: &str, user: &str) -> serde_json::Value {
+    let body = ureq::get(&server.url(path))
+        .set("X-Grafana-User", user)
+        .call()
+        .expect(path)
+        .into_string()
+        .unwrap();
+    serde_json::from_str(&body).unwrap()
+}
+
+#[test]
+fn jobs_through_slurmrestd_equal_those_through_sacct() {
+    if !runnable("slurmrestd_lab", lab().and_then(|_| slurmrestd_tools())) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    nix::unistd::chown(
+        dir.path(),
+        Some(
+            nix::unistd::User::from_name(SERVICE_USER)
+                .unwrap()
+                .unwrap()
+                .uid,
+        ),
+        None,
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let socket = dir.path().join("slurmrestd.sock");
+    let restd = Command::new("setpriv")
+        .args([
+            &format!("--reuid={SERVICE_USER}"),
+            &format!("--regid={SERVICE_USER}"),
+            "--clear-groups",
+            "/usr/sbin/slurmrestd",
+            "-a",
+            "rest_auth/local",
+            &format!("unix:{}", socket.display()),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start slurmrestd");
+    let _restd = KillOnDrop(restd);
+    wait_until("slurmrestd's socket", Duration::from_secs(10), || {
+        socket.exists()
+    });
+
+    let done = submit("alice", "-J rest-ok -t 5 --wrap 'sleep 1'");
+    let failed = submit("bob", "-J 'rest fails|x' --wrap 'exit 3'");
+    let cancelled = submit("alice", "-J rest-cancel --wrap 'sleep 300'");
+    let held = submit("bob", "-J rest-held --hold --wrap 'true'");
+    let _cancel = CancelOnDrop(vec![cancelled.clone(), held.clone()]);
+    wait_until(
+        "the cancellable job to run",
+        Duration::from_secs(60),
+        || as_user("root", &format!("squeue -h -j {cancelled} -o %T")) == "RUNNING",
+    );
+    as_user("root", &format!("scancel {cancelled}"));
+    wait_until("the jobs to end", Duration::from_secs(60), || {
+        as_user("root", "squeue -h -t R,CG -o %i").is_empty()
+    });
+
+    let (sacct, _d0) = start_stats_server_with("", "1h", &[]);
+    let mut reference = Default::default();
+    wait_until("the jobs through sacct", Duration::from_secs(30), || {
+        reference = jobs(&sacct);
+        [&done, &failed, &cancelled]
+            .iter()
+            .all(|id| reference.contains_key(id.as_str()))
+    });
+    assert_eq!(reference[&failed]["state"], "FAILED");
+    assert_eq!(reference[&cancelled]["state"], "CANCELLED");
+    // A held job is never eligible, so neither source lists it in a window.
+    assert!(!reference.contains_key(&held));
+    let users = get(&sacct, "/api/v1/users/admin", "root");
+    let projects = get(&sacct, "/api/v1/projects/admin", "root");
+
+    for version in ["v0.0.38"] {
+        let url = format!("--slurm.slurmrestd.url=unix:{}", socket.display());
+        let api = format!("--slurm.slurmrestd.api-version={version}");
+        let (rest, _d) = start_stats_server_with(
+            "",
+            "1h",
+            &[
+                "--slurm.source=slurmrestd",
+                &url,
+                &api,
+                &format!("--security.run-as-user={SERVICE_USER}"),
+            ],
+        );
+        let mut through_rest = Default::default();
+        wait_until(
+            "the jobs through slurmrestd",
+            Duration::from_secs(30),
+            || {
+                through_rest = jobs(&rest);
+                through_rest.len() >= reference.len()
+            },
+        );
+        let mut differences = Vec::new();
+        for (id, want) in &reference {
+            // slurmrestd 22.05 says a failed script succeeded; the server records "unknown".
+            let mut want = want.clone();
+            if want["state"] == "FAILED" {
+                want["exit_code"] = "".into();
+                want["findings"] = serde_json::from_str(&want["findings"].to_string().replace(
+                    &format!(
+                        "exit code {}.",
+                        reference[id]["exit_code"].as_str().unwrap()
+                    ),
+                    "exit code unknown.",
+                ))
+                .unwrap();
+            }
+            let want = &want;
+            match through_rest.get(id) {
+                None => differences.push(format!("job {id} missing")),
+                Some(got) if got != want => {
+                    for (field, v) in want.as_object().unwrap() {
+                        if got[field] != *v {
+                            differences.push(format!(
+                                "job {id} {field}: sacct {v}, slurmrestd {}",
+                                got[field]
+                            ));
+                        }
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        for id in through_rest
+            .keys()
+            .filter(|id| !reference.contains_key(*id))
+        {
+            differences.push(format!("job {id} only through slurmrestd"));
+        }
+        assert!(differences.is_empty(), "{version}: {differences:#?}");
+        assert_eq!(
+            get(&rest, "/api/v1/users/admin", "root"),
+            users,
+            "{version}"
+        );
+        assert_eq!(
+            get(&rest, "/api/v1/projects/admin", "root"),
+            projects,
+            "{version}"
+        );
+        println!(
+            "{version}: {} jobs equal to sacct's, field by field",
+            through_rest.len()
+        );
+    }
+}
