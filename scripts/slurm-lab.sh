@@ -79,6 +79,12 @@ if [ ! -x /run/ceems-lab/mailprog ]; then
   printf '#!/bin/sh\nexit 0\n' > /run/ceems-lab/mailprog
   chmod 755 /run/ceems-lab/mailprog
 fi
+# slurmrestd over HTTP authenticates with JWTs (tests/slurmrestd_lab.rs).
+jwt_key=/var/spool/slurmctld/jwt_hs256.key
+if [ ! -s "$jwt_key" ]; then
+  dd if=/dev/urandom bs=32 count=1 of="$jwt_key" status=none
+fi
+chown slurm:slurm "$jwt_key" && chmod 600 "$jwt_key"
 cat > /etc/slurm/gres.conf <<CONF
 NodeName=localhost Name=gpu File=$gpu_dir/gpu[0-1]
 CONF
@@ -87,6 +93,8 @@ ClusterName=lab
 SlurmctldHost=localhost
 SlurmUser=slurm
 AuthType=auth/munge
+AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key=$jwt_key
 StateSaveLocation=/var/spool/slurmctld
 SlurmdSpoolDir=/var/spool/slurmd
 SlurmctldPidFile=/run/slurm/slurmctld.pid
@@ -116,6 +124,8 @@ ConstrainRAMSpace=yes
 CONF
 cat > /etc/slurm/slurmdbd.conf <<CONF
 AuthType=auth/munge
+AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key=$jwt_key
 DbdHost=localhost
 SlurmUser=slurm
 StorageType=accounting_storage/mysql
@@ -128,11 +138,12 @@ PidFile=/run/slurm/slurmdbd.pid
 CONF
 chown slurm:slurm /etc/slurm/slurmdbd.conf && chmod 600 /etc/slurm/slurmdbd.conf
 
-# Daemons, accounts and users. Daemons started from an older configuration (no GPUs) are
-# restarted.
-if running slurmd && ! scontrol show node localhost 2>/dev/null | grep -q "Gres=gpu:2"; then
-  for d in slurmd slurmctld; do pkill -x "$d" || true; done
-  wait_for 30 sh -c '! pgrep -x slurmd && ! pgrep -x slurmctld'
+# Daemons, accounts and users. Daemons started from an older configuration (no GPUs, no JWT)
+# are restarted.
+if running slurmd && { ! scontrol show node localhost 2>/dev/null | grep -q "Gres=gpu:2" \
+    || ! scontrol show config 2>/dev/null | grep -q '^AuthAltTypes *= auth/jwt'; }; then
+  for d in slurmd slurmctld slurmdbd; do pkill -x "$d" || true; done
+  wait_for 30 sh -c '! pgrep -x slurmd && ! pgrep -x slurmctld && ! pgrep -x slurmdbd'
 fi
 running slurmdbd || slurmdbd
 wait_for 30 sacctmgr -n list cluster

@@ -1,6 +1,7 @@
 //! slurmrestd as the job source in the real Slurm lab: Debian's slurmrestd 22.05 on a unix
-//! socket with `rest_auth/local`, run as the same user as the stats-server. A stats-server
-//! reading its `dbv0.0.38` API ingests the same jobs, users and projects as one reading `sacct`
+//! socket with `rest_auth/local` (run as the same user as the stats-server), then on HTTP with
+//! `rest_auth/jwt` and a token from `scontrol token`. A stats-server reading its `dbv0.0.38`
+//! API either way ingests the same jobs, users and projects as one reading `sacct`
 //! and `sacctmgr`, field by field: completed, failed, cancelled, held and time-limited jobs
 //! of two users. The one difference is Slurm's: slurmrestd 22.05 says a script that exited 3
 //! succeeded, so a failed job's exit code is recorded as unknown.
@@ -130,79 +131,125 @@ fn jobs_through_slurmrestd_equal_those_through_sacct() {
     let users = get(&sacct, "/api/v1/users/admin", "root");
     let projects = get(&sacct, "/api/v1/projects/admin", "root");
 
-    for version in ["v0.0.38"] {
-        let url = format!("--slurm.slurmrestd.url=unix:{}", socket.display());
-        let api = format!("--slurm.slurmrestd.api-version={version}");
-        let (rest, _d) = start_stats_server_with(
-            "",
-            "1h",
-            &[
-                "--slurm.source=slurmrestd",
-                &url,
-                &api,
-                &format!("--security.run-as-user={SERVICE_USER}"),
-            ],
-        );
-        let mut through_rest = Default::default();
-        wait_until(
-            "the jobs through slurmrestd",
-            Duration::from_secs(30),
-            || {
-                through_rest = jobs(&rest);
-                through_rest.len() >= reference.len()
-            },
-        );
-        let mut differences = Vec::new();
-        for (id, want) in &reference {
-            // slurmrestd 22.05 says a failed script succeeded; the server records "unknown".
-            let mut want = want.clone();
-            if want["state"] == "FAILED" {
-                want["exit_code"] = "".into();
-                want["findings"] = serde_json::from_str(&want["findings"].to_string().replace(
-                    &format!(
-                        "exit code {}.",
-                        reference[id]["exit_code"].as_str().unwrap()
-                    ),
-                    "exit code unknown.",
-                ))
-                .unwrap();
-            }
-            let want = &want;
-            match through_rest.get(id) {
-                None => differences.push(format!("job {id} missing")),
-                Some(got) if got != want => {
-                    for (field, v) in want.as_object().unwrap() {
-                        if got[field] != *v {
-                            differences.push(format!(
-                                "job {id} {field}: sacct {v}, slurmrestd {}",
-                                got[field]
-                            ));
-                        }
+    let url = format!("--slurm.slurmrestd.url=unix:{}", socket.display());
+    let (rest, _d1) = start_stats_server_with(
+        "",
+        "1h",
+        &[
+            "--slurm.source=slurmrestd",
+            &url,
+            "--slurm.slurmrestd.api-version=v0.0.38",
+            &format!("--security.run-as-user={SERVICE_USER}"),
+        ],
+    );
+    assert_same("unix socket", &rest, &reference, &users, &projects);
+
+    // HTTP with a JWT, as `scontrol token` prints it, read by the server (nobody) from a file.
+    let port = common::free_port();
+    let restd = Command::new("setpriv")
+        .args([
+            &format!("--reuid={SERVICE_USER}"),
+            &format!("--regid={SERVICE_USER}"),
+            "--clear-groups",
+            "/usr/sbin/slurmrestd",
+            "-a",
+            "rest_auth/jwt",
+            &format!("127.0.0.1:{port}"),
+        ])
+        // How slurmrestd 22.05 is told to pass clients' tokens through.
+        .env("SLURM_JWT", "daemon")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start slurmrestd on HTTP");
+    let _restd_http = KillOnDrop(restd);
+    let token = dir.path().join("jwt");
+    std::fs::write(
+        &token,
+        as_user(
+            "root",
+            &format!("scontrol token username={SERVICE_USER} lifespan=600"),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    wait_until("slurmrestd on HTTP", Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let (jwt, _d2) = start_stats_server_with(
+        "",
+        "1h",
+        &[
+            "--slurm.source=slurmrestd",
+            &format!("--slurm.slurmrestd.url=http://127.0.0.1:{port}"),
+            &format!("--slurm.slurmrestd.token-file={}", token.display()),
+            &format!("--slurm.slurmrestd.user={SERVICE_USER}"),
+        ],
+    );
+    assert_same("HTTP with a JWT", &jwt, &reference, &users, &projects);
+}
+
+/// `server`, reading slurmrestd, holds the jobs, users and projects the sacct one does.
+fn assert_same(
+    how: &str,
+    server: &common::Running,
+    reference: &std::collections::BTreeMap<String, serde_json::Value>,
+    users: &serde_json::Value,
+    projects: &serde_json::Value,
+) {
+    let mut through_rest = Default::default();
+    wait_until(
+        "the jobs through slurmrestd",
+        Duration::from_secs(30),
+        || {
+            through_rest = jobs(server);
+            through_rest.len() >= reference.len()
+        },
+    );
+    let mut differences = Vec::new();
+    for (id, want) in reference {
+        // slurmrestd 22.05 says a failed script succeeded; the server records "unknown".
+        let mut want = want.clone();
+        if want["state"] == "FAILED" {
+            let code = format!("exit code {}.", want["exit_code"].as_str().unwrap());
+            want["exit_code"] = "".into();
+            want["findings"] = serde_json::from_str(
+                &want["findings"]
+                    .to_string()
+                    .replace(&code, "exit code unknown."),
+            )
+            .unwrap();
+        }
+        match through_rest.get(id) {
+            None => differences.push(format!("job {id} missing")),
+            Some(got) if *got != want => {
+                for (field, v) in want.as_object().unwrap() {
+                    if got[field] != *v {
+                        differences.push(format!(
+                            "job {id} {field}: sacct {v}, slurmrestd {}",
+                            got[field]
+                        ));
                     }
                 }
-                Some(_) => {}
             }
+            Some(_) => {}
         }
-        for id in through_rest
-            .keys()
-            .filter(|id| !reference.contains_key(*id))
-        {
-            differences.push(format!("job {id} only through slurmrestd"));
-        }
-        assert!(differences.is_empty(), "{version}: {differences:#?}");
-        assert_eq!(
-            get(&rest, "/api/v1/users/admin", "root"),
-            users,
-            "{version}"
-        );
-        assert_eq!(
-            get(&rest, "/api/v1/projects/admin", "root"),
-            projects,
-            "{version}"
-        );
-        println!(
-            "{version}: {} jobs equal to sacct's, field by field",
-            through_rest.len()
-        );
     }
+    for id in through_rest
+        .keys()
+        .filter(|id| !reference.contains_key(*id))
+    {
+        differences.push(format!("job {id} only through slurmrestd"));
+    }
+    assert!(differences.is_empty(), "{how}: {differences:#?}");
+    assert_eq!(&get(server, "/api/v1/users/admin", "root"), users, "{how}");
+    assert_eq!(
+        &get(server, "/api/v1/projects/admin", "root"),
+        projects,
+        "{how}"
+    );
+    println!(
+        "{how}: {} jobs equal to sacct's, field by field",
+        through_rest.len()
+    );
 }

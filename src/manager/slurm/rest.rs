@@ -131,9 +131,12 @@ impl RestAccounting {
                 file: jwt.token_file.clone(),
                 source,
             })?;
+        // `scontrol token` prints `SLURM_JWT=<token>`: a file saved from it works as is.
+        let token = token.trim();
+        let token = token.strip_prefix("SLURM_JWT=").unwrap_or(token);
         Ok(vec![
             ("X-SLURM-USER-NAME", jwt.user.clone()),
-            ("X-SLURM-USER-TOKEN", token.trim().to_owned()),
+            ("X-SLURM-USER-TOKEN", token.to_owned()),
         ])
     }
 
@@ -384,7 +387,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("rest.sock");
         let token = dir.path().join("token");
-        std::fs::write(&token, "abc.def.ghi\n").unwrap();
+        std::fs::write(&token, "SLURM_JWT=abc.def.ghi\n").unwrap();
         let server = serve_once(
             &socket,
             "200 OK",
