@@ -409,39 +409,19 @@ fn stats_server_first_start_as_root_creates_its_directories_for_nobody() {
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let data = tmp.path().join("var/lib/ceems");
     let backups = tmp.path().join("backups/ceems");
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_ceems"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ceems"));
+    command
         .args([
             "stats-server",
-            &format!("--web.listen-address=127.0.0.1:{port}"),
             &format!("--storage.data.path={}", data.display()),
             &format!("--storage.data.backup.path={}", backups.display()),
             "--storage.data.backup.interval=1s",
             "--slurm.sacct.path=/bin/true",
             "--slurm.cluster-id=lab",
         ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start stats-server");
-    let mut server = Running {
-        child: KillOnDrop(child),
-        port,
-    };
-    let start = Instant::now();
-    while ureq::get(&server.url("/health")).call().is_err() {
-        if let Ok(Some(status)) = server.child.try_wait() {
-            let mut err = String::new();
-            std::io::Read::read_to_string(server.child.0.stderr.as_mut().unwrap(), &mut err)
-                .unwrap();
-            panic!("stats-server exited at start ({status}): {err}");
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "stats-server did not answer"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        .stdout(Stdio::null());
+    // Before the fix it stopped here: "cannot create … as uid 65534: Permission denied".
+    let _server = common::start_listening(command, "stats-server");
     let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
     for dir in [
         tmp.path().join("var"),

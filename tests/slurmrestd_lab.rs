@@ -26,6 +26,30 @@ fn slurmrestd_tools() -> Result<(), String> {
     )
 }
 
+/// slurmrestd as [`SERVICE_USER`] with `auth` on `listen`, killed when dropped.
+fn slurmrestd(auth: &str, listen: &str) -> KillOnDrop {
+    let mut command = Command::new("setpriv");
+    command.args([
+        &format!("--reuid={SERVICE_USER}"),
+        &format!("--regid={SERVICE_USER}"),
+        "--clear-groups",
+        "/usr/sbin/slurmrestd",
+        "-a",
+        auth,
+        listen,
+    ]);
+    if auth == "rest_auth/jwt" {
+        // How slurmrestd 22.05 is told to pass clients' tokens through.
+        command.env("SLURM_JWT", "daemon");
+    }
+    let child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start slurmrestd");
+    KillOnDrop(child)
+}
+
 /// Every job the server holds, every field but the times of its own writes, by job id.
 fn jobs(server: &common::Running) -> std::collections::BTreeMap<String, serde_json::Value> {
     let body = ureq::get(&server.url("/api/v1/units/admin?from=0"))
@@ -82,21 +106,7 @@ fn jobs_through_slurmrestd_equal_those_through_sacct() {
     )
     .unwrap();
     let socket = dir.path().join("slurmrestd.sock");
-    let restd = Command::new("setpriv")
-        .args([
-            &format!("--reuid={SERVICE_USER}"),
-            &format!("--regid={SERVICE_USER}"),
-            "--clear-groups",
-            "/usr/sbin/slurmrestd",
-            "-a",
-            "rest_auth/local",
-            &format!("unix:{}", socket.display()),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start slurmrestd");
-    let _restd = KillOnDrop(restd);
+    let _restd = slurmrestd("rest_auth/local", &format!("unix:{}", socket.display()));
     wait_until("slurmrestd's socket", Duration::from_secs(10), || {
         socket.exists()
     });
@@ -146,23 +156,7 @@ fn jobs_through_slurmrestd_equal_those_through_sacct() {
 
     // HTTP with a JWT, as `scontrol token` prints it, read by the server (nobody) from a file.
     let port = common::free_port();
-    let restd = Command::new("setpriv")
-        .args([
-            &format!("--reuid={SERVICE_USER}"),
-            &format!("--regid={SERVICE_USER}"),
-            "--clear-groups",
-            "/usr/sbin/slurmrestd",
-            "-a",
-            "rest_auth/jwt",
-            &format!("127.0.0.1:{port}"),
-        ])
-        // How slurmrestd 22.05 is told to pass clients' tokens through.
-        .env("SLURM_JWT", "daemon")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start slurmrestd on HTTP");
-    let _restd_http = KillOnDrop(restd);
+    let _restd_http = slurmrestd("rest_auth/jwt", &format!("127.0.0.1:{port}"));
     let token = dir.path().join("jwt");
     std::fs::write(
         &token,
