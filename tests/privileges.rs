@@ -380,6 +380,27 @@ fn check_privileges_of_the_stats_server_runs_sacct_as_another_user() {
     let (code, report) = check_privileges_of("stats-server", &with_caps, &args);
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(part(&report)["test"]["outcome"], "ok", "{report:#}");
+
+    // With slurmrestd as the source no command runs: nothing to test or to need, as nobody.
+    let rest = [
+        &args[..],
+        &[
+            "--slurm.source=slurmrestd",
+            "--slurm.slurmrestd.url=unix:/run/slurmrestd.sock",
+        ],
+    ]
+    .concat();
+    let (code, report) = check_privileges_of("stats-server", &nobody, &rest);
+    assert_eq!(code, 0, "{report:#}");
+    assert!(names(&report["missing"]).is_empty(), "{report:#}");
+    assert!(
+        !report["parts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["part"] == "slurm commands as daemon"),
+        "{report:#}"
+    );
 }
 
 #[test]

@@ -119,9 +119,9 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    // The stats-server's Slurm commands, run as the slurm user.
+    // The stats-server's Slurm commands, run as the slurm user; none with slurmrestd.
     let mut run_as: Option<(PathBuf, String, Vec<Capability>)> = None;
-    if sub == "stats-server" {
+    if sub == "stats-server" && settings.get::<String>("slurm.source")? != "slurmrestd" {
         let caps = stats_server::needed_capabilities(&settings)?;
         let user: String = settings.get("slurm.run-as-user")?;
         let sacct: PathBuf = settings.get("slurm.sacct.path")?;
