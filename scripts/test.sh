@@ -33,8 +33,17 @@ fi
 if [ "$(id -u)" = 0 ]; then
   bash scripts/build-bpf.sh
 fi
+# A real PostgreSQL for the stats-server's second backend (tests/postgres.rs and the store's
+# tests run again on it below).
+if [ "$(id -u)" = 0 ]; then
+  CEEMS_TEST_POSTGRES_URL=$(bash scripts/postgres-lab.sh fresh)
+  export CEEMS_TEST_POSTGRES_URL
+fi
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
 cargo test --locked
+if [ -n "${CEEMS_TEST_POSTGRES_URL:-}" ]; then
+  CEEMS_TEST_STORE=postgres cargo test --locked --lib -- store:: notify::
+fi
 # Build the .deb and .rpm, install the .deb, check it, remove it (root only).
 bash scripts/package-test.sh

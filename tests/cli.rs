@@ -285,6 +285,47 @@ fn a_slurmrestd_source_that_cannot_work_stops_start_up_saying_why() {
 }
 
 #[test]
+fn a_database_url_that_cannot_work_stops_start_up_saying_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = format!("--storage.data.path={}", dir.path().display());
+    let port = free_port();
+    for (args, want) in [
+        (
+            vec!["--storage.database-url=mysql://db/ceems".to_owned()],
+            "--storage.database-url `mysql://db/ceems`: expected postgres://… or postgresql://… (empty: SQLite in --storage.data.path)".to_owned(),
+        ),
+        (
+            vec![
+                "--storage.database-url=postgres://ceems@db/ceems".to_owned(),
+                "--storage.data.backup.path=/var/backups/ceems".to_owned(),
+            ],
+            "--storage.data.backup.path backs up the SQLite file; with --storage.database-url, back PostgreSQL up with its own tools (pg_dump, base backups)".to_owned(),
+        ),
+        // Nothing listens there: the server says which database it could not reach, and
+        // the password stays out of the message.
+        (
+            vec![format!("--storage.database-url=postgres://ceems:secret@127.0.0.1:{port}/jobs")],
+            format!("cannot open the database: postgresql database jobs on 127.0.0.1:{port} as ceems: pool timed out"),
+        ),
+    ] {
+        let out = Command::new(BIN)
+            .args([
+                "stats-server",
+                "--web.listen-address=127.0.0.1:0",
+                "--security.drop-privileges=false",
+                &data,
+            ])
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(err.contains(&format!("ceems: error: {want}")), "{err}");
+        assert!(!err.contains("secret"), "{err}");
+    }
+}
+
+#[test]
 fn bad_config_is_an_error_naming_key_and_file() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bad.toml");

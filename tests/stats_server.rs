@@ -69,9 +69,13 @@ fn start_server(dir: &Path, sacct: &Path) -> Running {
 async fn counts(db: &Path) -> (i64, i64, String) {
     let store = Store::open(db).await.expect("reopen the database");
     let total = store.count_units("lab").await.unwrap();
-    let distinct: i64 = sqlx::query_scalar("SELECT count(DISTINCT uuid) FROM units")
-        .fetch_one(store.pool())
+    let distinct: i64 = store
+        .fetch_one(&ceems::store::sql::Sql::new(
+            "SELECT count(DISTINCT uuid) FROM units",
+        ))
         .await
+        .unwrap()
+        .get(0)
         .unwrap();
     (total, distinct, store.integrity_check().await.unwrap())
 }

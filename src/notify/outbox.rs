@@ -8,13 +8,13 @@ use std::time::{Duration, SystemTime};
 
 use lettre::address::Envelope;
 use lettre::message::Mailbox;
-use sqlx::Row;
 
 use super::digest::{self, JobFindings};
 use super::smtp::{Delivery, MailError};
 use super::{compose, message_id, Addresses};
-use crate::store::db::{Store, StoreError};
+use crate::store::db::{Store, StoreError, Tx};
 use crate::store::findings::{Finding, Severity};
+use crate::store::sql::Sql;
 
 /// What the notifier sends, and to whom.
 pub struct Notifier {
@@ -48,23 +48,24 @@ const LAST_ROUND: &str = "last_round";
 const FLOOR: &str = "floor";
 
 async fn state(store: &Store, key: &str) -> Result<Option<i64>, StoreError> {
-    Ok(
-        sqlx::query_scalar("SELECT value FROM notify_state WHERE key = ?1")
-            .bind(key)
-            .fetch_optional(store.pool())
-            .await?,
-    )
+    let q = Sql::new("SELECT value FROM notify_state WHERE key = $1").arg(key);
+    match store.fetch_optional(&q).await? {
+        Some(r) => Ok(Some(r.get(0)?)),
+        None => Ok(None),
+    }
 }
 
 async fn set_state(store: &Store, key: &str, value: i64) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO notify_state (key, value) VALUES (?1, ?2)
-         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-    )
-    .bind(key)
-    .bind(value)
-    .execute(store.pool())
-    .await?;
+    store
+        .execute(
+            &Sql::new(
+                "INSERT INTO notify_state (key, value) VALUES ($1, $2)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            )
+            .arg(key)
+            .arg(value),
+        )
+        .await?;
     Ok(())
 }
 
@@ -105,30 +106,30 @@ impl Notifier {
                 f
             }
         };
-        let rows = sqlx::query(
+        let q = Sql::new(
             "SELECT u.id, u.usr, u.cluster_id, u.uuid, u.name, u.state, u.ended_at,
                     u.findings, u.aggregates_status
              FROM units u
-             WHERE u.ended_at IS NOT NULL AND u.ended_at >= ?1 AND u.started_at > 0
+             WHERE u.ended_at IS NOT NULL AND u.ended_at >= $1 AND u.started_at > 0
                AND u.findings_updated_at IS NOT NULL
-               AND u.findings_updated_at >= max(u.last_updated_at, coalesce(u.aggregates_updated_at, 0))
+               AND u.findings_updated_at >= u.last_updated_at
+               AND u.findings_updated_at >= coalesce(u.aggregates_updated_at, 0)
                AND NOT EXISTS (SELECT 1 FROM mailed_units m WHERE m.unit_id = u.id)
              ORDER BY u.usr, u.ended_at, u.id",
         )
-        .bind(floor)
-        .fetch_all(store.pool())
-        .await?;
+        .arg(floor);
+        let rows = store.fetch_all(&q).await?;
         let mut out = Vec::with_capacity(rows.len());
         for r in rows {
-            let cluster: String = r.get(2);
-            let status: String = r.get(8);
+            let cluster: String = r.get(2)?;
+            let status: String = r.get(8)?;
             if self.aggregated_clusters.contains(&cluster)
                 && !matches!(status.as_str(), "done" | "too_short")
             {
                 continue;
             }
-            let findings: Option<String> = r.get(7);
-            let row: i64 = r.get(0);
+            let findings: Option<String> = r.get(7)?;
+            let row: i64 = r.get(0)?;
             let findings: Vec<Finding> = match findings.as_deref().map(serde_json::from_str) {
                 None => Vec::new(),
                 Some(Ok(f)) => f,
@@ -139,13 +140,13 @@ impl Notifier {
             };
             out.push(Candidate {
                 row,
-                user: r.get(1),
+                user: r.get(1)?,
                 job: JobFindings {
                     cluster,
-                    uuid: r.get(3),
-                    name: r.get(4),
-                    state: r.get(5),
-                    ended_at: r.get(6),
+                    uuid: r.get(3)?,
+                    name: r.get(4)?,
+                    state: r.get(5)?,
+                    ended_at: r.get(6)?,
                     findings,
                 },
             });
@@ -196,20 +197,19 @@ impl Notifier {
                     (String::new(), Vec::new(), "refused", Some(e))
                 }
             };
-            let message: i64 = sqlx::query_scalar(
+            let q = Sql::new(
                 "INSERT INTO mail_outbox (usr, mail_from, rcpt_to, message_id, raw, created_at, status, last_error)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) RETURNING id",
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
             )
-            .bind(user)
-            .bind(self.from.email.to_string())
-            .bind(&rcpt)
-            .bind(&id)
-            .bind(&raw)
-            .bind(now)
-            .bind(status)
-            .bind(error)
-            .fetch_one(&mut *tx)
-            .await?;
+            .arg(user)
+            .arg(self.from.email.to_string())
+            .arg(rcpt)
+            .arg(id)
+            .arg(raw)
+            .arg(now)
+            .arg(status)
+            .arg(error);
+            let message: i64 = tx.fetch_one(&q).await?.get(0)?;
             for c in jobs {
                 mark(&mut tx, c.row, Some(message)).await?;
             }
@@ -229,25 +229,25 @@ impl Notifier {
         now: i64,
         round: &mut Round,
     ) -> Result<(), StoreError> {
-        let queued = sqlx::query(
-            "SELECT id, usr, mail_from, rcpt_to, raw FROM mail_outbox
-             WHERE status = 'queued' ORDER BY id",
-        )
-        .fetch_all(store.pool())
-        .await?;
+        let queued = store
+            .fetch_all(&Sql::new(
+                "SELECT id, usr, mail_from, rcpt_to, raw FROM mail_outbox
+                 WHERE status = 'queued' ORDER BY id",
+            ))
+            .await?;
         for (i, r) in queued.iter().enumerate() {
-            let id: i64 = r.get(0);
-            let user: String = r.get(1);
+            let id: i64 = r.get(0)?;
+            let user: String = r.get(1)?;
+            let from: String = r.get(2)?;
+            let to: String = r.get(3)?;
             let envelope = (|| {
-                let from: String = r.get(2);
-                let to: String = r.get(3);
                 Envelope::new(
                     Some(from.parse().map_err(|e| format!("sender `{from}`: {e}"))?),
                     vec![to.parse().map_err(|e| format!("recipient `{to}`: {e}"))?],
                 )
                 .map_err(|e| e.to_string())
             })();
-            let raw: Vec<u8> = r.get(4);
+            let raw: Vec<u8> = r.get(4)?;
             let result = match envelope {
                 Ok(envelope) => {
                     self.delivery
@@ -261,17 +261,19 @@ impl Notifier {
                 Err(MailError::Refused(e)) => ("refused", Some(e.clone())),
                 Err(e) => ("queued", Some(e.to_string())),
             };
-            sqlx::query(
-                "UPDATE mail_outbox SET status = ?2, attempts = attempts + 1, last_error = ?3,
-                        sent_at = CASE WHEN ?2 = 'sent' THEN ?4 END
-                 WHERE id = ?1",
-            )
-            .bind(id)
-            .bind(status)
-            .bind(&error)
-            .bind(now)
-            .execute(store.pool())
-            .await?;
+            store
+                .execute(
+                    &Sql::new(
+                        "UPDATE mail_outbox SET status = $2, attempts = attempts + 1, last_error = $3,
+                                sent_at = CASE WHEN $2 = 'sent' THEN $4 END
+                         WHERE id = $1",
+                    )
+                    .arg(id)
+                    .arg(status)
+                    .arg(error.clone())
+                    .arg(now),
+                )
+                .await?;
             match result {
                 Ok(()) => round.sent += 1,
                 Err(MailError::Refused(e)) => {
@@ -291,16 +293,13 @@ impl Notifier {
     }
 }
 
-async fn mark(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    row: i64,
-    message: Option<i64>,
-) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO mailed_units (unit_id, message_id) VALUES (?1, ?2)")
-        .bind(row)
-        .bind(message)
-        .execute(&mut **tx)
-        .await?;
+async fn mark(tx: &mut Tx, row: i64, message: Option<i64>) -> Result<(), StoreError> {
+    tx.execute(
+        &Sql::new("INSERT INTO mailed_units (unit_id, message_id) VALUES ($1, $2)")
+            .arg(row)
+            .arg(message),
+    )
+    .await?;
     Ok(())
 }
 
@@ -311,7 +310,7 @@ mod tests {
     use crate::store::findings::Thresholds;
 
     async fn store_with(lines: &[String], dir: &std::path::Path) -> Store {
-        let store = Store::open(&dir.join("ceems.db")).await.unwrap();
+        let store = crate::store::db::testing::store(dir).await;
         let (jobs, errors) = crate::manager::slurm::sacct::parse_output(&lines.join("\n"));
         assert!(errors.is_empty(), "{errors:?}");
         store.register_cluster("lab", "slurm").await.unwrap();
@@ -457,11 +456,14 @@ mod tests {
             .await
             .unwrap();
         assert_eq!((round.sent, round.refused), (1, 1), "{round:?}");
-        let why: String =
-            sqlx::query_scalar("SELECT last_error FROM mail_outbox WHERE usr = 'bad user'")
-                .fetch_one(store.pool())
-                .await
-                .unwrap();
+        let why: String = store
+            .fetch_one(&Sql::new(
+                "SELECT last_error FROM mail_outbox WHERE usr = 'bad user'",
+            ))
+            .await
+            .unwrap()
+            .get(0)
+            .unwrap();
         assert!(why.contains("no valid address"), "{why}");
     }
 }

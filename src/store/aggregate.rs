@@ -362,6 +362,7 @@ async fn query_batch(
 mod tests {
     use super::*;
     use crate::manager::slurm::sacct;
+    use crate::store::sql::Sql;
     use std::sync::{Arc, Mutex};
 
     /// Answers each query with a value per job taken from `values`, recording the queries; or
@@ -443,7 +444,7 @@ mod tests {
     #[tokio::test]
     async fn windows_add_up_a_failed_run_is_retried_and_short_jobs_are_skipped() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = Store::open(&tmp.path().join("ceems.db")).await.unwrap();
+        let store = crate::store::db::testing::store(tmp.path()).await;
         // Job 1 runs from 1000; job 2 ran 1000..1030 (too short); job 3 pending.
         let lines = "\
 1|debug|normal|physics|alice|2001|alice|2001|990|1000|Unknown|00:00:00|0|0:0|RUNNING|billing=2,cpu=2,mem=1G,node=1|localhost|/tmp|60|long
@@ -491,13 +492,21 @@ mod tests {
             .iter()
             .all(|q| q.contains("[1200s]")));
 
-        let row = sqlx::query_as::<_, (f64, f64, f64, i64, String, i64)>(
-            "SELECT cpu_seconds, host_energy_joules, mean_memory_bytes, aggregated_seconds,
-                    aggregates_status, aggregates_until FROM units WHERE uuid = '1'",
-        )
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
+        let r = store
+            .fetch_one(&Sql::new(
+                "SELECT cpu_seconds, host_energy_joules, mean_memory_bytes, aggregated_seconds,
+                        aggregates_status, aggregates_until FROM units WHERE uuid = '1'",
+            ))
+            .await
+            .unwrap();
+        let row: (f64, f64, f64, i64, String, i64) = (
+            r.get(0).unwrap(),
+            r.get(1).unwrap(),
+            r.get(2).unwrap(),
+            r.get(3).unwrap(),
+            r.get(4).unwrap(),
+            r.get(5).unwrap(),
+        );
         // 600 s then 1200 s of window at 2 CPU-s/s; 100 W over the 1500 s the job ran.
         assert_eq!(row.0, 2.0 * 600.0 + 2.0 * 1200.0);
         assert_eq!(row.1, 100.0 * 1500.0);
@@ -516,7 +525,7 @@ mod tests {
     #[tokio::test]
     async fn a_query_delay_counts_up_to_that_long_ago_and_finishes_the_job_once_past_its_end() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = Store::open(&tmp.path().join("ceems.db")).await.unwrap();
+        let store = crate::store::db::testing::store(tmp.path()).await;
         let line = "1|debug|normal|physics|alice|2001|alice|2001|990|1000|1300|00:05:00|300|0:0|COMPLETED|billing=2,cpu=2,mem=1G,node=1|localhost|/tmp|60|a\n";
         let (jobs, _) = sacct::parse_output(line);
         store.ingest("lab", &jobs, 0, 1320).await.unwrap();
@@ -527,12 +536,14 @@ mod tests {
         };
         let q = Queries::default();
         let status = || async {
-            sqlx::query_as::<_, (String, i64, f64)>(
-                "SELECT aggregates_status, aggregated_seconds, cpu_seconds FROM units",
-            )
-            .fetch_one(store.pool())
-            .await
-            .unwrap()
+            let r = store
+                .fetch_one(&Sql::new(
+                    "SELECT aggregates_status, aggregated_seconds, cpu_seconds FROM units",
+                ))
+                .await
+                .unwrap();
+            let row: (String, i64, f64) = (r.get(0).unwrap(), r.get(1).unwrap(), r.get(2).unwrap());
+            row
         };
 
         // 20 s after the end, the store may still lack the last samples: counted to 1260.
@@ -558,7 +569,7 @@ mod tests {
     #[tokio::test]
     async fn one_job_can_be_updated_alone_and_a_window_read_twice_counts_once() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = Store::open(&tmp.path().join("ceems.db")).await.unwrap();
+        let store = crate::store::db::testing::store(tmp.path()).await;
         let lines = "\
 1|debug|normal|physics|alice|2001|alice|2001|990|1000|Unknown|00:00:00|0|0:0|RUNNING|billing=2,cpu=2,mem=1G,node=1|localhost|/tmp|60|a
 2|debug|normal|physics|alice|2001|alice|2001|990|1000|Unknown|00:00:00|0|0:0|RUNNING|billing=2,cpu=2,mem=1G,node=1|localhost|/tmp|60|b
@@ -601,12 +612,15 @@ mod tests {
             ..Default::default()
         };
         store.apply_aggregates(&[late], 1600).await.unwrap();
-        let rows = sqlx::query_as::<_, (String, f64, Option<i64>)>(
-            "SELECT uuid, cpu_seconds, aggregates_until FROM units ORDER BY uuid",
-        )
-        .fetch_all(store.pool())
-        .await
-        .unwrap();
+        let rows: Vec<(String, f64, Option<i64>)> = store
+            .fetch_all(&Sql::new(
+                "SELECT uuid, cpu_seconds, aggregates_until FROM units ORDER BY uuid",
+            ))
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0).unwrap(), r.get(1).unwrap(), r.get(2).unwrap()))
+            .collect();
         assert_eq!(rows[0], ("1".to_owned(), 1200.0, Some(1600)));
         assert_eq!(
             rows[1],

@@ -6,41 +6,73 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, Postgres};
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
 };
-use sqlx::Row;
 
+use super::sql::{bind_args, Arg, Backend, DbRow, Sql};
 use crate::manager::{Associations, UnitRecord};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("database {path}: {source}")]
-    Open { path: String, source: sqlx::Error },
+    // The cause is in the message and not a `source`, so a chain of contexts prints it once.
+    #[error("{path}: {error}")]
+    Open { path: String, error: sqlx::Error },
     #[error("database migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
-    #[error("database {path}: {source}")]
-    Lock {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("{path}: {error}")]
+    Lock { path: String, error: std::io::Error },
     #[error("database: {0}")]
     Sql(#[from] sqlx::Error),
+    #[error("{0} is for SQLite databases only")]
+    SqliteOnly(&'static str),
+}
+
+enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// A write transaction on either database.
+pub enum Tx {
+    Sqlite(sqlx::Transaction<'static, Sqlite>),
+    Postgres(sqlx::Transaction<'static, Postgres>),
 }
 
 pub struct Store {
-    pool: SqlitePool,
+    pool: Pool,
     /// Bumped by every write, so readers can tell a cached answer is stale.
     generation: std::sync::atomic::AtomicU64,
+}
+
+/// Whether `url` names a PostgreSQL database (anything else is a SQLite file).
+pub fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// Where a PostgreSQL URL points, without its password, for messages.
+pub fn describe_postgres_url(url: &str) -> String {
+    match PgConnectOptions::from_str(url) {
+        Ok(o) => format!(
+            "postgresql database {} on {}:{} as {}",
+            o.get_database().unwrap_or("(default)"),
+            o.get_host(),
+            o.get_port(),
+            o.get_username()
+        ),
+        Err(_) => "postgresql database (unreadable URL)".to_owned(),
+    }
 }
 
 impl Store {
     /// Opens (creating) the database at `path` and brings its schema up to date.
     pub async fn open(path: &Path) -> Result<Store, StoreError> {
         let url = format!("sqlite://{}", path.display());
-        let open_err = |source| StoreError::Open {
+        let open_err = |error| StoreError::Open {
             path: path.display().to_string(),
-            source,
+            error,
         };
         let opts = SqliteConnectOptions::from_str(&url)
             .map_err(open_err)?
@@ -64,9 +96,9 @@ impl Store {
         // second wait until the first is done. It is taken on the database's directory, never
         // on the file: closing any descriptor of the file would drop SQLite's fcntl locks on
         // it, and another process would then take the live WAL for a crashed one.
-        let lock_err = |source| StoreError::Lock {
+        let lock_err = |error| StoreError::Lock {
             path: path.display().to_string(),
-            source,
+            error,
         };
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
@@ -89,20 +121,131 @@ impl Store {
         sqlx::migrate!("./migrations").run(&pool).await?;
         drop(lock);
         Ok(Store {
-            pool,
+            pool: Pool::Sqlite(pool),
             generation: Default::default(),
         })
     }
 
-    /// A write transaction that takes SQLite's write lock at once. A deferred one that read
-    /// first fails with "database is locked" when another writer (the digests, say) committed
-    /// meanwhile, instead of waiting its turn.
-    pub async fn write_tx(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, StoreError> {
-        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    /// Connects to the PostgreSQL database at `url` and brings its schema up to date (sqlx
+    /// holds an advisory lock while it migrates, so two servers starting together are safe).
+    pub async fn connect_postgres(url: &str) -> Result<Store, StoreError> {
+        let opts = PgConnectOptions::from_str(url).map_err(|error| StoreError::Open {
+            path: describe_postgres_url(url),
+            error,
+        })?;
+        Store::connect_postgres_with(opts).await
     }
 
-    pub fn pool(&self) -> &SqlitePool {
-        &self.pool
+    async fn connect_postgres_with(opts: PgConnectOptions) -> Result<Store, StoreError> {
+        let open_err = |error| StoreError::Open {
+            path: format!(
+                "postgresql database {} on {}:{} as {}",
+                opts.get_database().unwrap_or("(default)"),
+                opts.get_host(),
+                opts.get_port(),
+                opts.get_username()
+            ),
+            error,
+        };
+        let opts = opts.clone().application_name("ceems-stats-server");
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            // A database that is down fails a request in seconds instead of holding it.
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(opts)
+            .await
+            .map_err(open_err)?;
+        sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        Ok(Store {
+            pool: Pool::Postgres(pool),
+            generation: Default::default(),
+        })
+    }
+
+    /// Opens a SQLite file or connects to PostgreSQL, as `url` says.
+    pub async fn open_url(url: &str) -> Result<Store, StoreError> {
+        if is_postgres_url(url) {
+            Store::connect_postgres(url).await
+        } else {
+            let path = url.strip_prefix("sqlite://").unwrap_or(url);
+            Store::open(Path::new(path)).await
+        }
+    }
+
+    pub fn backend(&self) -> Backend {
+        match self.pool {
+            Pool::Sqlite(_) => Backend::Sqlite,
+            Pool::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    /// A write transaction. On SQLite it takes the write lock at once: a deferred one that
+    /// read first fails with "database is locked" when another writer (the digests, say)
+    /// committed meanwhile, instead of waiting its turn.
+    pub async fn write_tx(&self) -> Result<Tx, StoreError> {
+        Ok(match &self.pool {
+            Pool::Sqlite(p) => Tx::Sqlite(p.begin_with("BEGIN IMMEDIATE").await?),
+            Pool::Postgres(p) => Tx::Postgres(p.begin().await?),
+        })
+    }
+
+    pub async fn fetch_all(&self, q: &Sql) -> Result<Vec<DbRow>, sqlx::Error> {
+        Ok(match &self.pool {
+            Pool::Sqlite(p) => {
+                let text = q.sqlite_text();
+                bind_args!(sqlx::query(&text), &q.args)
+                    .fetch_all(p)
+                    .await?
+                    .into_iter()
+                    .map(DbRow::Sqlite)
+                    .collect()
+            }
+            Pool::Postgres(p) => bind_args!(sqlx::query(&q.text), &q.args)
+                .fetch_all(p)
+                .await?
+                .into_iter()
+                .map(DbRow::Postgres)
+                .collect(),
+        })
+    }
+
+    pub async fn fetch_optional(&self, q: &Sql) -> Result<Option<DbRow>, sqlx::Error> {
+        Ok(match &self.pool {
+            Pool::Sqlite(p) => {
+                let text = q.sqlite_text();
+                bind_args!(sqlx::query(&text), &q.args)
+                    .fetch_optional(p)
+                    .await?
+                    .map(DbRow::Sqlite)
+            }
+            Pool::Postgres(p) => bind_args!(sqlx::query(&q.text), &q.args)
+                .fetch_optional(p)
+                .await?
+                .map(DbRow::Postgres),
+        })
+    }
+
+    pub async fn fetch_one(&self, q: &Sql) -> Result<DbRow, sqlx::Error> {
+        self.fetch_optional(q)
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)
+    }
+
+    /// Runs a statement; returns the rows it changed.
+    pub async fn execute(&self, q: &Sql) -> Result<u64, sqlx::Error> {
+        Ok(match &self.pool {
+            Pool::Sqlite(p) => {
+                let text = q.sqlite_text();
+                bind_args!(sqlx::query(&text), &q.args)
+                    .execute(p)
+                    .await?
+                    .rows_affected()
+            }
+            Pool::Postgres(p) => bind_args!(sqlx::query(&q.text), &q.args)
+                .execute(p)
+                .await?
+                .rows_affected(),
+        })
     }
 
     /// Changes whenever data was written through this store.
@@ -131,74 +274,156 @@ impl Store {
     }
 }
 
+impl Tx {
+    pub async fn fetch_optional(&mut self, q: &Sql) -> Result<Option<DbRow>, sqlx::Error> {
+        Ok(match self {
+            Tx::Sqlite(t) => {
+                let text = q.sqlite_text();
+                bind_args!(sqlx::query(&text), &q.args)
+                    .fetch_optional(&mut **t)
+                    .await?
+                    .map(DbRow::Sqlite)
+            }
+            Tx::Postgres(t) => bind_args!(sqlx::query(&q.text), &q.args)
+                .fetch_optional(&mut **t)
+                .await?
+                .map(DbRow::Postgres),
+        })
+    }
+
+    pub async fn fetch_one(&mut self, q: &Sql) -> Result<DbRow, sqlx::Error> {
+        self.fetch_optional(q)
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)
+    }
+
+    /// Runs a statement; returns the rows it changed.
+    pub async fn execute(&mut self, q: &Sql) -> Result<u64, sqlx::Error> {
+        Ok(match self {
+            Tx::Sqlite(t) => {
+                let text = q.sqlite_text();
+                bind_args!(sqlx::query(&text), &q.args)
+                    .execute(&mut **t)
+                    .await?
+                    .rows_affected()
+            }
+            Tx::Postgres(t) => bind_args!(sqlx::query(&q.text), &q.args)
+                .execute(&mut **t)
+                .await?
+                .rows_affected(),
+        })
+    }
+
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        match self {
+            Tx::Sqlite(t) => t.commit().await,
+            Tx::Postgres(t) => t.commit().await,
+        }
+    }
+}
+
 /// Rows per INSERT: 24 parameters each stays far below SQLite's limit of 32766.
 const ROWS_PER_STATEMENT: usize = 500;
 
+const UNIT_COLUMNS: &str = "cluster_id, uuid, started_at, name, project, grp, gid, usr, uid,
+    partition, qos, submitted_at, ended_at, elapsed_seconds, state, exit_code, alloc_cpus,
+    alloc_mem_bytes, alloc_gpus, billing, nodes, workdir, time_limit_seconds, last_updated_at";
+
 async fn upsert(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut Tx,
     cluster: &str,
     jobs: &[UnitRecord],
     now: i64,
 ) -> Result<(), StoreError> {
     let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    // PostgreSQL refuses to update one row twice in a statement: of a job listed twice in a
+    // batch, the last listing is written, as SQLite would leave it.
+    let mut seen = std::collections::HashSet::with_capacity(jobs.len());
+    let mut latest: Vec<&UnitRecord> = jobs
+        .iter()
+        .rev()
+        .filter(|j| seen.insert((j.uuid.as_str(), j.start.unwrap_or(0))))
+        .collect();
+    latest.reverse();
     // A job that has started replaces the row it had while pending; with no pending row in
     // the cluster nor in this batch, there is nothing to replace.
-    let pending = jobs.iter().any(|j| j.start.unwrap_or(0) == 0)
-        || sqlx::query("SELECT 1 FROM units WHERE cluster_id = ?1 AND started_at = 0 LIMIT 1")
-            .bind(cluster)
-            .fetch_optional(&mut **tx)
+    let pending = latest.iter().any(|j| j.start.unwrap_or(0) == 0)
+        || tx
+            .fetch_optional(
+                &Sql::new("SELECT 1 FROM units WHERE cluster_id = $1 AND started_at = 0 LIMIT 1")
+                    .arg(cluster),
+            )
             .await?
             .is_some();
-    for chunk in jobs.chunks(ROWS_PER_STATEMENT) {
+    for chunk in latest.chunks(ROWS_PER_STATEMENT) {
         let started: Vec<&str> = chunk
             .iter()
             .filter(|j| j.start.unwrap_or(0) != 0)
             .map(|j| j.uuid.as_str())
             .collect();
         if pending && !started.is_empty() {
-            let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-                "DELETE FROM units WHERE started_at = 0 AND cluster_id = ",
-            );
-            q.push_bind(cluster).push(" AND uuid IN (");
-            let mut ids = q.separated(", ");
-            for id in &started {
-                ids.push_bind(*id);
+            let mut q = Sql::new("DELETE FROM units WHERE started_at = 0 AND cluster_id = ");
+            q.bind(cluster).push(" AND uuid IN (");
+            for (i, id) in started.iter().enumerate() {
+                q.push(if i == 0 { "" } else { ", " }).bind(*id);
             }
-            ids.push_unseparated(")");
-            q.build().execute(&mut **tx).await?;
+            q.push(")");
+            tx.execute(&q).await?;
         }
-        let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-            "INSERT INTO units (cluster_id, uuid, started_at, name, project, grp, gid, usr, uid,
-                partition, qos, submitted_at, ended_at, elapsed_seconds, state, exit_code,
-                alloc_cpus, alloc_mem_bytes, alloc_gpus, billing, nodes, workdir, time_limit_seconds,
-                last_updated_at) ",
-        );
-        q.push_values(chunk, |mut row, j| {
-            row.push_bind(cluster)
-                .push_bind(j.uuid.as_str())
-                .push_bind(j.start.unwrap_or(0))
-                .push_bind(j.name.as_str())
-                .push_bind(j.account.as_str())
-                .push_bind(j.group.as_str())
-                .push_bind(j.gid)
-                .push_bind(j.user.as_str())
-                .push_bind(j.uid)
-                .push_bind(j.partition.as_str())
-                .push_bind(j.qos.as_str())
-                .push_bind(j.submit)
-                .push_bind(j.end)
-                .push_bind(int(j.elapsed_seconds))
-                .push_bind(j.state.as_str())
-                .push_bind(j.exit_code.as_str())
-                .push_bind(int(j.allocation.cpus))
-                .push_bind(int(j.allocation.mem_bytes))
-                .push_bind(int(j.allocation.gpus))
-                .push_bind(int(j.allocation.billing))
-                .push_bind(j.nodes.join(","))
-                .push_bind(j.workdir.as_str())
-                .push_bind(j.time_limit_seconds.map(int))
-                .push_bind(now);
-        });
+        let mut q = Sql::new("INSERT INTO units (");
+        q.push(UNIT_COLUMNS).push(") VALUES ");
+        q.args.reserve(chunk.len() * 24);
+        for (i, j) in chunk.iter().enumerate() {
+            q.push(if i == 0 { "(" } else { ", (" })
+                .bind(cluster)
+                .push(", ")
+                .bind(j.uuid.as_str())
+                .push(", ")
+                .bind(j.start.unwrap_or(0))
+                .push(", ")
+                .bind(j.name.as_str())
+                .push(", ")
+                .bind(j.account.as_str())
+                .push(", ")
+                .bind(j.group.as_str())
+                .push(", ")
+                .bind(j.gid)
+                .push(", ")
+                .bind(j.user.as_str())
+                .push(", ")
+                .bind(j.uid)
+                .push(", ")
+                .bind(j.partition.as_str())
+                .push(", ")
+                .bind(j.qos.as_str())
+                .push(", ")
+                .bind(j.submit)
+                .push(", ")
+                .bind(j.end)
+                .push(", ")
+                .bind(int(j.elapsed_seconds))
+                .push(", ")
+                .bind(j.state.as_str())
+                .push(", ")
+                .bind(j.exit_code.as_str())
+                .push(", ")
+                .bind(int(j.allocation.cpus))
+                .push(", ")
+                .bind(int(j.allocation.mem_bytes))
+                .push(", ")
+                .bind(int(j.allocation.gpus))
+                .push(", ")
+                .bind(int(j.allocation.billing))
+                .push(", ")
+                .bind(j.nodes.join(","))
+                .push(", ")
+                .bind(j.workdir.as_str())
+                .push(", ")
+                .bind(j.time_limit_seconds.map(int))
+                .push(", ")
+                .bind(now)
+                .push(")");
+        }
         q.push(
             " ON CONFLICT (cluster_id, uuid, started_at) DO UPDATE SET
                 name = excluded.name, project = excluded.project, grp = excluded.grp,
@@ -212,36 +437,36 @@ async fn upsert(
                 time_limit_seconds = excluded.time_limit_seconds,
                 last_updated_at = excluded.last_updated_at",
         );
-        q.build().execute(&mut **tx).await?;
+        tx.execute(&q).await?;
     }
     Ok(())
 }
 
 impl Store {
-    /// Where the next sacct window of `cluster` starts, if a batch was ever committed.
     /// Records that `cluster`'s jobs come from `manager` (a cluster's manager can change only
     /// by configuration).
     pub async fn register_cluster(&self, cluster: &str, manager: &str) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO clusters (id, manager) VALUES (?1, ?2)
-             ON CONFLICT (id) DO UPDATE SET manager = excluded.manager",
+        self.execute(
+            &Sql::new(
+                "INSERT INTO clusters (id, manager) VALUES ($1, $2)
+                 ON CONFLICT (id) DO UPDATE SET manager = excluded.manager",
+            )
+            .arg(cluster)
+            .arg(manager),
         )
-        .bind(cluster)
-        .bind(manager)
-        .execute(&self.pool)
         .await?;
         self.written();
         Ok(())
     }
 
+    /// Where the next sacct window of `cluster` starts, if a batch was ever committed.
     pub async fn window_start(&self, cluster: &str) -> Result<Option<i64>, StoreError> {
-        Ok(
-            sqlx::query("SELECT window_start FROM ingest_state WHERE cluster_id = ?1")
-                .bind(cluster)
-                .fetch_optional(&self.pool)
-                .await?
-                .map(|r| r.get::<i64, _>(0)),
-        )
+        let q =
+            Sql::new("SELECT window_start FROM ingest_state WHERE cluster_id = $1").arg(cluster);
+        match self.fetch_optional(&q).await? {
+            Some(r) => Ok(Some(r.get(0)?)),
+            None => Ok(None),
+        }
     }
 
     /// Writes a batch and moves the window in the same transaction, so a crash leaves either
@@ -255,13 +480,14 @@ impl Store {
     ) -> Result<usize, StoreError> {
         let mut tx = self.write_tx().await?;
         upsert(&mut tx, cluster, jobs, now).await?;
-        sqlx::query(
-            "INSERT INTO ingest_state (cluster_id, window_start) VALUES (?1, ?2)
-             ON CONFLICT (cluster_id) DO UPDATE SET window_start = excluded.window_start",
+        tx.execute(
+            &Sql::new(
+                "INSERT INTO ingest_state (cluster_id, window_start) VALUES ($1, $2)
+                 ON CONFLICT (cluster_id) DO UPDATE SET window_start = excluded.window_start",
+            )
+            .arg(cluster)
+            .arg(next_window),
         )
-        .bind(cluster)
-        .bind(next_window)
-        .execute(&mut *tx)
         .await?;
         tx.commit().await?;
         self.written();
@@ -269,21 +495,19 @@ impl Store {
     }
 
     pub async fn count_units(&self, cluster: &str) -> Result<i64, StoreError> {
-        Ok(
-            sqlx::query("SELECT count(*) FROM units WHERE cluster_id = ?1")
-                .bind(cluster)
-                .fetch_one(&self.pool)
-                .await?
-                .get::<i64, _>(0),
-        )
+        let q = Sql::new("SELECT count(*) FROM units WHERE cluster_id = $1").arg(cluster);
+        Ok(self.fetch_one(&q).await?.get(0)?)
     }
 
     /// `PRAGMA integrity_check`: "ok" for a sound file.
     pub async fn integrity_check(&self) -> Result<String, StoreError> {
-        Ok(sqlx::query("PRAGMA integrity_check")
-            .fetch_one(&self.pool)
+        if self.backend() != Backend::Sqlite {
+            return Err(StoreError::SqliteOnly("an integrity check"));
+        }
+        Ok(self
+            .fetch_one(&Sql::new("PRAGMA integrity_check"))
             .await?
-            .get::<String, _>(0))
+            .get(0)?)
     }
 }
 
@@ -335,39 +559,42 @@ impl Store {
     ) -> Result<(), StoreError> {
         let mut tx = self.write_tx().await?;
         for table in ["users", "projects", "associations"] {
-            sqlx::query(&format!("DELETE FROM {table} WHERE cluster_id = ?1"))
-                .bind(cluster)
-                .execute(&mut *tx)
-                .await?;
+            tx.execute(
+                &Sql::new(&format!("DELETE FROM {table} WHERE cluster_id = $1")).arg(cluster),
+            )
+            .await?;
         }
         for p in &a.projects {
-            sqlx::query(
-                "INSERT INTO projects (cluster_id, name, last_updated_at) VALUES (?1, ?2, ?3)",
+            tx.execute(
+                &Sql::new(
+                    "INSERT INTO projects (cluster_id, name, last_updated_at) VALUES ($1, $2, $3)",
+                )
+                .arg(cluster)
+                .arg(p)
+                .arg(now),
             )
-            .bind(cluster)
-            .bind(p)
-            .bind(now)
-            .execute(&mut *tx)
             .await?;
         }
         for (user, project) in &a.members {
-            sqlx::query(
-                "INSERT INTO users (cluster_id, name, last_updated_at) VALUES (?1, ?2, ?3)
-                 ON CONFLICT DO NOTHING",
+            tx.execute(
+                &Sql::new(
+                    "INSERT INTO users (cluster_id, name, last_updated_at) VALUES ($1, $2, $3)
+                     ON CONFLICT DO NOTHING",
+                )
+                .arg(cluster)
+                .arg(user)
+                .arg(now),
             )
-            .bind(cluster)
-            .bind(user)
-            .bind(now)
-            .execute(&mut *tx)
             .await?;
-            sqlx::query(
-                "INSERT INTO associations (cluster_id, usr, project) VALUES (?1, ?2, ?3)
-                 ON CONFLICT DO NOTHING",
+            tx.execute(
+                &Sql::new(
+                    "INSERT INTO associations (cluster_id, usr, project) VALUES ($1, $2, $3)
+                     ON CONFLICT DO NOTHING",
+                )
+                .arg(cluster)
+                .arg(user)
+                .arg(project),
             )
-            .bind(cluster)
-            .bind(user)
-            .bind(project)
-            .execute(&mut *tx)
             .await?;
         }
         tx.commit().await?;
@@ -378,17 +605,16 @@ impl Store {
     /// Replaces the admin users that came from `source` (the configuration).
     pub async fn set_admins(&self, source: &str, names: &[String]) -> Result<(), StoreError> {
         let mut tx = self.write_tx().await?;
-        sqlx::query("DELETE FROM admin_users WHERE source = ?1")
-            .bind(source)
-            .execute(&mut *tx)
+        tx.execute(&Sql::new("DELETE FROM admin_users WHERE source = $1").arg(source))
             .await?;
         for n in names {
-            sqlx::query(
-                "INSERT INTO admin_users (name, source) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+            tx.execute(
+                &Sql::new(
+                    "INSERT INTO admin_users (name, source) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                )
+                .arg(n)
+                .arg(source),
             )
-            .bind(n)
-            .bind(source)
-            .execute(&mut *tx)
             .await?;
         }
         tx.commit().await?;
@@ -398,16 +624,13 @@ impl Store {
 
     /// A trivial query: the database answers.
     pub async fn integrity_ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").fetch_one(&self.pool).await?;
+        self.fetch_one(&Sql::new("SELECT 1")).await?;
         Ok(())
     }
 
     pub async fn is_admin(&self, name: &str) -> Result<bool, StoreError> {
-        Ok(sqlx::query("SELECT 1 FROM admin_users WHERE name = ?1")
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await?
-            .is_some())
+        let q = Sql::new("SELECT 1 FROM admin_users WHERE name = $1").arg(name);
+        Ok(self.fetch_optional(&q).await?.is_some())
     }
 
     /// Marks ended jobs shorter than `cutoff` seconds as too short to aggregate, and returns
@@ -418,17 +641,18 @@ impl Store {
         cutoff: i64,
         now: i64,
     ) -> Result<u64, StoreError> {
-        let n = sqlx::query(
-            "UPDATE units SET aggregates_status = 'too_short', aggregates_updated_at = ?3
-             WHERE cluster_id = ?1 AND aggregates_status = 'pending'
-               AND ended_at IS NOT NULL AND elapsed_seconds < ?2",
-        )
-        .bind(cluster)
-        .bind(cutoff)
-        .bind(now)
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
+        let n = self
+            .execute(
+                &Sql::new(
+                    "UPDATE units SET aggregates_status = 'too_short', aggregates_updated_at = $3
+                     WHERE cluster_id = $1 AND aggregates_status = 'pending'
+                       AND ended_at IS NOT NULL AND elapsed_seconds < $2",
+                )
+                .arg(cluster)
+                .arg(cutoff)
+                .arg(now),
+            )
+            .await?;
         self.written();
         Ok(n)
     }
@@ -440,32 +664,32 @@ impl Store {
         only: Option<&str>,
         now: i64,
     ) -> Result<Vec<AggregateTarget>, StoreError> {
-        let rows = sqlx::query(
+        let mut q = Sql::new(
             "SELECT id, uuid, aggregates_until, started_at, ended_at FROM units
-             WHERE cluster_id = ?1 AND aggregates_status IN ('pending', 'partial')
-               AND started_at > 0 AND (?2 IS NULL OR uuid = ?2)",
+             WHERE cluster_id = $1 AND aggregates_status IN ('pending', 'partial')
+               AND started_at > 0",
         )
-        .bind(cluster)
-        .bind(only)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| {
-                let counted_until: Option<i64> = r.get(2);
-                let started: i64 = r.get(3);
-                let ended: Option<i64> = r.get(4);
-                AggregateTarget {
-                    row: r.get(0),
-                    uuid: r.get(1),
-                    counted_until,
-                    from: counted_until.unwrap_or(started).max(started),
-                    to: ended.unwrap_or(now).min(now),
-                    // Ended before `now`: a delayed `now` may still fall inside the job.
-                    ended: ended.is_some_and(|e| e <= now),
-                }
-            })
-            .collect())
+        .arg(cluster);
+        if let Some(uuid) = only {
+            q.push(" AND uuid = ").bind(uuid);
+        }
+        let rows = self.fetch_all(&q).await?;
+        let mut targets = Vec::with_capacity(rows.len());
+        for r in rows {
+            let counted_until: Option<i64> = r.get(2)?;
+            let started: i64 = r.get(3)?;
+            let ended: Option<i64> = r.get(4)?;
+            targets.push(AggregateTarget {
+                row: r.get(0)?,
+                uuid: r.get(1)?,
+                counted_until,
+                from: counted_until.unwrap_or(started).max(started),
+                to: ended.unwrap_or(now).min(now),
+                // Ended before `now`: a delayed `now` may still fall inside the job.
+                ended: ended.is_some_and(|e| e <= now),
+            });
+        }
+        Ok(targets)
     }
 
     /// Adds one window's aggregates to their jobs in one transaction.
@@ -477,53 +701,56 @@ impl Store {
         let mut tx = self.write_tx().await?;
         for d in deltas {
             // A mean absent from this window keeps its value; weights are the covered seconds.
-            sqlx::query(
+            // A peak keeps the higher of the stored one and this window's.
+            let q = Sql::new(
                 "UPDATE units SET
-                    cpu_seconds = cpu_seconds + ?2,
-                    cpu_energy_joules = cpu_energy_joules + ?3,
-                    host_energy_joules = host_energy_joules + ?4,
-                    gpu_energy_joules = gpu_energy_joules + ?5,
-                    emissions_grams = emissions_grams + ?6,
-                    io_read_bytes = io_read_bytes + ?7,
-                    io_write_bytes = io_write_bytes + ?8,
-                    mean_memory_bytes = CASE WHEN ?9 IS NULL OR aggregated_seconds + ?11 = 0
+                    cpu_seconds = cpu_seconds + $2,
+                    cpu_energy_joules = cpu_energy_joules + $3,
+                    host_energy_joules = host_energy_joules + $4,
+                    gpu_energy_joules = gpu_energy_joules + $5,
+                    emissions_grams = emissions_grams + $6,
+                    io_read_bytes = io_read_bytes + $7,
+                    io_write_bytes = io_write_bytes + $8,
+                    mean_memory_bytes = CASE WHEN $9 IS NULL OR aggregated_seconds + $11 = 0
                         THEN mean_memory_bytes
-                        ELSE (mean_memory_bytes * aggregated_seconds + ?9 * ?11) / (aggregated_seconds + ?11) END,
-                    mean_gpu_utilization = CASE WHEN ?10 IS NULL OR aggregated_seconds + ?11 = 0
+                        ELSE (mean_memory_bytes * aggregated_seconds + $9 * $11) / (aggregated_seconds + $11) END,
+                    mean_gpu_utilization = CASE WHEN $10 IS NULL OR aggregated_seconds + $11 = 0
                         THEN mean_gpu_utilization
-                        ELSE (mean_gpu_utilization * aggregated_seconds + ?10 * ?11) / (aggregated_seconds + ?11) END,
-                    aggregated_seconds = aggregated_seconds + ?11,
-                    memory_peak_bytes = CASE WHEN ?15 IS NULL THEN memory_peak_bytes
-                        ELSE max(coalesce(memory_peak_bytes, ?15), ?15) END,
-                    memory_fail_count = CASE WHEN ?16 IS NULL THEN memory_fail_count
-                        ELSE max(coalesce(memory_fail_count, ?16), ?16) END,
-                    gpu_utilization_max = CASE WHEN ?17 IS NULL THEN gpu_utilization_max
-                        ELSE max(coalesce(gpu_utilization_max, ?17), ?17) END,
-                    aggregates_until = ?12,
-                    aggregates_status = CASE WHEN ?13 THEN 'done' ELSE 'partial' END,
-                    aggregates_updated_at = ?14
-                 WHERE id = ?1 AND aggregates_until IS ?18",
+                        ELSE (mean_gpu_utilization * aggregated_seconds + $10 * $11) / (aggregated_seconds + $11) END,
+                    aggregated_seconds = aggregated_seconds + $11,
+                    memory_peak_bytes = CASE WHEN $15 IS NULL THEN memory_peak_bytes
+                        WHEN memory_peak_bytes IS NULL OR $15 > memory_peak_bytes THEN $15
+                        ELSE memory_peak_bytes END,
+                    memory_fail_count = CASE WHEN $16 IS NULL THEN memory_fail_count
+                        WHEN memory_fail_count IS NULL OR $16 > memory_fail_count THEN $16
+                        ELSE memory_fail_count END,
+                    gpu_utilization_max = CASE WHEN $17 IS NULL THEN gpu_utilization_max
+                        WHEN gpu_utilization_max IS NULL OR $17 > gpu_utilization_max THEN $17
+                        ELSE gpu_utilization_max END,
+                    aggregates_until = $12,
+                    aggregates_status = CASE WHEN $13 THEN 'done' ELSE 'partial' END,
+                    aggregates_updated_at = $14
+                 WHERE id = $1 AND aggregates_until IS NOT DISTINCT FROM $18",
             )
-            .bind(d.row)
-            .bind(d.cpu_seconds)
-            .bind(d.cpu_energy_joules)
-            .bind(d.host_energy_joules)
-            .bind(d.gpu_energy_joules)
-            .bind(d.emissions_grams)
-            .bind(d.io_read_bytes)
-            .bind(d.io_write_bytes)
-            .bind(d.mean_memory_bytes)
-            .bind(d.mean_gpu_utilization)
-            .bind(d.seconds.max(0))
-            .bind(d.to)
-            .bind(d.ended)
-            .bind(now)
-            .bind(d.memory_peak_bytes)
-            .bind(d.memory_fail_count)
-            .bind(d.gpu_utilization_max)
-            .bind(d.counted_until)
-            .execute(&mut *tx)
-            .await?;
+            .arg(d.row)
+            .arg(d.cpu_seconds)
+            .arg(d.cpu_energy_joules)
+            .arg(d.host_energy_joules)
+            .arg(d.gpu_energy_joules)
+            .arg(d.emissions_grams)
+            .arg(d.io_read_bytes)
+            .arg(d.io_write_bytes)
+            .arg(d.mean_memory_bytes)
+            .arg(d.mean_gpu_utilization)
+            .arg(d.seconds.max(0))
+            .arg(d.to)
+            .arg(d.ended)
+            .arg(now)
+            .arg(d.memory_peak_bytes)
+            .arg(d.memory_fail_count)
+            .arg(d.gpu_utilization_max)
+            .arg(d.counted_until);
+            tx.execute(&q).await?;
         }
         tx.commit().await?;
         self.written();
@@ -533,24 +760,23 @@ impl Store {
     /// Rebuilds the per-project, per-user usage of `cluster` from its jobs.
     pub async fn rebuild_usage(&self, cluster: &str, now: i64) -> Result<(), StoreError> {
         let mut tx = self.write_tx().await?;
-        sqlx::query("DELETE FROM usage WHERE cluster_id = ?1")
-            .bind(cluster)
-            .execute(&mut *tx)
+        tx.execute(&Sql::new("DELETE FROM usage WHERE cluster_id = $1").arg(cluster))
             .await?;
-        sqlx::query(
-            "INSERT INTO usage (cluster_id, project, usr, num_units, elapsed_seconds, cpu_seconds,
-                alloc_cpu_seconds, cpu_energy_joules, host_energy_joules, gpu_energy_joules,
-                emissions_grams, io_read_bytes, io_write_bytes, last_updated_at)
-             SELECT cluster_id, project, usr, count(*), sum(elapsed_seconds), sum(cpu_seconds),
-                sum(alloc_cpus * aggregated_seconds), sum(cpu_energy_joules),
-                sum(host_energy_joules), sum(gpu_energy_joules), sum(emissions_grams),
-                sum(io_read_bytes), sum(io_write_bytes), ?2
-             FROM units WHERE cluster_id = ?1 AND started_at > 0
-             GROUP BY project, usr",
+        tx.execute(
+            &Sql::new(
+                "INSERT INTO usage (cluster_id, project, usr, num_units, elapsed_seconds, cpu_seconds,
+                    alloc_cpu_seconds, cpu_energy_joules, host_energy_joules, gpu_energy_joules,
+                    emissions_grams, io_read_bytes, io_write_bytes, last_updated_at)
+                 SELECT cluster_id, project, usr, count(*), sum(elapsed_seconds), sum(cpu_seconds),
+                    sum(alloc_cpus * aggregated_seconds), sum(cpu_energy_joules),
+                    sum(host_energy_joules), sum(gpu_energy_joules), sum(emissions_grams),
+                    sum(io_read_bytes), sum(io_write_bytes), $2
+                 FROM units WHERE cluster_id = $1 AND started_at > 0
+                 GROUP BY cluster_id, project, usr",
+            )
+            .arg(cluster)
+            .arg(now),
         )
-        .bind(cluster)
-        .bind(now)
-        .execute(&mut *tx)
         .await?;
         tx.commit().await?;
         self.written();
@@ -559,20 +785,22 @@ impl Store {
 
     /// Deletes jobs that ended before `before`. Returns how many.
     pub async fn delete_ended_before(&self, before: i64) -> Result<u64, StoreError> {
-        let n = sqlx::query("DELETE FROM units WHERE ended_at IS NOT NULL AND ended_at < ?1")
-            .bind(before)
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
+        let n = self
+            .execute(
+                &Sql::new("DELETE FROM units WHERE ended_at IS NOT NULL AND ended_at < $1")
+                    .arg(before),
+            )
+            .await?;
         self.written();
         Ok(n)
     }
 
     /// Writes a consistent copy of the database to `path` (`VACUUM INTO`) while it stays in use.
     pub async fn backup_to(&self, path: &Path) -> Result<(), StoreError> {
-        sqlx::query("VACUUM INTO ?1")
-            .bind(path.display().to_string())
-            .execute(&self.pool)
+        if self.backend() != Backend::Sqlite {
+            return Err(StoreError::SqliteOnly("a backup by the stats-server"));
+        }
+        self.execute(&Sql::new("VACUUM INTO $1").arg(path.display().to_string()))
             .await?;
         Ok(())
     }
@@ -589,76 +817,128 @@ impl Store {
     ) -> Result<usize, StoreError> {
         // In pages by row id, so a first run over a million jobs holds one page in memory.
         const PAGE: i64 = 5000;
+        // SQLite would pick the cluster's index over the row ids and sort a million rows per
+        // page; the unary plus keeps it on the primary key. PostgreSQL plans this well.
+        let cluster_col = match self.backend() {
+            Backend::Sqlite => "+cluster_id",
+            Backend::Postgres => "cluster_id",
+        };
         let mut after = 0i64;
         let mut total = 0usize;
         loop {
-            let rows = sqlx::query(
+            let q = Sql::new(&format!(
                 "SELECT id, state, exit_code, ended_at IS NOT NULL, elapsed_seconds,
                         time_limit_seconds, alloc_cpus, alloc_mem_bytes, alloc_gpus,
                         aggregated_seconds, cpu_seconds, memory_peak_bytes, memory_fail_count,
                         CASE WHEN gpu_utilization_max IS NULL THEN NULL ELSE mean_gpu_utilization END,
                         gpu_utilization_max, host_energy_joules, gpu_energy_joules, emissions_grams
                  FROM units
-                 WHERE id > ?2 AND +cluster_id = ?1 AND started_at > 0
+                 WHERE id > $2 AND {cluster_col} = $1 AND started_at > 0
                    AND (findings_updated_at IS NULL
-                        OR findings_updated_at < max(last_updated_at, coalesce(aggregates_updated_at, 0)))
-                 ORDER BY id LIMIT ?3",
-            )
-            .bind(cluster)
-            .bind(after)
-            .bind(PAGE)
-            .fetch_all(&self.pool)
-            .await?;
+                        OR findings_updated_at < last_updated_at
+                        OR findings_updated_at < coalesce(aggregates_updated_at, 0))
+                 ORDER BY id LIMIT $3"
+            ))
+            .arg(cluster)
+            .arg(after)
+            .arg(PAGE);
+            let rows = self.fetch_all(&q).await?;
             let Some(last) = rows.last() else {
                 break;
             };
-            after = last.get(0);
+            after = last.get(0)?;
             // No finding is stored as NULL (read back as `[]`).
-            let updates: Vec<(i64, Option<String>)> = rows
-                .iter()
-                .map(|r| {
-                    let facts = super::findings::JobFacts {
-                        state: r.get(1),
-                        exit_code: r.get(2),
-                        ended: r.get(3),
-                        elapsed_seconds: r.get(4),
-                        time_limit_seconds: r.get(5),
-                        alloc_cpus: r.get(6),
-                        alloc_mem_bytes: r.get(7),
-                        alloc_gpus: r.get(8),
-                        aggregated_seconds: r.get(9),
-                        cpu_seconds: r.get(10),
-                        memory_peak_bytes: r.get(11),
-                        memory_fail_count: r.get(12),
-                        mean_gpu_utilization: r.get(13),
-                        gpu_utilization_max: r.get(14),
-                        host_energy_joules: r.get(15),
-                        gpu_energy_joules: r.get(16),
-                        emissions_grams: r.get(17),
-                    };
-                    let found = super::findings::evaluate(&facts, thresholds);
-                    let json = (!found.is_empty())
-                        .then(|| serde_json::to_string(&found).ok())
-                        .flatten();
-                    (r.get(0), json)
-                })
-                .collect();
+            let mut updates: Vec<(i64, Option<String>)> = Vec::with_capacity(rows.len());
+            for r in &rows {
+                let facts = super::findings::JobFacts {
+                    state: r.get(1)?,
+                    exit_code: r.get(2)?,
+                    ended: r.flag(3)?,
+                    elapsed_seconds: r.get(4)?,
+                    time_limit_seconds: r.get(5)?,
+                    alloc_cpus: r.get(6)?,
+                    alloc_mem_bytes: r.get(7)?,
+                    alloc_gpus: r.get(8)?,
+                    aggregated_seconds: r.get(9)?,
+                    cpu_seconds: r.get(10)?,
+                    memory_peak_bytes: r.get(11)?,
+                    memory_fail_count: r.get(12)?,
+                    mean_gpu_utilization: r.get(13)?,
+                    gpu_utilization_max: r.get(14)?,
+                    host_energy_joules: r.get(15)?,
+                    gpu_energy_joules: r.get(16)?,
+                    emissions_grams: r.get(17)?,
+                };
+                let found = super::findings::evaluate(&facts, thresholds);
+                let json = (!found.is_empty())
+                    .then(|| serde_json::to_string(&found).ok())
+                    .flatten();
+                updates.push((r.get(0)?, json));
+            }
             // One statement per page: row-by-row updates made a first run over a million
             // jobs take minutes.
-            let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-                "UPDATE units SET findings = v.column2, findings_updated_at = ",
-            );
-            q.push_bind(now);
-            q.push(" FROM (");
-            q.push_values(&updates, |mut row, (id, json)| {
-                row.push_bind(*id).push_bind(json.as_deref());
-            });
+            let mut q = Sql::new("UPDATE units SET findings = v.column2, findings_updated_at = ");
+            q.bind(now).push(" FROM (VALUES ");
+            for (i, (id, json)) in updates.iter().enumerate() {
+                q.push(if i == 0 { "(" } else { ", (" })
+                    .bind(*id)
+                    .push(", ")
+                    .bind(json.as_deref())
+                    .push(")");
+            }
             q.push(") AS v WHERE units.id = v.column1");
-            q.build().execute(&self.pool).await?;
+            self.execute(&q).await?;
             self.written();
             total += updates.len();
         }
         Ok(total)
+    }
+}
+
+/// Stores for tests, on the backend the environment asks for: SQLite in a test's directory,
+/// or, with `CEEMS_TEST_STORE=postgres`, a schema of its own in the database at
+/// `CEEMS_TEST_POSTGRES_URL` (`scripts/postgres-lab.sh` prints one).
+#[doc(hidden)]
+pub mod testing {
+    use super::*;
+
+    /// A new, empty store; `dir` holds the SQLite file.
+    pub async fn store(dir: &Path) -> Store {
+        match std::env::var("CEEMS_TEST_STORE").as_deref() {
+            Ok("postgres") => {
+                let url = std::env::var("CEEMS_TEST_POSTGRES_URL")
+                    .expect("CEEMS_TEST_STORE=postgres needs CEEMS_TEST_POSTGRES_URL");
+                postgres_schema(&url).await
+            }
+            _ => Store::open(&dir.join("ceems.db"))
+                .await
+                .expect("open the SQLite test store"),
+        }
+    }
+
+    /// A store in a new schema of the PostgreSQL database at `url`.
+    pub async fn postgres_schema(url: &str) -> Store {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let schema = format!(
+            "ceems_test_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let opts = PgConnectOptions::from_str(url).expect("CEEMS_TEST_DATABASE_URL");
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(opts.clone())
+            .await
+            .expect("connect to the test database");
+        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+            .execute(&admin)
+            .await
+            .expect("create the test schema");
+        admin.close().await;
+        Store::connect_postgres_with(opts.options([("search_path", schema.as_str())]))
+            .await
+            .expect("open the PostgreSQL test store")
     }
 }
 
@@ -713,7 +993,7 @@ mod tests {
     #[tokio::test]
     async fn findings_are_refreshed_page_by_page_and_only_for_changed_jobs() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = Store::open(&tmp.path().join("ceems.db")).await.unwrap();
+        let store = testing::store(tmp.path()).await;
         let first = LINES.lines().next().unwrap();
         // 12,001 jobs: more than two pages; the last one failed.
         let text: Vec<String> = (0..12_001)
@@ -736,11 +1016,12 @@ mod tests {
             0,
             "nothing changed"
         );
-        let failed: String = sqlx::query("SELECT findings FROM units WHERE uuid = '12010'")
-            .fetch_one(store.pool())
+        let failed: String = store
+            .fetch_one(&Sql::new("SELECT findings FROM units WHERE uuid = '12010'"))
             .await
             .unwrap()
-            .get(0);
+            .get(0)
+            .unwrap();
         assert!(failed.contains("job_failed"), "{failed}");
         // A job written again is judged again.
         store.ingest("lab", &jobs[..1], 100, 4).await.unwrap();
@@ -750,7 +1031,7 @@ mod tests {
     #[tokio::test]
     async fn a_window_ingested_twice_changes_nothing_and_a_started_job_replaces_its_pending_row() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = Store::open(&tmp.path().join("ceems.db")).await.unwrap();
+        let store = testing::store(tmp.path()).await;
         let (jobs, errors) = sacct::parse_output(LINES);
         assert!(errors.is_empty());
         store.ingest("lab", &jobs, 100, 1).await.unwrap();
@@ -770,19 +1051,23 @@ mod tests {
             2,
             "pending row not replaced"
         );
-        let state: String = sqlx::query("SELECT state FROM units WHERE uuid = '2'")
-            .fetch_one(store.pool())
+        let state: String = store
+            .fetch_one(&Sql::new("SELECT state FROM units WHERE uuid = '2'"))
             .await
             .unwrap()
-            .get(0);
+            .get(0)
+            .unwrap();
         assert_eq!(state, "RUNNING");
-        assert_eq!(store.integrity_check().await.unwrap(), "ok");
-        let mode: String = sqlx::query("PRAGMA journal_mode")
-            .fetch_one(store.pool())
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(mode, "wal");
+        if store.backend() == Backend::Sqlite {
+            assert_eq!(store.integrity_check().await.unwrap(), "ok");
+            let mode: String = store
+                .fetch_one(&Sql::new("PRAGMA journal_mode"))
+                .await
+                .unwrap()
+                .get(0)
+                .unwrap();
+            assert_eq!(mode, "wal");
+        }
     }
 
     #[tokio::test]

@@ -1,4 +1,5 @@
-//! The stats-server's data: units from a cluster's accounting (`crate::manager`) into SQLite.
+//! The stats-server's data: units from a cluster's accounting (`crate::manager`) into SQLite or
+//! PostgreSQL.
 
 pub mod aggregate;
 pub mod api;
@@ -8,4 +9,5 @@ pub mod ingest;
 pub mod prometheus;
 pub mod refresh;
 pub mod report;
+pub mod sql;
 pub mod unit_cache;

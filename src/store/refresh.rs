@@ -7,12 +7,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqlx::Row;
-
 use super::aggregate::{self, Limits, Queries};
 use super::db::Store;
 use super::findings::Thresholds;
 use super::prometheus::Prometheus;
+use super::sql::Sql;
 use crate::manager::Accounting;
 
 /// Where one cluster's jobs and series come from.
@@ -118,19 +117,20 @@ impl JobRefresh {
     }
 
     async fn state(&self, cluster: &str, job: &str) -> Result<Option<JobState>, anyhow::Error> {
-        let row = sqlx::query(
+        let q = Sql::new(
             "SELECT ended_at IS NOT NULL, aggregates_status, started_at, coalesce(ended_at, 0)
-             FROM units WHERE cluster_id = ?1 AND uuid = ?2 ORDER BY started_at DESC LIMIT 1",
+             FROM units WHERE cluster_id = $1 AND uuid = $2 ORDER BY started_at DESC LIMIT 1",
         )
-        .bind(cluster)
-        .bind(job)
-        .fetch_optional(self.store.pool())
-        .await?;
-        Ok(row.map(|r| JobState {
-            ended: r.get(0),
-            status: r.get(1),
-            started_at: r.get(2),
-            ended_at: r.get(3),
+        .arg(cluster)
+        .arg(job);
+        let Some(r) = self.store.fetch_optional(&q).await? else {
+            return Ok(None);
+        };
+        Ok(Some(JobState {
+            ended: r.flag(0)?,
+            status: r.get(1)?,
+            started_at: r.get(2)?,
+            ended_at: r.get(3)?,
         }))
     }
 
@@ -287,7 +287,7 @@ mod tests {
     #[tokio::test]
     async fn a_job_the_store_has_not_seen_is_pulled_aggregated_and_judged_once() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = Arc::new(Store::open(&tmp.path().join("ceems.db")).await.unwrap());
+        let store = Arc::new(crate::store::db::testing::store(tmp.path()).await);
         let accounting = Arc::new(OneJob {
             asked: Mutex::new(Vec::new()),
         });
@@ -322,12 +322,14 @@ mod tests {
             note.contains("3 sample(s)") && note.contains("100 s"),
             "{note}"
         );
-        let (cpu, status, findings): (f64, String, String) = sqlx::query_as(
-            "SELECT cpu_seconds, aggregates_status, findings FROM units WHERE uuid = '7'",
-        )
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
+        let r = store
+            .fetch_one(&Sql::new(
+                "SELECT cpu_seconds, aggregates_status, findings FROM units WHERE uuid = '7'",
+            ))
+            .await
+            .unwrap();
+        let (cpu, status, findings): (f64, String, String) =
+            (r.get(0).unwrap(), r.get(1).unwrap(), r.get(2).unwrap());
         assert_eq!((cpu, status.as_str()), (100.0, "done"));
         assert!(findings.contains("job_failed"), "{findings}");
 

@@ -329,3 +329,48 @@ impl VictoriaMetrics {
         format!("remote_write:\n  - url: {}/api/v1/write\n", self.url())
     }
 }
+
+/// Debian's PostgreSQL (`scripts/postgres-lab.sh`): the test database's URL, from
+/// `CEEMS_TEST_POSTGRES_URL` (`scripts/test.sh` sets it) or from bringing it up (root).
+pub fn postgres_tools() -> Result<String, String> {
+    if let Ok(url) = std::env::var("CEEMS_TEST_POSTGRES_URL") {
+        if !url.is_empty() {
+            return Ok(url);
+        }
+    }
+    if !nix::unistd::Uid::effective().is_root() {
+        return Err("no CEEMS_TEST_POSTGRES_URL, and not root to set PostgreSQL up".into());
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/postgres-lab.sh");
+    let out = Command::new("bash")
+        .arg(script)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "postgres-lab.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// A new, empty schema in the test database, and the URL that makes it the one a server
+/// uses (`search_path`).
+pub fn postgres_schema(url: &str, name: &str) -> String {
+    let schema = format!("{name}_{}", std::process::id());
+    let out = Command::new("psql")
+        .arg(url)
+        .args(["-v", "ON_ERROR_STOP=1", "-q", "-c"])
+        .arg(format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+        ))
+        .output()
+        .expect("psql");
+    assert!(
+        out.status.success(),
+        "psql: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    format!("{url}?options[search_path]={schema}")
+}

@@ -62,6 +62,12 @@ pub fn opts() -> Vec<Opt> {
         )
         .default("/var/lib/ceems"),
         Opt::new(
+            "storage.database-url",
+            Kind::Str,
+            "PostgreSQL database instead of SQLite (postgres://user@host:5432/db; the password from PGPASSWORD or ~/.pgpass; empty: SQLite)",
+        )
+        .default(""),
+        Opt::new(
             "storage.data.retention-period",
             Kind::Duration,
             "Jobs that ended longer ago than this are deleted",
@@ -282,6 +288,19 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         storage.data.backup.keep >= 1,
         "--storage.data.backup.keep must be at least 1"
     );
+    let database_url = storage.database_url.trim();
+    let postgres = !database_url.is_empty();
+    if postgres {
+        anyhow::ensure!(
+            db::is_postgres_url(database_url),
+            "--storage.database-url `{}`: expected postgres://… or postgresql://… (empty: SQLite in --storage.data.path)",
+            database_url
+        );
+        anyhow::ensure!(
+            storage.data.backup.path.is_empty(),
+            "--storage.data.backup.path backs up the SQLite file; with --storage.database-url, back PostgreSQL up with its own tools (pg_dump, base backups)"
+        );
+    }
 
     let notify: NotifySettings = settings.get("notify")?;
     let external: String = settings.get("web.external-url")?;
@@ -299,7 +318,10 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let listener = web::bind_std(&listen)?;
     let security: crate::security::SecuritySettings = settings.get("security")?;
     let backup_dir = PathBuf::from(&storage.data.backup.path);
-    let mut own_dirs = vec![storage.data.path.as_path()];
+    let mut own_dirs = Vec::new();
+    if !postgres {
+        own_dirs.push(storage.data.path.as_path());
+    }
     if !storage.data.backup.path.is_empty() {
         own_dirs.push(&backup_dir);
     }
@@ -311,25 +333,17 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         .log("stats-server");
     let options = web::ServeOptions::new(256)
         .with_security(web::toolkit::WebSecurity::from_settings(&settings)?);
-    // As the user it runs as, so the database is that user's.
-    std::fs::create_dir_all(&storage.data.path).with_context(|| {
-        format!(
-            "cannot create {} as uid {}",
-            storage.data.path.display(),
-            nix::unistd::getuid()
-        )
-    })?;
-    if let Err(e) = nix::unistd::access(
-        &storage.data.path,
-        nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
-    ) {
-        anyhow::bail!(
-            "{} is not writable by uid {} ({e}): give it to that user, or set --security.run-as-user",
-            storage.data.path.display(),
-            nix::unistd::getuid()
-        );
-    }
     let db_path = storage.data.path.join("ceems.db");
+    let (db_url, db_name) = match postgres {
+        true => (
+            database_url.to_owned(),
+            db::describe_postgres_url(database_url),
+        ),
+        false => {
+            check_data_dir(&storage.data.path)?;
+            (db_path.display().to_string(), db_path.display().to_string())
+        }
+    };
     let rest = slurm.rest()?;
     let mode = match rest {
         // No command runs: nothing to decide or log.
@@ -397,9 +411,9 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let store = Arc::new(
-            Store::open(&db_path)
+            Store::open_url(&db_url)
                 .await
-                .with_context(|| format!("cannot open {}", db_path.display()))?,
+                .context("cannot open the database")?,
         );
         store.set_admins("config", &admins).await.context("saving the admin users")?;
         for s in sources.iter() {
@@ -408,7 +422,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 .await
                 .with_context(|| format!("recording cluster `{}`", s.cluster.id))?;
         }
-        tracing::info!(db = %db_path.display(), clusters = sources.len(), admins = admins.len(), "stats-server started");
+        tracing::info!(db = %db_name, clusters = sources.len(), admins = admins.len(), "stats-server started");
         let refresh = Arc::new(JobRefresh::new(
             Arc::clone(&store),
             sources
@@ -517,4 +531,27 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The SQLite database's directory, created as the user the server runs as (so the file is
+/// theirs) and writable by them.
+fn check_data_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| {
+        format!(
+            "cannot create {} as uid {}",
+            dir.display(),
+            nix::unistd::getuid()
+        )
+    })?;
+    if let Err(e) = nix::unistd::access(
+        dir,
+        nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+    ) {
+        anyhow::bail!(
+            "{} is not writable by uid {} ({e}): give it to that user, or set --security.run-as-user",
+            dir.display(),
+            nix::unistd::getuid()
+        );
+    }
+    Ok(())
 }

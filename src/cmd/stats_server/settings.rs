@@ -6,6 +6,7 @@ use super::*;
 #[serde(rename_all = "kebab-case")]
 pub(super) struct Storage {
     pub(super) data: DataSettings,
+    pub(super) database_url: String,
     #[serde(deserialize_with = "config::de_duration")]
     pub(super) update_interval: Duration,
     #[serde(deserialize_with = "config::de_duration")]

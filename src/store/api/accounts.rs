@@ -74,13 +74,13 @@ impl Api {
 }
 
 /// Rows of (cluster, name, member) → `[{cluster_id, name, <members>: [...]}]`.
-pub(super) fn grouped(rows: &[sqlx::sqlite::SqliteRow], name: &str, members: &str) -> Value {
+pub(super) fn grouped(rows: &[DbRow], name: &str, members: &str) -> Value {
     let mut out: Vec<Value> = Vec::new();
     let mut last: Option<(String, String)> = None;
     for r in rows {
-        let cluster: String = r.try_get(0).unwrap_or_default();
-        let n: String = r.try_get(1).unwrap_or_default();
-        let member: Option<String> = r.try_get(2).ok().flatten();
+        let cluster: String = r.get(0).unwrap_or_default();
+        let n: String = r.get(1).unwrap_or_default();
+        let member: Option<String> = r.get(2).ok().flatten();
         if last.as_ref() != Some(&(cluster.clone(), n.clone())) {
             out.push(json!({"cluster_id": cluster, name: n, members: []}));
             last = Some((cluster, n));

@@ -15,6 +15,8 @@ pub(super) enum Col {
     Text,
 }
 
+const FINDINGS_JSON: &str = "coalesce(findings, '[]')";
+
 pub(super) const UNIT_FIELDS: &[UnitField] = &[
     UnitField { name: "cluster_id", sql: "cluster_id" },
     UnitField {
@@ -57,7 +59,8 @@ pub(super) const UNIT_FIELDS: &[UnitField] = &[
     UnitField { name: "last_updated_at_ts", sql: "last_updated_at" },
     UnitField { name: "time_limit_seconds", sql: "time_limit_seconds" },
     UnitField { name: "memory_peak_bytes", sql: "memory_peak_bytes" },
-    UnitField { name: "findings", sql: "json(coalesce(findings, '[]'))" },
+    // JSON text: embedded as JSON by `FieldSet::json_object`.
+    UnitField { name: "findings", sql: FINDINGS_JSON },
 ];
 
 /// The fields a `/units` request asks for, as a set over `UNIT_FIELDS` (rendered in that
@@ -94,36 +97,40 @@ impl FieldSet {
         Ok(FieldSet(set))
     }
 
-    /// `'name', expr, …` for SQLite's `json_object`.
-    pub(super) fn json_pairs(self) -> String {
-        UNIT_FIELDS
+    /// The fields as one JSON object per row (text), in the database's own spelling.
+    pub(super) fn json_object(self, backend: Backend) -> String {
+        let pairs = UNIT_FIELDS
             .iter()
             .enumerate()
             .filter(|(i, _)| self.0 & (1 << i) != 0)
-            .map(|(_, f)| format!("'{}', {}", f.name, f.sql))
+            .map(|(_, f)| match f.sql {
+                FINDINGS_JSON => format!("'{}', {}", f.name, backend.json_column(f.sql)),
+                sql => format!("'{}', {sql}", f.name),
+            })
             .collect::<Vec<_>>()
-            .join(", ")
+            .join(", ");
+        backend.json_object(&pairs)
     }
 }
 
 /// Jobs per `RENDER_CHUNK` rendered by one query, under SQLite's bound-variable limit.
 pub(super) const RENDER_CHUNK: usize = 4096;
 
-pub(super) fn cell(row: &sqlx::sqlite::SqliteRow, i: usize, kind: Col) -> Value {
+pub(super) fn cell(row: &DbRow, i: usize, kind: Col) -> Value {
     match kind {
         Col::Int => row
-            .try_get::<Option<i64>, _>(i)
+            .get::<Option<i64>>(i)
             .ok()
             .flatten()
             .map_or(Value::Null, Value::from),
         Col::Real => row
-            .try_get::<Option<f64>, _>(i)
+            .get::<Option<f64>>(i)
             .ok()
             .flatten()
             .and_then(serde_json::Number::from_f64)
             .map_or(Value::Null, Value::Number),
         Col::Text => row
-            .try_get::<Option<String>, _>(i)
+            .get::<Option<String>>(i)
             .ok()
             .flatten()
             .map_or(Value::Null, Value::from),

@@ -14,37 +14,39 @@ impl Api {
         if job.is_empty() || !job.bytes().all(|b| b.is_ascii_digit()) {
             return Err(ApiError::bad(format!("job id `{job}` is not a number")));
         }
-        let row = sqlx::query(
-            "SELECT id, usr FROM units WHERE cluster_id = ?1 AND uuid = ?2
+        let q = Sql::new(
+            "SELECT id, usr FROM units WHERE cluster_id = $1 AND uuid = $2
              ORDER BY started_at DESC LIMIT 1",
         )
-        .bind(cluster)
-        .bind(job)
-        .fetch_optional(self.store.pool())
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
+        .arg(cluster)
+        .arg(job);
+        let row = self
+            .store
+            .fetch_optional(&q)
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
         let Some(row) = row else {
             return Err(ApiError::NotFound(format!(
                 "no job {job} on cluster {cluster}"
             )));
         };
-        let owner: String = row.get(1);
+        let owner: String = row.get(1).map_err(query_failed)?;
         if owner != user && !self.store.is_admin(user).await.unwrap_or(false) {
             return Err(ApiError::Forbidden(format!("job {job} is not {user}'s")));
         }
-        Ok(row.get(0))
+        row.get(0).map_err(query_failed)
     }
 
     /// Every unit field of the row `id`, as a JSON object.
     pub async fn unit(&self, id: i64) -> Result<Value, ApiError> {
-        let mut q = Sql::new("SELECT json_object(");
-        q.push(&FieldSet::ALL.json_pairs())
-            .push(") FROM units WHERE id = ")
+        let mut q = Sql::new("SELECT ");
+        q.push(&FieldSet::ALL.json_object(self.store.backend()))
+            .push(" FROM units WHERE id = ")
             .bind(id);
         let rows = self.fetch(q).await?;
         let json: String = rows
             .first()
-            .and_then(|r| r.try_get(0).ok())
+            .and_then(|r| r.get(0).ok())
             .unwrap_or_else(|| "null".to_owned());
         serde_json::from_str(&json).map_err(|e| ApiError::Internal(e.to_string()))
     }
@@ -56,15 +58,19 @@ impl Api {
         user: &str,
     ) -> Result<Answer, ApiError> {
         let row = self.authorize_job(cluster, job, user).await?;
-        let mut q = Sql::new(
-            "SELECT json_object('cluster_id', cluster_id, 'uuid', uuid, 'user', usr,
-                'findings', json(coalesce(findings, '[]'))) FROM units WHERE id = ",
-        );
+        let backend = self.store.backend();
+        let mut q = Sql::new(&format!(
+            "SELECT {} FROM units WHERE id = ",
+            backend.json_object(&format!(
+                "'cluster_id', cluster_id, 'uuid', uuid, 'user', usr, 'findings', {}",
+                backend.json_column("coalesce(findings, '[]')")
+            ))
+        ));
         q.bind(row);
         let rows = self.fetch(q).await?;
         let json: String = rows
             .first()
-            .and_then(|r| r.try_get(0).ok())
+            .and_then(|r| r.get(0).ok())
             .unwrap_or_else(|| "null".to_owned());
         Ok(Answer::raw_data(&json))
     }
@@ -73,12 +79,21 @@ impl Api {
     pub(super) async fn findings_summary(&self, p: &Params, now: i64) -> Result<Answer, ApiError> {
         p.only(&["from", "to", "cluster_id", "project"])?;
         let (from, to) = window(p, now)?;
-        let mut q = Sql::new(
-            "SELECT cluster_id, project, json_extract(f.value, '$.id') AS finding, count(*) AS n,
-                    count(DISTINCT usr)
-             FROM units, json_each(units.findings) AS f
-             WHERE findings IS NOT NULL AND ended_at >= ",
-        );
+        let (finding, each) = match self.store.backend() {
+            Backend::Sqlite => (
+                "json_extract(f.value, '$.id')",
+                "json_each(units.findings) AS f",
+            ),
+            Backend::Postgres => (
+                "f.value->>'id'",
+                "json_array_elements(units.findings::json) AS f(value)",
+            ),
+        };
+        let mut q = Sql::new(&format!(
+            "SELECT cluster_id, project, {finding} AS finding, count(*) AS n, count(DISTINCT usr)
+             FROM units, {each}
+             WHERE findings IS NOT NULL AND ended_at >= "
+        ));
         q.bind(from)
             .push(" AND ended_at <= ")
             .bind(to)

@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 
 use hyper::StatusCode;
 use serde_json::{json, Map, Value};
-use sqlx::Row;
 
 use super::db::Store;
+use super::sql::{Backend, DbRow, Sql, OPEN_END};
 use super::unit_cache::{self, JobSpan, Rendered, UnitCache, UserSpans};
 
 mod accounts;
@@ -23,7 +23,7 @@ mod answer;
 mod fields;
 mod findings;
 mod params;
-mod sql;
+
 mod units;
 mod usage;
 
@@ -32,7 +32,6 @@ pub use answer::{Answer, ApiError};
 use fields::*;
 pub use params::Params;
 use params::*;
-use sql::*;
 
 /// Default window of `/units` and `/usage/current` when `from` is not given.
 pub const DEFAULT_WINDOW_SECONDS: i64 = 24 * 3600;
@@ -186,15 +185,8 @@ impl Api {
         answer
     }
 
-    async fn fetch(&self, sql: Sql) -> Result<Vec<sqlx::sqlite::SqliteRow>, ApiError> {
-        let mut q = sqlx::query(&sql.text);
-        for arg in &sql.args {
-            q = match arg {
-                Arg::Int(v) => q.bind(*v),
-                Arg::Text(v) => q.bind(v.as_str()),
-            };
-        }
-        q.fetch_all(self.store.pool()).await.map_err(query_failed)
+    async fn fetch(&self, sql: Sql) -> Result<Vec<DbRow>, ApiError> {
+        self.store.fetch_all(&sql).await.map_err(query_failed)
     }
 }
 

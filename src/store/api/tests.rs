@@ -15,7 +15,7 @@ pub(crate) fn line(id: u32, user: &str, project: &str, start: i64, end: Option<i
 
 pub(crate) async fn api_with(lines: &[String], admins: &[&str]) -> (Api, tempfile::TempDir) {
     let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(&tmp.path().join("ceems.db")).await.unwrap();
+    let store = crate::store::db::testing::store(tmp.path()).await;
     let (jobs, errors) = sacct::parse_output(&lines.join("\n"));
     assert!(errors.is_empty(), "{errors:?}");
     store.register_cluster("lab", "slurm").await.unwrap();
@@ -394,6 +394,10 @@ async fn rendered_jobs_are_reused_across_windows_only_until_a_write() {
 #[tokio::test]
 async fn a_users_window_is_searched_as_a_range_of_the_index() {
     let (api, _tmp) = api_with(&sample(), &[]).await;
+    if api.store.backend() != Backend::Sqlite {
+        // SQLite's planner; PostgreSQL's reads a table this small whole whatever the index.
+        return;
+    }
     let mut q = Sql::new("EXPLAIN QUERY PLAN SELECT id, started_at FROM units WHERE 1 = 1");
     q.push_in("usr", &["alice".to_owned()])
         .push_overlap(NOW - 86400, NOW, false);
@@ -402,7 +406,7 @@ async fn a_users_window_is_searched_as_a_range_of_the_index() {
         .await
         .unwrap()
         .iter()
-        .map(|r| r.get::<String, _>(3))
+        .map(|r| r.get::<String>(3).unwrap())
         .collect();
     assert!(
         plan.iter()

@@ -27,10 +27,10 @@ impl Api {
                 .iter()
                 .map(|r| {
                     Ok(JobSpan {
-                        id: r.try_get(0)?,
-                        started_at: r.try_get(1)?,
-                        ended_at: r.try_get(2)?,
-                        running: r.try_get(3)?,
+                        id: r.get(0)?,
+                        started_at: r.get(1)?,
+                        ended_at: r.get(2)?,
+                        running: r.flag(3)?,
                     })
                 })
                 .collect();
@@ -109,10 +109,12 @@ impl Api {
         let ids = match spans {
             Some(ids) => ids,
             None => {
-                let mut q = Sql::new(
-                    "SELECT group_concat(id, ',' ORDER BY started_at DESC, id DESC) \
-                     FROM (SELECT id, started_at FROM units WHERE 1 = 1",
-                );
+                let mut q = Sql::new(&format!(
+                    "SELECT {} FROM (SELECT id, started_at FROM units WHERE 1 = 1",
+                    self.store
+                        .backend()
+                        .join_ids("id", "started_at DESC, id DESC")
+                ));
                 q.push_in("usr", &users)
                     .push_in("uuid", p.all("uuid"))
                     .push_in("project", p.all("project"))
@@ -120,12 +122,12 @@ impl Api {
                     .push_overlap(from, to, running)
                     .push(" ORDER BY started_at DESC, id DESC LIMIT ")
                     .bind(MAX_UNITS)
-                    .push(")");
+                    .push(") AS newest");
                 // The ids in one row: sqlx hands each row over from its thread on its own.
                 self.fetch(q)
                     .await?
                     .first()
-                    .and_then(|r| r.try_get::<Option<String>, _>(0).ok().flatten())
+                    .and_then(|r| r.get::<Option<String>>(0).ok().flatten())
                     .map(|list| list.split(',').filter_map(|id| id.parse().ok()).collect())
                     .unwrap_or_default()
             }
@@ -145,16 +147,15 @@ impl Api {
             .collect();
         let mut fresh = std::collections::HashMap::with_capacity(missing.len());
         for chunk in missing.chunks(RENDER_CHUNK) {
-            let mut q = Sql::new("SELECT id, json_object(");
-            q.push(&fields.json_pairs())
-                .push(") FROM units WHERE id IN (");
+            let mut q = Sql::new("SELECT id, ");
+            q.push(&fields.json_object(self.store.backend()))
+                .push(" FROM units WHERE id IN (");
             for (i, id) in chunk.iter().enumerate() {
                 q.push(if i == 0 { "" } else { ", " }).bind(*id);
             }
             q.push(")");
             for row in self.fetch(q).await? {
-                if let (Ok(id), Ok(json)) = (row.try_get::<i64, _>(0), row.try_get::<String, _>(1))
-                {
+                if let (Ok(id), Ok(json)) = (row.get::<i64>(0), row.get::<String>(1)) {
                     fresh.insert(id, Rendered::from(json));
                 }
             }

@@ -28,8 +28,9 @@ pub(super) const USAGE_SUMS: &[(&str, &str, &str)] = &[
 
 /// Usage columns per group, over jobs (`units`) or over the pre-aggregated `usage` rows.
 pub(super) fn usage_columns(pre_aggregated: bool) -> Vec<(&'static str, String)> {
+    // PostgreSQL sums integers as numeric: cast back, as SQLite's sums already are.
     let (count, cpu_time) = if pre_aggregated {
-        ("sum(num_units)", "sum(alloc_cpu_seconds)")
+        ("CAST(sum(num_units) AS BIGINT)", "sum(alloc_cpu_seconds)")
     } else {
         ("count(*)", "sum(alloc_cpus * aggregated_seconds)")
     };
@@ -40,11 +41,10 @@ pub(super) fn usage_columns(pre_aggregated: bool) -> Vec<(&'static str, String)>
             format!("100.0 * sum(cpu_seconds) / NULLIF({cpu_time}, 0)"),
         ),
     ];
-    cols.extend(
-        USAGE_SUMS
-            .iter()
-            .map(|(name, col, scale)| (*name, format!("sum({col}){scale}"))),
-    );
+    cols.extend(USAGE_SUMS.iter().map(|(name, col, scale)| match *name {
+        "total_elapsed_seconds" => (*name, format!("CAST(sum({col}) AS BIGINT)")),
+        _ => (*name, format!("sum({col}){scale}")),
+    }));
     cols
 }
 
@@ -72,7 +72,7 @@ impl Api {
     }
 
     pub(super) fn usage_rows(
-        rows: &[sqlx::sqlite::SqliteRow],
+        rows: &[DbRow],
         groups: &[(&str, &str)],
         sums: &[(&str, String)],
     ) -> Value {

@@ -1,0 +1,1 @@
+../0004_pending_index.sql

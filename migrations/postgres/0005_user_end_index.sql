@@ -1,0 +1,1 @@
+../0005_user_end_index.sql

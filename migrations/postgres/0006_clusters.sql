@@ -1,0 +1,1 @@
+../0006_clusters.sql
