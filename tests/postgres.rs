@@ -195,3 +195,345 @@ fn every_answer_the_findings_and_the_report_are_the_same_on_postgresql_and_sqlit
     );
     assert!(findings.to_string().contains("job_failed"), "{findings}");
 }
+
+/// sacct records of jobs `from..to`, shaped like the lab's.
+fn sacct_lines(from: usize, to: usize) -> String {
+    let mut out = String::new();
+    for i in from..to {
+        let (user, uid, account) = match i % 2 {
+            0 => ("alice", 2001, "physics"),
+            _ => ("bob", 2002, "chemistry"),
+        };
+        let start = 1_795_000_000 + i as i64;
+        out.push_str(&format!(
+            "{}|debug|normal|{account}|{user}|{uid}|{user}|{uid}|{start}|{start}|{}|00:01:00|60|0:0|COMPLETED|billing=1,cpu=2,mem=2G,node=1|cn001|/home/{user}|30|job {i}\n",
+            10_000 + i,
+            start + 60,
+        ));
+    }
+    out
+}
+
+/// A stand-in sacct over a file of records that logs, for each call, when it started and
+/// ended and for which server (`name`), taking `seconds` as a busy slurmdbd would.
+struct FakeSacct {
+    dir: tempfile::TempDir,
+}
+
+impl FakeSacct {
+    fn new(jobs: usize) -> FakeSacct {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        // The servers drop to nobody and run sacct as slurm.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::fs::write(dir.path().join("records"), sacct_lines(0, jobs)).unwrap();
+        std::fs::write(dir.path().join("calls"), "").unwrap();
+        for f in ["records", "calls"] {
+            std::fs::set_permissions(dir.path().join(f), std::fs::Permissions::from_mode(0o666))
+                .unwrap();
+        }
+        FakeSacct { dir }
+    }
+
+    /// The command for the server `name`.
+    fn command(&self, name: &str, seconds: f64) -> String {
+        use std::os::unix::fs::PermissionsExt;
+        let d = self.dir.path().display();
+        let path = self.dir.path().join(format!("sacct-{name}"));
+        std::fs::write(
+            &path,
+            format!(
+                "#!/bin/sh\necho \"start {name} $(date +%s%N)\" >> {d}/calls\nsleep {seconds}\ncat {d}/records\necho \"end {name} $(date +%s%N)\" >> {d}/calls\n"
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path.display().to_string()
+    }
+
+    fn add(&self, from: usize, to: usize) {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.path().join("records"))
+            .unwrap();
+        f.write_all(sacct_lines(from, to).as_bytes()).unwrap();
+    }
+
+    /// The calls so far: (server, start, end if it ended), in nanoseconds.
+    fn calls(&self) -> Vec<(String, u128, Option<u128>)> {
+        let text = std::fs::read_to_string(self.dir.path().join("calls")).unwrap();
+        let mut calls: Vec<(String, u128, Option<u128>)> = Vec::new();
+        for line in text.lines() {
+            let mut w = line.split(' ');
+            let (Some(what), Some(name), Some(t)) = (w.next(), w.next(), w.next()) else {
+                continue;
+            };
+            let t: u128 = t.parse().unwrap_or(0);
+            match what {
+                "start" => calls.push((name.to_owned(), t, None)),
+                _ => {
+                    if let Some(c) = calls
+                        .iter_mut()
+                        .rev()
+                        .find(|c| c.0 == name && c.2.is_none())
+                    {
+                        c.2 = Some(t);
+                    }
+                }
+            }
+        }
+        calls
+    }
+}
+
+fn start_on(url: &str, sacct: &str, extra: &[&str]) -> Running {
+    let cwd = tempfile::tempdir().unwrap();
+    common::start_subcommand(
+        "stats-server",
+        cwd.path(),
+        &[
+            &[
+                &format!("--storage.database-url={url}") as &str,
+                &format!("--slurm.sacct.path={sacct}"),
+                "--slurm.sacctmgr.path=",
+                "--slurm.cluster-id=lab",
+                "--storage.update-interval=1s",
+                "--storage.first-window=1h",
+                "--web.admin-users=root",
+                "--prometheus.url=",
+            ],
+            extra,
+        ]
+        .concat(),
+        &[],
+    )
+}
+
+fn units_on(server: &Running) -> Option<i64> {
+    let (status, body) = get(server, "/api/v1/clusters/admin", "root");
+    if status != 200 {
+        return None;
+    }
+    let v: Value = serde_json::from_str(&body).ok()?;
+    v["data"].as_array()?.first()?["num_units"].as_i64()
+}
+
+fn psql(url: &str, sql: &str) -> String {
+    let out = std::process::Command::new("psql")
+        .args([url, "-tA", "-c", sql])
+        .output()
+        .expect("psql");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn two_servers_share_a_database_one_updates_at_a_time_and_the_other_takes_over_a_kill() {
+    let url = match postgres_tools() {
+        Ok(url) => url,
+        Err(e) => {
+            runnable("postgres", Err(e));
+            return;
+        }
+    };
+    let schema_url = postgres_schema(&url, "failover");
+    let schema = schema_url.rsplit('=').next().unwrap().to_owned();
+    let count = |sql: &str| psql(&url, &sql.replace("units", &format!("{schema}.units")));
+    let sacct = FakeSacct::new(1000);
+    let mut a = start_on(&schema_url, &sacct.command("a", 1.0), &[]);
+    let mut b = start_on(&schema_url, &sacct.command("b", 1.0), &[]);
+    wait_until("the first 1000 jobs", Duration::from_secs(60), || {
+        units_on(&a) == Some(1000) && units_on(&b) == Some(1000)
+    });
+
+    // Each server has cached its answer; the other one's writes make both stale at once.
+    sacct.add(1000, 1500);
+    wait_until(
+        "jobs 1000 to 1500 committed",
+        Duration::from_secs(60),
+        || count("SELECT count(*) FROM units") == "1500",
+    );
+    assert_eq!((units_on(&a), units_on(&b)), (Some(1500), Some(1500)));
+
+    // Kill -9 the one inside sacct, holding the lease: the other takes over.
+    let (victim, survivor, name) = loop {
+        let calls = sacct.calls();
+        match calls.last() {
+            Some((name, _, None)) if name == "a" => break (&mut a, &b, "b"),
+            Some((name, _, None)) if name == "b" => break (&mut b, &a, "a"),
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    victim.child.kill().expect("SIGKILL");
+    let _ = victim.child.wait();
+    let killed_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    sacct.add(1500, 2000);
+    wait_until(
+        "the survivor ingesting the last 500 jobs",
+        Duration::from_secs(20),
+        || units_on(survivor) == Some(2000),
+    );
+    assert_eq!(count("SELECT count(DISTINCT uuid) FROM units"), "2000");
+    assert!(
+        sacct.calls().iter().any(|c| c.0 == name && c.1 > killed_at),
+        "the survivor ran no sacct after the kill: {:?}",
+        sacct.calls()
+    );
+
+    // Never both in sacct at once. The killed server's sacct outlives it (its orphan writes
+    // its end later): that call ended with the server.
+    let victim_name = if name == "a" { "b" } else { "a" };
+    let calls: Vec<_> = sacct
+        .calls()
+        .into_iter()
+        .map(|(n, start, end)| {
+            let end = match n == victim_name && start < killed_at {
+                true => Some(end.map_or(killed_at, |e| e.min(killed_at))),
+                false => end,
+            };
+            (n, start, end)
+        })
+        .collect();
+    for x in calls.iter().filter(|c| c.0 == "a") {
+        for y in calls.iter().filter(|c| c.0 == "b") {
+            let (xe, ye) = (x.2.unwrap_or(u128::MAX), y.2.unwrap_or(u128::MAX));
+            assert!(
+                xe <= y.1 || ye <= x.1,
+                "a {x:?} and b {y:?} updated at once: {calls:?}"
+            );
+        }
+    }
+    let by = |n: &str| calls.iter().filter(|c| c.0 == n).count();
+    println!("sacct calls: a {}, b {}", by("a"), by("b"));
+}
+
+/// A PostgreSQL of the test's own, to stop and start: Debian's server binaries on a data
+/// directory in a tempdir, trusted on 127.0.0.1.
+struct OwnPostgres {
+    dir: tempfile::TempDir,
+    bin: std::path::PathBuf,
+    port: u16,
+}
+
+impl OwnPostgres {
+    fn start() -> OwnPostgres {
+        use std::os::unix::fs::PermissionsExt;
+        let version = std::fs::read_dir("/usr/lib/postgresql")
+            .expect("Debian's postgresql")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .max_by_key(|v| v.parse::<u32>().unwrap_or(0))
+            .expect("a PostgreSQL version");
+        let bin = Path::new("/usr/lib/postgresql").join(version).join("bin");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let data = dir.path().join("data");
+        run_as_postgres(&format!(
+            "{} -D {} --auth=trust -U postgres >/dev/null",
+            bin.join("initdb").display(),
+            data.display()
+        ));
+        let pg = OwnPostgres {
+            dir,
+            bin,
+            port: common::free_port(),
+        };
+        pg.up();
+        pg
+    }
+
+    fn up(&self) {
+        run_as_postgres(&format!(
+            "{} -D {} -w -l {} -o '-p {} -k {} -c listen_addresses=127.0.0.1' start >/dev/null",
+            self.bin.join("pg_ctl").display(),
+            self.dir.path().join("data").display(),
+            self.dir.path().join("log").display(),
+            self.port,
+            self.dir.path().display()
+        ));
+    }
+
+    /// Stops it at once, as a crash or a lost network would: sessions end mid-transaction.
+    fn down(&self) {
+        run_as_postgres(&format!(
+            "{} -D {} -m immediate stop >/dev/null",
+            self.bin.join("pg_ctl").display(),
+            self.dir.path().join("data").display()
+        ));
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        self.down();
+    }
+}
+
+fn run_as_postgres(cmd: &str) {
+    let out = std::process::Command::new("su")
+        .args(["postgres", "-s", "/bin/sh", "-c", cmd])
+        .output()
+        .expect("su");
+    assert!(
+        out.status.success() || cmd.contains(" stop"),
+        "{cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_database_that_goes_away_fails_the_update_which_is_retried_and_the_api_says_503() {
+    if let Err(e) = postgres_tools() {
+        runnable("postgres", Err(e));
+        return;
+    }
+    let pg = OwnPostgres::start();
+    let sacct = FakeSacct::new(100);
+    let mut server = start_on(&pg.url(), &sacct.command("only", 0.2), &[]);
+    wait_until("the first 100 jobs", Duration::from_secs(30), || {
+        units_on(&server) == Some(100)
+    });
+
+    pg.down();
+    sacct.add(100, 150);
+    for path in ["/api/v1/units/admin?from=0", "/api/v1/health"] {
+        let (status, body) = get(&server, path, "root");
+        assert_eq!(status, 503, "{path}: {body}");
+        assert!(
+            body.contains("unavailable") && body.contains("database"),
+            "{path}: {body}"
+        );
+    }
+    // Updates fail meanwhile, and say so on /metrics; the server stays up.
+    wait_until(
+        "a failed ingestion counted",
+        Duration::from_secs(30),
+        || {
+            common::parse_series(&server.get("/metrics"))
+                .get("ceems_stats_ingest_failures_total{cluster_id=\"lab\"}")
+                .is_some_and(|v| *v > 0.0)
+        },
+    );
+    assert!(
+        server.child.try_wait().unwrap().is_none(),
+        "the server exited"
+    );
+
+    pg.up();
+    wait_until("the update retried", Duration::from_secs(30), || {
+        units_on(&server) == Some(150)
+    });
+    let (status, body) = get(&server, "/api/v1/units/admin?from=0&field=uuid", "root");
+    assert_eq!(status, 200, "{body}");
+}

@@ -231,7 +231,8 @@ impl Store {
             .ok_or(sqlx::Error::RowNotFound)
     }
 
-    /// Runs a statement; returns the rows it changed.
+    /// Runs a statement that writes; returns the rows it changed. On PostgreSQL it commits
+    /// with a move of the shared generation.
     pub async fn execute(&self, q: &Sql) -> Result<u64, sqlx::Error> {
         Ok(match &self.pool {
             Pool::Sqlite(p) => {
@@ -241,16 +242,45 @@ impl Store {
                     .await?
                     .rows_affected()
             }
-            Pool::Postgres(p) => bind_args!(sqlx::query(&q.text), &q.args)
-                .execute(p)
-                .await?
-                .rows_affected(),
+            Pool::Postgres(p) => {
+                let mut tx = Tx::Postgres(p.begin().await?);
+                let n = tx.execute(q).await?;
+                tx.commit().await?;
+                n
+            }
         })
     }
 
-    /// Changes whenever data was written through this store.
-    pub fn generation(&self) -> u64 {
-        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    /// Changes whenever data was committed: through this store on SQLite (one server per
+    /// file), by any server sharing the database on PostgreSQL. An answer made after reading
+    /// a generation is at least as new as the data of that generation.
+    pub async fn generation(&self) -> Result<u64, StoreError> {
+        match &self.pool {
+            Pool::Sqlite(_) => Ok(self.generation.load(std::sync::atomic::Ordering::Acquire)),
+            Pool::Postgres(p) => {
+                let v: i64 = sqlx::query_scalar(GENERATION).fetch_one(p).await?;
+                Ok(u64::try_from(v).unwrap_or(0))
+            }
+        }
+    }
+
+    /// A lease on `task` (a cluster's update, the digests): at most one server sharing a
+    /// PostgreSQL database holds it, and a server that dies loses it with its connection.
+    /// `None` while another holds it. On SQLite, always this server's.
+    pub async fn lease(&self, task: &str) -> Result<Option<Lease>, StoreError> {
+        let Pool::Postgres(p) = &self.pool else {
+            return Ok(Some(Lease { conn: None }));
+        };
+        let mut conn = p.acquire().await?;
+        let got: bool = sqlx::query_scalar(
+            "SELECT pg_try_advisory_lock(hashtextextended('ceems stats-server ' || $1, 0))",
+        )
+        .bind(task)
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(got.then(|| Lease {
+            conn: Some((conn, task.to_owned())),
+        }))
     }
 
     fn written(&self) {
@@ -317,7 +347,46 @@ impl Tx {
     pub async fn commit(self) -> Result<(), sqlx::Error> {
         match self {
             Tx::Sqlite(t) => t.commit().await,
-            Tx::Postgres(t) => t.commit().await,
+            Tx::Postgres(mut t) => {
+                sqlx::query(BUMP_GENERATION).execute(&mut *t).await?;
+                t.commit().await
+            }
+        }
+    }
+}
+
+const GENERATION: &str = "SELECT value FROM store_generation WHERE id = 1";
+const BUMP_GENERATION: &str = "UPDATE store_generation SET value = value + 1 WHERE id = 1";
+
+/// A task only this server does while it holds this (see [`Store::lease`]).
+pub struct Lease {
+    conn: Option<(sqlx::pool::PoolConnection<Postgres>, String)>,
+}
+
+impl Lease {
+    /// Lets another server take the task.
+    pub async fn release(mut self) {
+        if let Some((mut conn, task)) = self.conn.take() {
+            let unlocked = sqlx::query(
+                "SELECT pg_advisory_unlock(hashtextextended('ceems stats-server ' || $1, 0))",
+            )
+            .bind(&task)
+            .execute(&mut *conn)
+            .await;
+            if let Err(e) = unlocked {
+                tracing::warn!(task, error = %e, "cannot release a lease; closing its connection");
+                drop(conn.detach());
+            }
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        // Not released (an error or a panic on the way): the lock goes with the session, which
+        // must not go back to the pool holding it.
+        if let Some((conn, _)) = self.conn.take() {
+            drop(conn.detach());
         }
     }
 }

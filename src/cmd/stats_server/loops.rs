@@ -136,6 +136,22 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
         for s in sources.iter() {
             let id = s.cluster.id.as_str();
             let st = &s.stats;
+            // Servers sharing a database update a cluster one at a time.
+            let lease = match store.lease(&format!("update {id}")).await {
+                Ok(Some(lease)) => lease,
+                Ok(None) => {
+                    tracing::info!(
+                        cluster = id,
+                        "another stats-server on this database is updating the cluster; skipped"
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    st.failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(cluster = id, error = %e, "update not started; retrying at the next interval");
+                    continue;
+                }
+            };
             match ingest::sync_associations(&store, &s.cluster, unix_now()).await {
                 Ok(Some(n)) => {
                     tracing::debug!(cluster = id, associations = n, "users and projects updated")
@@ -201,12 +217,36 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                 tracing::warn!(cluster = id, error = %e, "usage not rebuilt");
             }
             st.last_update.store(unix_now() as u64, Ordering::Relaxed);
+            lease.release().await;
         }
+        let Some(lease) = leased(&store, "retention").await else {
+            continue;
+        };
         let before = unix_now() - i64::try_from(retention.as_secs()).unwrap_or(i64::MAX / 2);
         match store.delete_ended_before(before).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(jobs = n, "deleted jobs past the retention period"),
             Err(e) => tracing::warn!(error = %e, "retention failed"),
+        }
+        lease.release().await;
+    }
+}
+
+/// The lease on `task`, or None (logged) while another server holds it or the database does
+/// not answer.
+async fn leased(store: &Store, task: &str) -> Option<db::Lease> {
+    match store.lease(task).await {
+        Ok(Some(lease)) => Some(lease),
+        Ok(None) => {
+            tracing::info!(
+                task,
+                "another stats-server on this database is doing it; skipped"
+            );
+            None
+        }
+        Err(e) => {
+            tracing::warn!(task, error = %e, "cannot take the lease; retrying at the next interval");
+            None
         }
     }
 }
@@ -219,7 +259,22 @@ pub(super) async fn notify_loop(store: Arc<Store>, notifier: Notifier, stats: Ar
             Duration::from_secs(60)
         });
         tokio::time::sleep(wait).await;
-        match notifier.round(&store, unix_now()).await {
+        let Some(lease) = leased(&store, "digests").await else {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            continue;
+        };
+        // Another server sharing the database may have just sent this period's round.
+        if !notifier
+            .wait(&store, unix_now())
+            .await
+            .is_ok_and(|w| w.is_zero())
+        {
+            lease.release().await;
+            continue;
+        }
+        let round = notifier.round(&store, unix_now()).await;
+        lease.release().await;
+        match round {
             Ok(r) => {
                 stats.sent.fetch_add(r.sent as u64, Ordering::Relaxed);
                 stats

@@ -81,9 +81,9 @@ impl Api {
         }
     }
 
-    fn cached(&self, key: &str) -> Option<Answer> {
+    fn cached(&self, key: &str, generation: u64) -> Option<Answer> {
         let cache = self.cache.lock().ok()?;
-        if cache.generation != self.store.generation() {
+        if cache.generation != generation {
             return None;
         }
         cache.answers.get(key).cloned()
@@ -148,10 +148,17 @@ impl Api {
             "{user}\0{admin_route}\0{route}\0{}\0{now}",
             query.unwrap_or("")
         );
-        if let Some(hit) = self.cached(&key) {
+        // Read before anything else: what is then read is at least as new.
+        let generation = match self.store.generation().await {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!(error = %e, "the database does not answer");
+                return ApiError::Unavailable(format!("the database does not answer: {e}")).into();
+            }
+        };
+        if let Some(hit) = self.cached(&key, generation) {
             return hit;
         }
-        let generation = self.store.generation();
         if admin_route {
             match self.store.is_admin(user).await {
                 Ok(true) => {}
@@ -162,7 +169,7 @@ impl Api {
         let p = Params::parse(query);
         let scope = if admin_route { None } else { Some(user) };
         let result = match route {
-            "/units" => self.units(&p, scope, now).await,
+            "/units" => self.units(&p, scope, now, generation).await,
             "/usage/current" => self.usage_current(&p, scope, now).await,
             "/usage/global" => self.usage_global(&p, scope).await,
             "/projects" => self.projects(&p, scope).await,

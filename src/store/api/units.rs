@@ -65,11 +65,14 @@ impl Api {
         )))
     }
 
+    /// `generation` was read before the request's first query: rows rendered from data newer
+    /// than it are dropped with it.
     pub(super) async fn units(
         &self,
         p: &Params,
         scope: Option<&str>,
         now: i64,
+        generation: u64,
     ) -> Result<Answer, ApiError> {
         p.only(&[
             "uuid",
@@ -87,8 +90,6 @@ impl Api {
         let fields = FieldSet::parse(p.all("field"))?;
         let (from, to) = window(p, now)?;
         let running = p.flag("running")?;
-        // Read before the query: rows rendered from data newer than this are dropped with it.
-        let generation = self.store.generation();
         let mut users: Vec<String> = match scope {
             Some(u) => vec![u.to_owned()],
             None => p.all("user").to_vec(),

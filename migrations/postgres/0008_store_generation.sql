@@ -1,0 +1,1 @@
+../0008_store_generation.sql
