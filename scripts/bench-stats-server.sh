@@ -6,7 +6,9 @@
 #      concurrent connections (default 200) for D seconds (default 20): p50, p99, requests/s,
 #      and the server's peak RSS; and, one at a time, the first request of each user, which
 #      no cache answers.
-# Prints figures; asserts nothing.
+# Both on SQLite and on PostgreSQL (Debian's, `scripts/postgres-lab.sh`; as root), one after
+# the other in one run; BACKENDS="sqlite" (or "postgres") runs one. Peak RSS is the
+# stats-server's own (PostgreSQL's processes aside). Prints figures; asserts nothing.
 #   scripts/bench-stats-server.sh [N] [U] [C] [D]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +20,7 @@ command -v wrk >/dev/null || apt-get install -y wrk >/dev/null
 cargo build --release --locked -q
 dir=$(mktemp -d)
 chmod 755 "$dir"
+pid=
 trap 'kill "$pid" 2>/dev/null || true; rm -rf "$dir"' EXIT
 now=$(date +%s)
 # Jobs of one minute, one starting every second up to now, round-robin over the users.
@@ -32,9 +35,20 @@ with open(path, "w") as f:
 PY
 printf '#!/bin/sh\nexec /bin/cat %s\n' "$dir/sacct.txt" > "$dir/sacct"
 chmod 755 "$dir/sacct" "$dir/sacct.txt"
+bench() {
+backend=$1
+echo "== $backend"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+database=()
+if [ "$backend" = postgres ]; then
+  pg=$(bash scripts/postgres-lab.sh)
+  schema="bench_$$"
+  psql "$pg" -qc "DROP SCHEMA IF EXISTS $schema CASCADE; CREATE SCHEMA $schema"
+  database=(--storage.database-url="$pg?options[search_path]=$schema")
+fi
 start=$(date +%s.%N)
-target/release/ceems stats-server --web.listen-address=127.0.0.1:$port --storage.data.path="$dir/data" \
+target/release/ceems stats-server --web.listen-address=127.0.0.1:$port --storage.data.path="$dir/data-$backend" \
+  "${database[@]}" \
   --slurm.sacct.path="$dir/sacct" --slurm.sacctmgr.path= --slurm.run-as-user= \
   --storage.first-window=$((n / 86400 + 2))d --storage.update-interval=1h --slurm.cluster-id=bench \
   --security.drop-privileges=false --log.level=warn &
@@ -47,7 +61,11 @@ until [ "$(rows)" = "$n" ]; do
   sleep 0.2
 done
 end=$(date +%s.%N)
-bytes=$(cat "$dir"/data/ceems.db* | wc -c)
+if [ "$backend" = postgres ]; then
+  bytes=$(psql "$pg" -tAc "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace WHERE s.nspname = '$schema' AND c.relkind = 'r'")
+else
+  bytes=$(cat "$dir/data-$backend"/ceems.db* | wc -c)
+fi
 rss=$(awk '/VmHWM/ {print $2}' /proc/$pid/status)
 python3 -c "n=$n; t=$end-$start; print(f'ingest: {n} jobs in {t:.1f} s = {n/t:,.0f} rows/s; database {$bytes/n:.0f} bytes/job; peak RSS {$rss/1024:.0f} MiB')"
 # The rest of the first update (findings of every job, usage) before the API is measured.
@@ -107,3 +125,14 @@ print(f"api (first request of each of {len(took)} users, one at a time): "
 PY
 rss=$(awk '/VmHWM/ {print $2}' /proc/$pid/status)
 echo "peak RSS of the server: $((rss / 1024)) MiB"
+kill "$pid"
+wait "$pid" 2>/dev/null || true
+pid=
+if [ "$backend" = postgres ]; then
+  psql "$pg" -qc "DROP SCHEMA $schema CASCADE"
+fi
+}
+
+for backend in ${BACKENDS:-sqlite postgres}; do
+  bench "$backend"
+done

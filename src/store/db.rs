@@ -43,7 +43,8 @@ pub enum Tx {
 
 pub struct Store {
     pool: Pool,
-    /// Bumped by every write, so readers can tell a cached answer is stale.
+    /// Bumped by every write, so readers can tell a cached answer is stale (SQLite's; on
+    /// PostgreSQL the database holds it, see `generation()`).
     generation: std::sync::atomic::AtomicU64,
 }
 
@@ -55,15 +56,19 @@ pub fn is_postgres_url(url: &str) -> bool {
 /// Where a PostgreSQL URL points, without its password, for messages.
 pub fn describe_postgres_url(url: &str) -> String {
     match PgConnectOptions::from_str(url) {
-        Ok(o) => format!(
-            "postgresql database {} on {}:{} as {}",
-            o.get_database().unwrap_or("(default)"),
-            o.get_host(),
-            o.get_port(),
-            o.get_username()
-        ),
+        Ok(o) => describe_postgres(&o),
         Err(_) => "postgresql database (unreadable URL)".to_owned(),
     }
+}
+
+fn describe_postgres(o: &PgConnectOptions) -> String {
+    format!(
+        "postgresql database {} on {}:{} as {}",
+        o.get_database().unwrap_or("(default)"),
+        o.get_host(),
+        o.get_port(),
+        o.get_username()
+    )
 }
 
 impl Store {
@@ -138,13 +143,7 @@ impl Store {
 
     async fn connect_postgres_with(opts: PgConnectOptions) -> Result<Store, StoreError> {
         let open_err = |error| StoreError::Open {
-            path: format!(
-                "postgresql database {} on {}:{} as {}",
-                opts.get_database().unwrap_or("(default)"),
-                opts.get_host(),
-                opts.get_port(),
-                opts.get_username()
-            ),
+            path: describe_postgres(&opts),
             error,
         };
         let opts = opts.clone().application_name("ceems-stats-server");
@@ -398,6 +397,16 @@ const UNIT_COLUMNS: &str = "cluster_id, uuid, started_at, name, project, grp, gi
     partition, qos, submitted_at, ended_at, elapsed_seconds, state, exit_code, alloc_cpus,
     alloc_mem_bytes, alloc_gpus, billing, nodes, workdir, time_limit_seconds, last_updated_at";
 
+const UPSERT_SET: &str = "ON CONFLICT (cluster_id, uuid, started_at) DO UPDATE SET
+    name = excluded.name, project = excluded.project, grp = excluded.grp, gid = excluded.gid,
+    usr = excluded.usr, uid = excluded.uid, partition = excluded.partition, qos = excluded.qos,
+    submitted_at = excluded.submitted_at, ended_at = excluded.ended_at,
+    elapsed_seconds = excluded.elapsed_seconds, state = excluded.state,
+    exit_code = excluded.exit_code, alloc_cpus = excluded.alloc_cpus,
+    alloc_mem_bytes = excluded.alloc_mem_bytes, alloc_gpus = excluded.alloc_gpus,
+    billing = excluded.billing, nodes = excluded.nodes, workdir = excluded.workdir,
+    time_limit_seconds = excluded.time_limit_seconds, last_updated_at = excluded.last_updated_at";
+
 async fn upsert(
     tx: &mut Tx,
     cluster: &str,
@@ -424,6 +433,9 @@ async fn upsert(
             )
             .await?
             .is_some();
+    if let Tx::Postgres(t) = tx {
+        return upsert_postgres(t, cluster, &latest, pending, now).await;
+    }
     for chunk in latest.chunks(ROWS_PER_STATEMENT) {
         let started: Vec<&str> = chunk
             .iter()
@@ -493,21 +505,109 @@ async fn upsert(
                 .bind(now)
                 .push(")");
         }
-        q.push(
-            " ON CONFLICT (cluster_id, uuid, started_at) DO UPDATE SET
-                name = excluded.name, project = excluded.project, grp = excluded.grp,
-                gid = excluded.gid, usr = excluded.usr, uid = excluded.uid,
-                partition = excluded.partition, qos = excluded.qos,
-                submitted_at = excluded.submitted_at, ended_at = excluded.ended_at,
-                elapsed_seconds = excluded.elapsed_seconds, state = excluded.state,
-                exit_code = excluded.exit_code, alloc_cpus = excluded.alloc_cpus,
-                alloc_mem_bytes = excluded.alloc_mem_bytes, alloc_gpus = excluded.alloc_gpus,
-                billing = excluded.billing, nodes = excluded.nodes, workdir = excluded.workdir,
-                time_limit_seconds = excluded.time_limit_seconds,
-                last_updated_at = excluded.last_updated_at",
-        );
+        q.push(" ").push(UPSERT_SET);
         tx.execute(&q).await?;
     }
+    Ok(())
+}
+
+/// PostgreSQL's upsert: each column one array parameter, unnested into rows, so that a batch
+/// is one statement of 22 values instead of 24 per job.
+async fn upsert_postgres(
+    tx: &mut sqlx::Transaction<'static, Postgres>,
+    cluster: &str,
+    jobs: &[&UnitRecord],
+    pending: bool,
+    now: i64,
+) -> Result<(), StoreError> {
+    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let text = |f: fn(&UnitRecord) -> &str| jobs.iter().map(|j| f(j)).collect::<Vec<&str>>();
+    if pending {
+        let started: Vec<&str> = jobs
+            .iter()
+            .filter(|j| j.start.unwrap_or(0) != 0)
+            .map(|j| j.uuid.as_str())
+            .collect();
+        sqlx::query(
+            "DELETE FROM units WHERE started_at = 0 AND cluster_id = $1 AND uuid = ANY($2)",
+        )
+        .bind(cluster)
+        .bind(&started)
+        .execute(&mut **tx)
+        .await?;
+    }
+    let nodes: Vec<String> = jobs.iter().map(|j| j.nodes.join(",")).collect();
+    sqlx::query(&format!(
+        "INSERT INTO units ({UNIT_COLUMNS})
+         SELECT $1, u.*, $24 FROM UNNEST($2::text[], $3::bigint[], $4::text[], $5::text[],
+            $6::text[], $7::bigint[], $8::text[], $9::bigint[], $10::text[], $11::text[],
+            $12::bigint[], $13::bigint[], $14::bigint[], $15::text[], $16::text[], $17::bigint[],
+            $18::bigint[], $19::bigint[], $20::bigint[], $21::text[], $22::text[],
+            $23::bigint[]) AS u
+         {UPSERT_SET}"
+    ))
+    .bind(cluster)
+    .bind(text(|j| &j.uuid))
+    .bind(
+        jobs.iter()
+            .map(|j| j.start.unwrap_or(0))
+            .collect::<Vec<i64>>(),
+    )
+    .bind(text(|j| &j.name))
+    .bind(text(|j| &j.account))
+    .bind(text(|j| &j.group))
+    .bind(
+        jobs.iter()
+            .map(|j| j.gid.map(i64::from))
+            .collect::<Vec<Option<i64>>>(),
+    )
+    .bind(text(|j| &j.user))
+    .bind(
+        jobs.iter()
+            .map(|j| j.uid.map(i64::from))
+            .collect::<Vec<Option<i64>>>(),
+    )
+    .bind(text(|j| &j.partition))
+    .bind(text(|j| &j.qos))
+    .bind(jobs.iter().map(|j| j.submit).collect::<Vec<Option<i64>>>())
+    .bind(jobs.iter().map(|j| j.end).collect::<Vec<Option<i64>>>())
+    .bind(
+        jobs.iter()
+            .map(|j| int(j.elapsed_seconds))
+            .collect::<Vec<i64>>(),
+    )
+    .bind(text(|j| &j.state))
+    .bind(text(|j| &j.exit_code))
+    .bind(
+        jobs.iter()
+            .map(|j| int(j.allocation.cpus))
+            .collect::<Vec<i64>>(),
+    )
+    .bind(
+        jobs.iter()
+            .map(|j| int(j.allocation.mem_bytes))
+            .collect::<Vec<i64>>(),
+    )
+    .bind(
+        jobs.iter()
+            .map(|j| int(j.allocation.gpus))
+            .collect::<Vec<i64>>(),
+    )
+    .bind(
+        jobs.iter()
+            .map(|j| int(j.allocation.billing))
+            .collect::<Vec<i64>>(),
+    )
+    .bind(&nodes)
+    .bind(text(|j| &j.workdir))
+    .bind(
+        jobs.iter()
+            .map(|j| j.time_limit_seconds.map(int))
+            .collect::<Vec<Option<i64>>>(),
+    )
+    .bind(now)
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
