@@ -26,12 +26,13 @@ cluster=$(pg_lsclusters -h | awk -v v="$version" '$1 == v {print $2; exit}')
 port=$(pg_lsclusters -h | awk -v v="$version" '$1 == v {print $3; exit}')
 
 if [ "${1:-}" = stop ]; then
-  pg_ctlcluster "$version" "$cluster" stop || true
+  pg_ctlcluster "$version" "$cluster" stop >&2 || true
   exit 0
 fi
 
 if ! pg_lsclusters -h | awk -v v="$version" -v c="$cluster" '$1 == v && $2 == c' | grep -q online; then
-  pg_ctlcluster "$version" "$cluster" start
+  # To stderr: it may say "Removed stale pid file.", and stdout is the URL alone.
+  pg_ctlcluster "$version" "$cluster" start >&2
 fi
 for _ in $(seq 50); do
   su postgres -c "pg_isready -q -p $port" && break
