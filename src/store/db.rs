@@ -11,6 +11,7 @@ use sqlx::sqlite::{
     Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
+use sqlx::ConnectOptions as _;
 
 use super::sql::{bind_args, Arg, Backend, DbRow, Sql};
 use crate::manager::{Associations, UnitRecord};
@@ -94,7 +95,8 @@ impl Store {
             .pragma("wal_autocheckpoint", "40000")
             // The WAL file shrinks back after a checkpoint has emptied it.
             .pragma("journal_size_limit", "67108864")
-            .foreign_keys(true);
+            .foreign_keys(true)
+            .log_slow_statements(SLOW_STATEMENT_LOG, SLOW_STATEMENT);
         // sqlx takes no lock to migrate SQLite, and switching a new database to WAL does not
         // wait for another connection: two processes opening one new database (the server and
         // an admin's tool) would fail or apply a migration twice. An exclusive flock makes the
@@ -146,7 +148,10 @@ impl Store {
             path: describe_postgres(&opts),
             error,
         };
-        let opts = opts.clone().application_name("ceems-stats-server");
+        let opts = opts
+            .clone()
+            .application_name("ceems-stats-server")
+            .log_slow_statements(SLOW_STATEMENT_LOG, SLOW_STATEMENT);
         let pool = PgPoolOptions::new()
             .max_connections(16)
             // A database that is down fails a request in seconds instead of holding it.
@@ -199,7 +204,7 @@ impl Store {
                     .map(DbRow::Sqlite)
                     .collect()
             }
-            Pool::Postgres(p) => bind_args!(sqlx::query(&q.text), &q.args)
+            Pool::Postgres(p) => bind_args!(sqlx::query(q.text()), &q.args)
                 .fetch_all(p)
                 .await?
                 .into_iter()
@@ -217,7 +222,7 @@ impl Store {
                     .await?
                     .map(DbRow::Sqlite)
             }
-            Pool::Postgres(p) => bind_args!(sqlx::query(&q.text), &q.args)
+            Pool::Postgres(p) => bind_args!(sqlx::query(q.text()), &q.args)
                 .fetch_optional(p)
                 .await?
                 .map(DbRow::Postgres),
@@ -313,7 +318,7 @@ impl Tx {
                     .await?
                     .map(DbRow::Sqlite)
             }
-            Tx::Postgres(t) => bind_args!(sqlx::query(&q.text), &q.args)
+            Tx::Postgres(t) => bind_args!(sqlx::query(q.text()), &q.args)
                 .fetch_optional(&mut **t)
                 .await?
                 .map(DbRow::Postgres),
@@ -336,7 +341,7 @@ impl Tx {
                     .await?
                     .rows_affected()
             }
-            Tx::Postgres(t) => bind_args!(sqlx::query(&q.text), &q.args)
+            Tx::Postgres(t) => bind_args!(sqlx::query(q.text()), &q.args)
                 .execute(&mut **t)
                 .await?
                 .rows_affected(),
@@ -390,6 +395,11 @@ impl Drop for Lease {
     }
 }
 
+/// sqlx logs a slow statement with its whole text: a batch insert's thousands of placeholders
+/// would flood an operator's journal at `warn`, and the update's own logs say how long it took.
+const SLOW_STATEMENT_LOG: log::LevelFilter = log::LevelFilter::Debug;
+const SLOW_STATEMENT: Duration = Duration::from_secs(1);
+
 /// Rows per INSERT: 24 parameters each stays far below SQLite's limit of 32766.
 const ROWS_PER_STATEMENT: usize = 500;
 
@@ -413,7 +423,6 @@ async fn upsert(
     jobs: &[UnitRecord],
     now: i64,
 ) -> Result<(), StoreError> {
-    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     // PostgreSQL refuses to update one row twice in a statement: of a job listed twice in a
     // batch, the last listing is written, as SQLite would leave it.
     let mut seen = std::collections::HashSet::with_capacity(jobs.len());
@@ -433,80 +442,70 @@ async fn upsert(
             )
             .await?
             .is_some();
-    if let Tx::Postgres(t) = tx {
-        return upsert_postgres(t, cluster, &latest, pending, now).await;
+    match tx {
+        Tx::Sqlite(t) => upsert_sqlite(t, cluster, &latest, pending, now).await,
+        Tx::Postgres(t) => upsert_postgres(t, cluster, &latest, pending, now).await,
     }
-    for chunk in latest.chunks(ROWS_PER_STATEMENT) {
+}
+
+/// SQLite's upsert: rows of 24 placeholders, ROWS_PER_STATEMENT at a time. Built with sqlx's
+/// own builder, which binds the jobs' strings without copying them.
+async fn upsert_sqlite(
+    tx: &mut sqlx::Transaction<'static, Sqlite>,
+    cluster: &str,
+    jobs: &[&UnitRecord],
+    pending: bool,
+    now: i64,
+) -> Result<(), StoreError> {
+    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    for chunk in jobs.chunks(ROWS_PER_STATEMENT) {
         let started: Vec<&str> = chunk
             .iter()
             .filter(|j| j.start.unwrap_or(0) != 0)
             .map(|j| j.uuid.as_str())
             .collect();
         if pending && !started.is_empty() {
-            let mut q = Sql::new("DELETE FROM units WHERE started_at = 0 AND cluster_id = ");
-            q.bind(cluster).push(" AND uuid IN (");
-            for (i, id) in started.iter().enumerate() {
-                q.push(if i == 0 { "" } else { ", " }).bind(*id);
+            let mut q = sqlx::QueryBuilder::<Sqlite>::new(
+                "DELETE FROM units WHERE started_at = 0 AND cluster_id = ",
+            );
+            q.push_bind(cluster).push(" AND uuid IN (");
+            let mut ids = q.separated(", ");
+            for id in &started {
+                ids.push_bind(*id);
             }
-            q.push(")");
-            tx.execute(&q).await?;
+            ids.push_unseparated(")");
+            q.build().execute(&mut **tx).await?;
         }
-        let mut q = Sql::new("INSERT INTO units (");
-        q.push(UNIT_COLUMNS).push(") VALUES ");
-        q.args.reserve(chunk.len() * 24);
-        for (i, j) in chunk.iter().enumerate() {
-            q.push(if i == 0 { "(" } else { ", (" })
-                .bind(cluster)
-                .push(", ")
-                .bind(j.uuid.as_str())
-                .push(", ")
-                .bind(j.start.unwrap_or(0))
-                .push(", ")
-                .bind(j.name.as_str())
-                .push(", ")
-                .bind(j.account.as_str())
-                .push(", ")
-                .bind(j.group.as_str())
-                .push(", ")
-                .bind(j.gid)
-                .push(", ")
-                .bind(j.user.as_str())
-                .push(", ")
-                .bind(j.uid)
-                .push(", ")
-                .bind(j.partition.as_str())
-                .push(", ")
-                .bind(j.qos.as_str())
-                .push(", ")
-                .bind(j.submit)
-                .push(", ")
-                .bind(j.end)
-                .push(", ")
-                .bind(int(j.elapsed_seconds))
-                .push(", ")
-                .bind(j.state.as_str())
-                .push(", ")
-                .bind(j.exit_code.as_str())
-                .push(", ")
-                .bind(int(j.allocation.cpus))
-                .push(", ")
-                .bind(int(j.allocation.mem_bytes))
-                .push(", ")
-                .bind(int(j.allocation.gpus))
-                .push(", ")
-                .bind(int(j.allocation.billing))
-                .push(", ")
-                .bind(j.nodes.join(","))
-                .push(", ")
-                .bind(j.workdir.as_str())
-                .push(", ")
-                .bind(j.time_limit_seconds.map(int))
-                .push(", ")
-                .bind(now)
-                .push(")");
-        }
+        let mut q = sqlx::QueryBuilder::<Sqlite>::new("INSERT INTO units (");
+        q.push(UNIT_COLUMNS).push(") ");
+        q.push_values(chunk, |mut row, j| {
+            row.push_bind(cluster)
+                .push_bind(j.uuid.as_str())
+                .push_bind(j.start.unwrap_or(0))
+                .push_bind(j.name.as_str())
+                .push_bind(j.account.as_str())
+                .push_bind(j.group.as_str())
+                .push_bind(j.gid)
+                .push_bind(j.user.as_str())
+                .push_bind(j.uid)
+                .push_bind(j.partition.as_str())
+                .push_bind(j.qos.as_str())
+                .push_bind(j.submit)
+                .push_bind(j.end)
+                .push_bind(int(j.elapsed_seconds))
+                .push_bind(j.state.as_str())
+                .push_bind(j.exit_code.as_str())
+                .push_bind(int(j.allocation.cpus))
+                .push_bind(int(j.allocation.mem_bytes))
+                .push_bind(int(j.allocation.gpus))
+                .push_bind(int(j.allocation.billing))
+                .push_bind(j.nodes.join(","))
+                .push_bind(j.workdir.as_str())
+                .push_bind(j.time_limit_seconds.map(int))
+                .push_bind(now);
+        });
         q.push(" ").push(UPSERT_SET);
-        tx.execute(&q).await?;
+        q.build().execute(&mut **tx).await?;
     }
     Ok(())
 }
