@@ -4,6 +4,7 @@
 
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, Postgres};
@@ -13,6 +14,7 @@ use sqlx::sqlite::{
 };
 use sqlx::ConnectOptions as _;
 
+use super::shared_read::SharedRead;
 use super::sql::{bind_args, Arg, Backend, DbRow, Sql};
 use crate::manager::{Associations, UnitRecord};
 
@@ -27,6 +29,9 @@ pub enum StoreError {
     Lock { path: String, error: std::io::Error },
     #[error("database: {0}")]
     Sql(#[from] sqlx::Error),
+    /// An error of a read that several callers shared.
+    #[error("database: {0}")]
+    Shared(Arc<sqlx::Error>),
     #[error("{0} is for SQLite databases only")]
     SqliteOnly(&'static str),
 }
@@ -47,6 +52,8 @@ pub struct Store {
     /// Bumped by every write, so readers can tell a cached answer is stale (SQLite's; on
     /// PostgreSQL the database holds it, see `generation()`).
     generation: std::sync::atomic::AtomicU64,
+    /// The PostgreSQL generation's reads, shared by the requests that wait at once.
+    generation_reads: Arc<SharedRead<Result<u64, Arc<sqlx::Error>>>>,
 }
 
 /// Whether `url` names a PostgreSQL database (anything else is a SQLite file).
@@ -130,6 +137,7 @@ impl Store {
         Ok(Store {
             pool: Pool::Sqlite(pool),
             generation: Default::default(),
+            generation_reads: Default::default(),
         })
     }
 
@@ -163,6 +171,7 @@ impl Store {
         Ok(Store {
             pool: Pool::Postgres(pool),
             generation: Default::default(),
+            generation_reads: Default::default(),
         })
     }
 
@@ -262,8 +271,21 @@ impl Store {
         match &self.pool {
             Pool::Sqlite(_) => Ok(self.generation.load(std::sync::atomic::Ordering::Acquire)),
             Pool::Postgres(p) => {
-                let v: i64 = sqlx::query_scalar(GENERATION).fetch_one(p).await?;
-                Ok(u64::try_from(v).unwrap_or(0))
+                let pool = p.clone();
+                let read = move || {
+                    let pool = pool.clone();
+                    async move {
+                        let v: i64 = sqlx::query_scalar(GENERATION)
+                            .fetch_one(&pool)
+                            .await
+                            .map_err(Arc::new)?;
+                        Ok(u64::try_from(v).unwrap_or(0))
+                    }
+                };
+                match self.generation_reads.read(read).await {
+                    Some(answer) => answer.map_err(StoreError::Shared),
+                    None => Err(StoreError::Shared(Arc::new(sqlx::Error::WorkerCrashed))),
+                }
             }
         }
     }

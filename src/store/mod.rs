@@ -9,5 +9,6 @@ pub mod ingest;
 pub mod prometheus;
 pub mod refresh;
 pub mod report;
+mod shared_read;
 pub mod sql;
 pub mod unit_cache;
