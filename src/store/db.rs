@@ -314,6 +314,15 @@ impl Store {
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
 
+    /// How many transactions an ingestion writes at once: SQLite takes one writer at a time;
+    /// PostgreSQL spreads a batch's indexes and checks over as many backends.
+    pub fn concurrent_writers(&self) -> usize {
+        match self.pool {
+            Pool::Sqlite(_) => 1,
+            Pool::Postgres(_) => POSTGRES_WRITERS,
+        }
+    }
+
     /// Writes one batch of jobs in one transaction. A job that has started replaces its pending
     /// row (start 0). Returns the rows written.
     pub async fn upsert_jobs(
@@ -380,6 +389,9 @@ impl Tx {
         }
     }
 }
+
+/// Ingestion's writers on PostgreSQL (of the pool's 16 connections).
+const POSTGRES_WRITERS: usize = 2;
 
 const GENERATION: &str = "SELECT value FROM store_generation WHERE id = 1";
 const BUMP_GENERATION: &str = "UPDATE store_generation SET value = value + 1 WHERE id = 1";

@@ -95,23 +95,63 @@ pub async fn ingest_once(
         malformed
     });
     let mut report = IngestReport::default();
-    // The last batch commits with the next window, so the window moves only once every
-    // row is in.
-    let mut pending: Option<Vec<UnitRecord>> = None;
-    while let Some(batch) = ready.recv().await {
-        if let Some(previous) = pending.replace(batch) {
-            store.upsert_jobs(id, &previous, now).await?;
-            report.rows += previous.len();
+    // Each writer commits its own transactions; a job always goes to the same writer, so its
+    // listings (pending, then started) are written in the order sacct gave them.
+    let writers = store.concurrent_writers();
+    let (parts, inboxes): (Vec<_>, Vec<_>) = (0..writers)
+        .map(|_| tokio::sync::mpsc::channel::<Vec<UnitRecord>>(1))
+        .unzip();
+    // The last batch commits with the next window, after every other, so the window moves
+    // only once every row is in.
+    let distribute = async move {
+        let mut held: Option<Vec<UnitRecord>> = None;
+        while let Some(batch) = ready.recv().await {
+            if let Some(previous) = held.replace(batch) {
+                for (part, writer) in split_by_unit(previous, writers).into_iter().zip(&parts) {
+                    if !part.is_empty() && writer.send(part).await.is_err() {
+                        // A writer failed: the error comes from it.
+                        return None;
+                    }
+                }
+            }
         }
-    }
+        held
+    };
+    let write =
+        futures_util::future::try_join_all(inboxes.into_iter().map(|mut inbox| async move {
+            let mut rows = 0;
+            while let Some(part) = inbox.recv().await {
+                rows += store.upsert_jobs(id, &part, now).await?;
+            }
+            Ok::<usize, StoreError>(rows)
+        }));
+    let (held, written) = tokio::join!(distribute, write);
+    report.rows += written?.into_iter().sum::<usize>();
     report.malformed = parser.await.map_err(|e| IngestError::Task {
         cluster: id.to_owned(),
         message: e.to_string(),
     })?;
-    let last = pending.unwrap_or_default();
+    let last = held.unwrap_or_default();
     store.ingest(id, &last, next, now).await?;
     report.rows += last.len();
     Ok(report)
+}
+
+/// `batch` in `n` parts, each job in the part its id picks; each part keeps the batch's order.
+fn split_by_unit(batch: Vec<UnitRecord>, n: usize) -> Vec<Vec<UnitRecord>> {
+    if n <= 1 {
+        return vec![batch];
+    }
+    let mut parts: Vec<Vec<UnitRecord>> = (0..n)
+        .map(|_| Vec::with_capacity(batch.len() / n + 1))
+        .collect();
+    let hasher =
+        std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default();
+    for unit in batch {
+        let i = std::hash::BuildHasher::hash_one(&hasher, &unit.uuid) as usize % n;
+        parts[i].push(unit);
+    }
+    parts
 }
 
 /// Replaces the users, projects and their associations of `cluster` with its accounting's;
@@ -131,4 +171,98 @@ pub async fn sync_associations(
     }
     store.replace_associations(&cluster.id, &assoc, now).await?;
     Ok(Some(assoc.members.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manager::{Associations, UnitRecords};
+    use crate::store::sql::Sql;
+
+    /// sacct's answer: `lines`, whatever the window.
+    struct Listing(String);
+
+    impl Accounting for Listing {
+        fn manager(&self) -> &'static str {
+            "slurm"
+        }
+        fn units_since(&self, _: i64) -> Result<UnitRecords, AccountingError> {
+            let (jobs, errors) = crate::manager::slurm::sacct::parse_output(&self.0);
+            assert!(errors.is_empty(), "{errors:?}");
+            Ok(Box::new(jobs.into_iter().map(Ok)))
+        }
+        fn unit(&self, _: &str) -> Result<UnitRecords, AccountingError> {
+            unreachable!("an ingestion asks for a window")
+        }
+        fn associations(
+            &self,
+        ) -> Option<Result<(Associations, Vec<crate::host::ParseError>), AccountingError>> {
+            None
+        }
+    }
+
+    fn line(id: usize, state: &str) -> String {
+        let (start, elapsed, tres, nodes) = if state == "PENDING" {
+            ("None", 0, "", "None assigned")
+        } else {
+            (
+                "1795359480",
+                5,
+                "billing=1,cpu=1,mem=100M,node=1",
+                "localhost",
+            )
+        };
+        format!("{id}|debug|normal|physics|user{u}|2001|user{u}|2001|1795359473|{start}|Unknown|00:00:{elapsed:02}|{elapsed}|0:0|{state}|{tres}|{nodes}|/tmp|60|wrap", u = id % 7)
+    }
+
+    /// Batches are written by several transactions at once on PostgreSQL: a job's later
+    /// listing must still win over its earlier one, as when they were written in turn.
+    #[tokio::test]
+    async fn a_job_listed_again_in_a_later_batch_keeps_its_last_listing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = crate::store::db::testing::store(tmp.path()).await;
+        // Batches of jobs 0..BATCH_ROWS pending, the same started, then the rest pending:
+        // each started job replaces its pending row, though both are written before the last
+        // batch, which moves the window.
+        let total = 3 * BATCH_ROWS;
+        let mut lines: Vec<String> = (0..BATCH_ROWS).map(|i| line(i, "PENDING")).collect();
+        lines.extend((0..BATCH_ROWS).map(|i| line(i, "RUNNING")));
+        lines.extend((BATCH_ROWS..total).map(|i| line(i, "PENDING")));
+        let cluster = Cluster {
+            id: "lab".to_owned(),
+            accounting: Arc::new(Listing(lines.join("\n"))),
+        };
+        let report = ingest_once(&store, &cluster, Duration::from_secs(3600), 1795359500)
+            .await
+            .unwrap();
+        assert_eq!(
+            report,
+            IngestReport {
+                rows: total + BATCH_ROWS,
+                malformed: 0
+            }
+        );
+        assert_eq!(store.count_units("lab").await.unwrap(), total as i64);
+        let by_state = store
+            .fetch_all(&Sql::new(
+                "SELECT state, count(*) FROM units WHERE cluster_id = 'lab' GROUP BY state ORDER BY state",
+            ))
+            .await
+            .unwrap();
+        let by_state: Vec<(String, i64)> = by_state
+            .iter()
+            .map(|r| (r.get(0).unwrap(), r.get(1).unwrap()))
+            .collect();
+        assert_eq!(
+            by_state,
+            [
+                ("PENDING".to_owned(), (total - BATCH_ROWS) as i64),
+                ("RUNNING".to_owned(), BATCH_ROWS as i64)
+            ]
+        );
+        assert_eq!(
+            store.window_start("lab").await.unwrap(),
+            Some(1795359500 - OVERLAP.as_secs() as i64)
+        );
+    }
 }
