@@ -553,8 +553,14 @@ async fn upsert_postgres(
     pending: bool,
     now: i64,
 ) -> Result<(), StoreError> {
-    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    fn int(v: u64) -> i64 {
+        i64::try_from(v).unwrap_or(i64::MAX)
+    }
+    // One array per column.
     let text = |f: fn(&UnitRecord) -> &str| jobs.iter().map(|j| f(j)).collect::<Vec<&str>>();
+    let count = |f: fn(&UnitRecord) -> u64| jobs.iter().map(|j| int(f(j))).collect::<Vec<i64>>();
+    let maybe =
+        |f: fn(&UnitRecord) -> Option<i64>| jobs.iter().map(|j| f(j)).collect::<Vec<Option<i64>>>();
     if pending {
         let started: Vec<&str> = jobs
             .iter()
@@ -589,55 +595,23 @@ async fn upsert_postgres(
     .bind(text(|j| &j.name))
     .bind(text(|j| &j.account))
     .bind(text(|j| &j.group))
-    .bind(
-        jobs.iter()
-            .map(|j| j.gid.map(i64::from))
-            .collect::<Vec<Option<i64>>>(),
-    )
+    .bind(maybe(|j| j.gid.map(i64::from)))
     .bind(text(|j| &j.user))
-    .bind(
-        jobs.iter()
-            .map(|j| j.uid.map(i64::from))
-            .collect::<Vec<Option<i64>>>(),
-    )
+    .bind(maybe(|j| j.uid.map(i64::from)))
     .bind(text(|j| &j.partition))
     .bind(text(|j| &j.qos))
-    .bind(jobs.iter().map(|j| j.submit).collect::<Vec<Option<i64>>>())
-    .bind(jobs.iter().map(|j| j.end).collect::<Vec<Option<i64>>>())
-    .bind(
-        jobs.iter()
-            .map(|j| int(j.elapsed_seconds))
-            .collect::<Vec<i64>>(),
-    )
+    .bind(maybe(|j| j.submit))
+    .bind(maybe(|j| j.end))
+    .bind(count(|j| j.elapsed_seconds))
     .bind(text(|j| &j.state))
     .bind(text(|j| &j.exit_code))
-    .bind(
-        jobs.iter()
-            .map(|j| int(j.allocation.cpus))
-            .collect::<Vec<i64>>(),
-    )
-    .bind(
-        jobs.iter()
-            .map(|j| int(j.allocation.mem_bytes))
-            .collect::<Vec<i64>>(),
-    )
-    .bind(
-        jobs.iter()
-            .map(|j| int(j.allocation.gpus))
-            .collect::<Vec<i64>>(),
-    )
-    .bind(
-        jobs.iter()
-            .map(|j| int(j.allocation.billing))
-            .collect::<Vec<i64>>(),
-    )
+    .bind(count(|j| j.allocation.cpus))
+    .bind(count(|j| j.allocation.mem_bytes))
+    .bind(count(|j| j.allocation.gpus))
+    .bind(count(|j| j.allocation.billing))
     .bind(&nodes)
     .bind(text(|j| &j.workdir))
-    .bind(
-        jobs.iter()
-            .map(|j| j.time_limit_seconds.map(int))
-            .collect::<Vec<Option<i64>>>(),
-    )
+    .bind(maybe(|j| j.time_limit_seconds.map(int)))
     .bind(now)
     .execute(&mut **tx)
     .await?;
