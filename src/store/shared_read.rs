@@ -60,11 +60,16 @@ impl<T: Clone + Send + 'static> SharedRead<T> {
         F: Fn() -> Fut,
         Fut: Future<Output = T>,
     {
+        let mut unstick = Unstick {
+            shared: &self,
+            armed: true,
+        };
         loop {
             let round = {
                 let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
                 if state.callers.is_empty() {
                     state.reading = false;
+                    unstick.armed = false;
                     return;
                 }
                 std::mem::take(&mut state.callers)
@@ -74,6 +79,28 @@ impl<T: Clone + Send + 'static> SharedRead<T> {
                 // A caller that gave up no longer listens.
                 let _ = caller.send(value.clone());
             }
+        }
+    }
+}
+
+/// A read that panicked, or a runtime that shut down, ends the reading task early: its
+/// callers are answered None, and the next caller starts a task of its own instead of
+/// waiting for one that is gone.
+struct Unstick<'a, T> {
+    shared: &'a SharedRead<T>,
+    armed: bool,
+}
+
+impl<T> Drop for Unstick<'_, T> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut state = self
+                .shared
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            state.reading = false;
+            state.callers.clear();
         }
     }
 }
@@ -162,5 +189,16 @@ mod tests {
             .expect("answered"),
             Some(0)
         );
+    }
+
+    #[tokio::test]
+    async fn a_read_that_panics_answers_none_and_the_next_caller_reads_again() {
+        let shared = Arc::new(SharedRead::<u64>::default());
+        let broken = shared.read(|| async { panic!("the driver broke") }).await;
+        assert_eq!(broken, None);
+        let answer = tokio::time::timeout(Duration::from_secs(5), shared.read(|| async { 7 }))
+            .await
+            .expect("not left waiting for the task that panicked");
+        assert_eq!(answer, Some(7));
     }
 }
