@@ -328,14 +328,18 @@ impl Store {
 
     /// Writes one batch of jobs in one transaction. A job that has started replaces its pending
     /// row (start 0). Returns the rows written.
+    ///
+    /// `unseen_after`: jobs that started after it were listed by no completed ingestion, so a
+    /// batch of only those is most likely new (see [`upsert_postgres`]).
     pub async fn upsert_jobs(
         &self,
         cluster: &str,
         jobs: &[UnitRecord],
         now: i64,
+        unseen_after: Option<i64>,
     ) -> Result<usize, StoreError> {
         let mut tx = self.write_tx().await?;
-        upsert(&mut tx, cluster, jobs, now).await?;
+        upsert(&mut tx, cluster, jobs, now, unseen_after).await?;
         tx.commit().await?;
         self.written();
         Ok(jobs.len())
@@ -459,6 +463,7 @@ async fn upsert(
     cluster: &str,
     jobs: &[UnitRecord],
     now: i64,
+    unseen_after: Option<i64>,
 ) -> Result<(), StoreError> {
     // PostgreSQL refuses to update one row twice in a statement: of a job listed twice in a
     // batch, the last listing is written, as SQLite would leave it.
@@ -481,7 +486,7 @@ async fn upsert(
             .is_some();
     match tx {
         Tx::Sqlite(t) => upsert_sqlite(t, cluster, &latest, pending, now).await,
-        Tx::Postgres(t) => upsert_postgres(t, cluster, &latest, pending, now).await,
+        Tx::Postgres(t) => upsert_postgres(t, cluster, &latest, pending, now, unseen_after).await,
     }
 }
 
@@ -551,21 +556,23 @@ async fn upsert_sqlite(
 /// is one statement of 24 values instead of 24 per job. The arrays are unnested in the select
 /// list, which PostgreSQL walks in step row by row; `FROM UNNEST(…)` first copies every array
 /// into a tuple store (1M jobs: 25% more rows/s this way).
+///
+/// A batch whose jobs all started after `unseen_after` is first written as a plain INSERT in a
+/// savepoint, and upserted only when one of them is stored after all (an ingestion that died
+/// part-way): ON CONFLICT probes the unique index once more per row, a quarter of PostgreSQL's
+/// time where the jobs are new (a first ingestion, a catch-up after downtime). Other batches
+/// are upserted at once, so that PostgreSQL's log does not show a failed insert every update.
+/// Only one server ingests a cluster at a time and each job goes through one writer, so no
+/// other transaction inserts the same job meanwhile.
 async fn upsert_postgres(
     tx: &mut sqlx::Transaction<'static, Postgres>,
     cluster: &str,
     jobs: &[&UnitRecord],
     pending: bool,
     now: i64,
+    unseen_after: Option<i64>,
 ) -> Result<(), StoreError> {
-    fn int(v: u64) -> i64 {
-        i64::try_from(v).unwrap_or(i64::MAX)
-    }
-    // One array per column.
-    let text = |f: fn(&UnitRecord) -> &str| jobs.iter().map(|j| f(j)).collect::<Vec<&str>>();
-    let count = |f: fn(&UnitRecord) -> u64| jobs.iter().map(|j| int(f(j))).collect::<Vec<i64>>();
-    let maybe =
-        |f: fn(&UnitRecord) -> Option<i64>| jobs.iter().map(|j| f(j)).collect::<Vec<Option<i64>>>();
+    use sqlx::Connection as _;
     if pending {
         let started: Vec<&str> = jobs
             .iter()
@@ -580,8 +587,8 @@ async fn upsert_postgres(
         .execute(&mut **tx)
         .await?;
     }
-    let nodes: Vec<String> = jobs.iter().map(|j| j.nodes.join(",")).collect();
-    sqlx::query(&format!(
+    let columns = UnitColumns::new(jobs);
+    let insert = format!(
         "INSERT INTO units ({UNIT_COLUMNS})
          SELECT $1, unnest($2::text[]), unnest($3::bigint[]), unnest($4::text[]),
             unnest($5::text[]), unnest($6::text[]), unnest($7::bigint[]), unnest($8::text[]),
@@ -589,40 +596,125 @@ async fn upsert_postgres(
             unnest($12::bigint[]), unnest($13::bigint[]), unnest($14::bigint[]),
             unnest($15::text[]), unnest($16::text[]), unnest($17::bigint[]),
             unnest($18::bigint[]), unnest($19::bigint[]), unnest($20::bigint[]),
-            unnest($21::text[]), unnest($22::text[]), unnest($23::bigint[]), $24
-         {UPSERT_SET}"
-    ))
-    .bind(cluster)
-    .bind(text(|j| &j.uuid))
-    .bind(
-        jobs.iter()
-            .map(|j| j.start.unwrap_or(0))
-            .collect::<Vec<i64>>(),
-    )
-    .bind(text(|j| &j.name))
-    .bind(text(|j| &j.account))
-    .bind(text(|j| &j.group))
-    .bind(maybe(|j| j.gid.map(i64::from)))
-    .bind(text(|j| &j.user))
-    .bind(maybe(|j| j.uid.map(i64::from)))
-    .bind(text(|j| &j.partition))
-    .bind(text(|j| &j.qos))
-    .bind(maybe(|j| j.submit))
-    .bind(maybe(|j| j.end))
-    .bind(count(|j| j.elapsed_seconds))
-    .bind(text(|j| &j.state))
-    .bind(text(|j| &j.exit_code))
-    .bind(count(|j| j.allocation.cpus))
-    .bind(count(|j| j.allocation.mem_bytes))
-    .bind(count(|j| j.allocation.gpus))
-    .bind(count(|j| j.allocation.billing))
-    .bind(&nodes)
-    .bind(text(|j| &j.workdir))
-    .bind(maybe(|j| j.time_limit_seconds.map(int)))
-    .bind(now)
-    .execute(&mut **tx)
-    .await?;
+            unnest($21::text[]), unnest($22::text[]), unnest($23::bigint[]), $24"
+    );
+    let unseen = |j: &&UnitRecord| matches!((j.start, unseen_after), (Some(start), Some(after)) if start != 0 && start > after);
+    if jobs.iter().all(unseen) {
+        let mut attempt = (**tx).begin().await?;
+        match columns
+            .bind(sqlx::query(&insert), cluster, now)
+            .execute(&mut *attempt)
+            .await
+        {
+            Ok(_) => {
+                attempt.commit().await?;
+                return Ok(());
+            }
+            Err(sqlx::Error::Database(e))
+                if e.kind() == sqlx::error::ErrorKind::UniqueViolation =>
+            {
+                attempt.rollback().await?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let upsert = format!("{insert} {UPSERT_SET}");
+    columns
+        .bind(sqlx::query(&upsert), cluster, now)
+        .execute(&mut **tx)
+        .await?;
     Ok(())
+}
+
+/// A batch's jobs as PostgreSQL's upsert binds them: one array per column, in UNIT_COLUMNS'
+/// order after the cluster.
+struct UnitColumns<'a> {
+    texts: [Vec<&'a str>; 10],
+    nodes: Vec<String>,
+    counts: [Vec<i64>; 5],
+    optional: [Vec<Option<i64>>; 5],
+    started_at: Vec<i64>,
+}
+
+impl<'a> UnitColumns<'a> {
+    fn new(jobs: &[&'a UnitRecord]) -> UnitColumns<'a> {
+        fn int(v: u64) -> i64 {
+            i64::try_from(v).unwrap_or(i64::MAX)
+        }
+        let text = |f: fn(&UnitRecord) -> &str| jobs.iter().map(|j| f(j)).collect::<Vec<&str>>();
+        let count =
+            |f: fn(&UnitRecord) -> u64| jobs.iter().map(|j| int(f(j))).collect::<Vec<i64>>();
+        let maybe = |f: fn(&UnitRecord) -> Option<i64>| {
+            jobs.iter().map(|j| f(j)).collect::<Vec<Option<i64>>>()
+        };
+        UnitColumns {
+            texts: [
+                text(|j| &j.uuid),
+                text(|j| &j.name),
+                text(|j| &j.account),
+                text(|j| &j.group),
+                text(|j| &j.user),
+                text(|j| &j.partition),
+                text(|j| &j.qos),
+                text(|j| &j.state),
+                text(|j| &j.exit_code),
+                text(|j| &j.workdir),
+            ],
+            nodes: jobs.iter().map(|j| j.nodes.join(",")).collect(),
+            counts: [
+                count(|j| j.elapsed_seconds),
+                count(|j| j.allocation.cpus),
+                count(|j| j.allocation.mem_bytes),
+                count(|j| j.allocation.gpus),
+                count(|j| j.allocation.billing),
+            ],
+            optional: [
+                maybe(|j| j.gid.map(i64::from)),
+                maybe(|j| j.uid.map(i64::from)),
+                maybe(|j| j.submit),
+                maybe(|j| j.end),
+                maybe(|j| j.time_limit_seconds.map(int)),
+            ],
+            started_at: jobs.iter().map(|j| j.start.unwrap_or(0)).collect(),
+        }
+    }
+
+    fn bind<'q>(
+        &'q self,
+        query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+        cluster: &'q str,
+        now: i64,
+    ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+        let [uuid, name, project, group, user, partition, qos, state, exit_code, workdir] =
+            &self.texts;
+        let [elapsed, cpus, mem, gpus, billing] = &self.counts;
+        let [gid, uid, submitted, ended, time_limit] = &self.optional;
+        query
+            .bind(cluster)
+            .bind(uuid)
+            .bind(&self.started_at)
+            .bind(name)
+            .bind(project)
+            .bind(group)
+            .bind(gid)
+            .bind(user)
+            .bind(uid)
+            .bind(partition)
+            .bind(qos)
+            .bind(submitted)
+            .bind(ended)
+            .bind(elapsed)
+            .bind(state)
+            .bind(exit_code)
+            .bind(cpus)
+            .bind(mem)
+            .bind(gpus)
+            .bind(billing)
+            .bind(&self.nodes)
+            .bind(workdir)
+            .bind(time_limit)
+            .bind(now)
+    }
 }
 
 impl Store {
@@ -662,7 +754,7 @@ impl Store {
         now: i64,
     ) -> Result<usize, StoreError> {
         let mut tx = self.write_tx().await?;
-        upsert(&mut tx, cluster, jobs, now).await?;
+        upsert(&mut tx, cluster, jobs, now, None).await?;
         tx.execute(
             &Sql::new(
                 "INSERT INTO ingest_state (cluster_id, window_start) VALUES ($1, $2)
@@ -1209,6 +1301,45 @@ mod tests {
         // A job written again is judged again.
         store.ingest("lab", &jobs[..1], 100, 4).await.unwrap();
         assert_eq!(store.refresh_findings("lab", &t, 5).await.unwrap(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_unseen_jobs_that_holds_a_stored_one_is_upserted() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = testing::store(tmp.path()).await;
+        let first = LINES.lines().next().unwrap();
+        let listing = |state: &str| {
+            let text: Vec<String> = (0..3)
+                .map(|i| first.replacen("1|", &format!("{}|", 10 + i), 1))
+                .map(|line| line.replace("COMPLETED", state))
+                .collect();
+            let (jobs, errors) = sacct::parse_output(&text.join("\n"));
+            assert!(errors.is_empty(), "{errors:?}");
+            jobs
+        };
+        // An ingestion that died after writing job 10; the next one lists it again, ended.
+        let running = listing("RUNNING");
+        store
+            .upsert_jobs("lab", &running[..1], 1, Some(i64::MIN))
+            .await
+            .unwrap();
+        let ended = listing("FAILED");
+        assert_eq!(
+            store
+                .upsert_jobs("lab", &ended, 2, Some(i64::MIN))
+                .await
+                .unwrap(),
+            3
+        );
+        assert_eq!(store.count_units("lab").await.unwrap(), 3);
+        let states: Vec<String> = store
+            .fetch_all(&Sql::new("SELECT state FROM units ORDER BY uuid"))
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0).unwrap())
+            .collect();
+        assert_eq!(states, ["FAILED", "FAILED", "FAILED"]);
     }
 
     #[tokio::test]

@@ -59,13 +59,17 @@ pub async fn ingest_once(
     now: i64,
 ) -> Result<IngestReport, IngestError> {
     let id = cluster.id.as_str();
-    let start = match store.window_start(id).await? {
+    let stored = store.window_start(id).await?;
+    let start = match stored {
         Some(s) => s,
         None => now - i64::try_from(first_window.as_secs()).unwrap_or(i64::MAX / 2),
     };
+    // The last completed ingestion ran at most an overlap after the window it stored.
+    let overlap = i64::try_from(OVERLAP.as_secs()).unwrap_or(0);
+    let unseen_after = Some(stored.map_or(i64::MIN, |s| s.saturating_add(overlap)));
     let accounting = Arc::clone(&cluster.accounting);
     let units = blocking(id, move || accounting.units_since(now - start)).await??;
-    let next = (now - i64::try_from(OVERLAP.as_secs()).unwrap_or(0)).max(start);
+    let next = (now - overlap).max(start);
     // Parsing runs on its own thread while the previous batch is written: each takes about
     // half the time of an ingestion.
     let (batches, mut ready) = tokio::sync::mpsc::channel::<Vec<UnitRecord>>(2);
@@ -121,7 +125,7 @@ pub async fn ingest_once(
         futures_util::future::try_join_all(inboxes.into_iter().map(|mut inbox| async move {
             let mut rows = 0;
             while let Some(part) = inbox.recv().await {
-                rows += store.upsert_jobs(id, &part, now).await?;
+                rows += store.upsert_jobs(id, &part, now, unseen_after).await?;
             }
             Ok::<usize, StoreError>(rows)
         }));

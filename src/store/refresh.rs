@@ -155,7 +155,7 @@ impl JobRefresh {
                     }
                 })
                 .collect();
-            self.store.upsert_jobs(cluster, &records, now).await?;
+            self.store.upsert_jobs(cluster, &records, now, None).await?;
         }
         let mut out = Refreshed::default();
         if let Some(prometheus) = &source.prometheus {
