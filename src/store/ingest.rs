@@ -138,6 +138,10 @@ pub async fn ingest_once(
     let last = held.unwrap_or_default();
     store.ingest(id, &last, next, now).await?;
     report.rows += last.len();
+    // The rows are committed: stale statistics only make later queries slower.
+    if let Err(e) = store.analyze_after_bulk_write(report.rows).await {
+        tracing::warn!(cluster = %id, error = %e, "cannot refresh the planner's statistics of the jobs table");
+    }
     Ok(report)
 }
 
