@@ -1226,6 +1226,12 @@ pub mod testing {
             .connect_with(opts.clone())
             .await
             .expect("connect to the test database");
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        let mut sweep = false;
+        SWEPT.call_once(|| sweep = true);
+        if sweep {
+            drop_schemas_of_finished_runs(&admin).await;
+        }
         sqlx::query(&format!("CREATE SCHEMA {schema}"))
             .execute(&admin)
             .await
@@ -1234,6 +1240,27 @@ pub mod testing {
         Store::connect_postgres_with(opts.options([("search_path", schema.as_str())]))
             .await
             .expect("open the PostgreSQL test store")
+    }
+
+    /// Drops the schemas that earlier test runs (processes no longer running) left: a run keeps
+    /// its own to the end, and hundreds of left tables would keep autovacuum busy.
+    async fn drop_schemas_of_finished_runs(admin: &PgPool) {
+        let schemas: Vec<(String,)> = sqlx::query_as(
+            "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'ceems\\_test\\_%'",
+        )
+        .fetch_all(admin)
+        .await
+        .expect("list the test schemas");
+        for (schema,) in schemas {
+            let pid = schema.split('_').nth(2).and_then(|p| p.parse::<u32>().ok());
+            let running = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
+            if pid.is_some() && !running {
+                sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                    .execute(admin)
+                    .await
+                    .expect("drop a finished run's test schema");
+            }
+        }
     }
 }
 
