@@ -11,8 +11,13 @@ use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 
-/// Most bytes kept (spans, rendered jobs, answers); past it, the cache starts over.
+/// Most bytes kept (spans, rendered jobs, answers).
 pub const BUDGET_BYTES: usize = 64 << 20;
+/// The answers' share of it. Past it only the answers start over: they are made again from
+/// the rendered jobs without the database, while starting the whole cache over sent every
+/// request in flight to it at once (SQLite, 200 connections, a moving window: a pause of
+/// 200-300 ms every few seconds).
+const ANSWER_BYTES: usize = BUDGET_BYTES / 4;
 /// A user with more jobs than this is not kept as spans: their windows go to SQLite's index.
 pub const MAX_SPANS_PER_USER: usize = 200_000;
 
@@ -67,7 +72,9 @@ pub struct UnitCache {
 #[derive(Default)]
 struct Inner {
     generation: u64,
+    /// Of the spans and rendered jobs.
     bytes: usize,
+    answer_bytes: usize,
     /// Each user's jobs.
     spans: HashMap<String, UserSpans>,
     /// Each job's JSON object by field set.
@@ -77,19 +84,33 @@ struct Inner {
 }
 
 impl Inner {
-    /// Makes room for `size` more bytes, starting over past the budget; false when this
-    /// cache is newer than `generation` and must not take what was read before it.
+    /// Makes room for `size` more bytes of spans or rendered jobs, starting over past their
+    /// share of the budget; false when this cache is newer than `generation` and must not
+    /// take what was read before it.
     fn admit(&mut self, generation: u64, size: usize) -> bool {
         if generation < self.generation {
             return false;
         }
-        if generation > self.generation || self.bytes + size > BUDGET_BYTES {
+        if generation > self.generation || self.bytes + size > BUDGET_BYTES - ANSWER_BYTES {
             *self = Inner {
                 generation,
                 ..Default::default()
             };
         }
         self.bytes += size;
+        true
+    }
+
+    /// The same for an answer: past the answers' share, only they start over.
+    fn admit_answer(&mut self, generation: u64, size: usize) -> bool {
+        if size > ANSWER_BYTES || !self.admit(generation, 0) {
+            return false;
+        }
+        if self.answer_bytes + size > ANSWER_BYTES {
+            self.answers.clear();
+            self.answer_bytes = 0;
+        }
+        self.answer_bytes += size;
         true
     }
 }
@@ -155,7 +176,7 @@ impl UnitCache {
             }
         }
         let size = answer.len() + ids.len() * 8;
-        if size <= BUDGET_BYTES / 4 && inner.admit(generation, size) {
+        if inner.admit_answer(generation, size) {
             inner
                 .answers
                 .insert((fields, ids.into_boxed_slice()), answer.clone());
@@ -235,9 +256,40 @@ mod tests {
     #[test]
     fn past_the_budget_the_cache_starts_over() {
         let cache = UnitCache::default();
-        let big = Bytes::from(vec![b'x'; BUDGET_BYTES / 4 - 64]);
+        let spans = UserSpans::Kept(Arc::from(vec![span(1, 1, None, true)]));
+        cache.keep_spans(1, "alice", spans);
+        let big = Rendered::from("x".repeat(BUDGET_BYTES / 4));
+        for id in 0..4 {
+            cache.keep_answer(
+                1,
+                1,
+                &HashMap::from([(id, big.clone())]),
+                vec![],
+                &Bytes::new(),
+            );
+        }
+        let kept = (0..4)
+            .filter(|i| cache.rows(1, 1, &[*i])[0].is_some())
+            .count();
+        assert!(
+            kept < 4 && cache.rows(1, 1, &[3])[0].is_some(),
+            "{kept} kept"
+        );
+        assert!(
+            cache.spans(1, "alice").is_none(),
+            "the spans outlived a start over"
+        );
+    }
+
+    #[test]
+    fn answers_past_their_share_start_over_without_the_jobs_they_were_made_of() {
+        let cache = UnitCache::default();
+        let spans = UserSpans::Kept(Arc::from(vec![span(1, 1, None, true)]));
+        cache.keep_spans(1, "alice", spans.clone());
+        let row = HashMap::from([(1, Rendered::from(r#"{"uuid":"1"}"#))]);
+        let big = Bytes::from(vec![b'x'; ANSWER_BYTES / 2]);
         for ids in 0..5 {
-            cache.keep_answer(1, 1, &HashMap::new(), vec![ids], &big);
+            cache.keep_answer(1, 1, &row, vec![ids], &big);
         }
         let kept = (0..5)
             .filter(|i| cache.answer(1, 1, &[*i]).is_some())
@@ -246,5 +298,11 @@ mod tests {
             kept < 5 && cache.answer(1, 1, &[4]).is_some(),
             "{kept} kept"
         );
+        assert_eq!(cache.spans(1, "alice"), Some(spans));
+        assert_eq!(cache.rows(1, 1, &[1]), vec![row.get(&1).cloned()]);
+        // An answer larger than the answers' share is not kept.
+        let huge = Bytes::from(vec![b'x'; ANSWER_BYTES + 1]);
+        cache.keep_answer(1, 1, &row, vec![9], &huge);
+        assert_eq!(cache.answer(1, 1, &[9]), None);
     }
 }
