@@ -491,7 +491,8 @@ async fn upsert(
 }
 
 /// SQLite's upsert: rows of 24 placeholders, ROWS_PER_STATEMENT at a time. Built with sqlx's
-/// own builder, which binds the jobs' strings without copying them.
+/// own builder, which binds the jobs' strings without copying them; each statement is built
+/// while SQLite's thread runs the one before, instead of that thread waiting for it.
 async fn upsert_sqlite(
     tx: &mut sqlx::Transaction<'static, Sqlite>,
     cluster: &str,
@@ -499,28 +500,15 @@ async fn upsert_sqlite(
     pending: bool,
     now: i64,
 ) -> Result<(), StoreError> {
-    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    for chunk in jobs.chunks(ROWS_PER_STATEMENT) {
-        let started: Vec<&str> = chunk
-            .iter()
-            .filter(|j| j.start.unwrap_or(0) != 0)
-            .map(|j| j.uuid.as_str())
-            .collect();
-        if pending && !started.is_empty() {
-            let mut q = sqlx::QueryBuilder::<Sqlite>::new(
-                "DELETE FROM units WHERE started_at = 0 AND cluster_id = ",
-            );
-            q.push_bind(cluster).push(" AND uuid IN (");
-            let mut ids = q.separated(", ");
-            for id in &started {
-                ids.push_bind(*id);
-            }
-            ids.push_unseparated(")");
-            q.build().execute(&mut **tx).await?;
-        }
+    fn insert<'a>(
+        cluster: &'a str,
+        chunk: &'a [&'a UnitRecord],
+        now: i64,
+    ) -> sqlx::QueryBuilder<'a, Sqlite> {
+        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let mut q = sqlx::QueryBuilder::<Sqlite>::new("INSERT INTO units (");
         q.push(UNIT_COLUMNS).push(") ");
-        q.push_values(chunk, |mut row, j| {
+        q.push_values(chunk.iter().copied(), |mut row, j: &UnitRecord| {
             row.push_bind(cluster)
                 .push_bind(j.uuid.as_str())
                 .push_bind(j.start.unwrap_or(0))
@@ -547,7 +535,34 @@ async fn upsert_sqlite(
                 .push_bind(now);
         });
         q.push(" ").push(UPSERT_SET);
-        q.build().execute(&mut **tx).await?;
+        q
+    }
+    let mut chunks = jobs.chunks(ROWS_PER_STATEMENT);
+    let mut next = chunks.next().map(|c| (c, insert(cluster, c, now)));
+    while let Some((chunk, mut q)) = next.take() {
+        let started: Vec<&str> = chunk
+            .iter()
+            .filter(|j| j.start.unwrap_or(0) != 0)
+            .map(|j| j.uuid.as_str())
+            .collect();
+        if pending && !started.is_empty() {
+            let mut q = sqlx::QueryBuilder::<Sqlite>::new(
+                "DELETE FROM units WHERE started_at = 0 AND cluster_id = ",
+            );
+            q.push_bind(cluster).push(" AND uuid IN (");
+            let mut ids = q.separated(", ");
+            for id in &started {
+                ids.push_bind(*id);
+            }
+            ids.push_unseparated(")");
+            q.build().execute(&mut **tx).await?;
+        }
+        // The statement goes to SQLite's thread at the first poll; the next is built meanwhile.
+        let (written, built) = tokio::join!(q.build().execute(&mut **tx), async {
+            chunks.next().map(|c| (c, insert(cluster, c, now)))
+        });
+        written?;
+        next = built;
     }
     Ok(())
 }
