@@ -164,8 +164,8 @@ impl Store {
             .max_connections(16)
             // A database that is down fails a request in seconds instead of holding it.
             .acquire_timeout(Duration::from_secs(5))
-            // sqlx pings a connection again when it goes back to the pool, which finds a broken
-            // one; a second ping on the way out costs every request one more round trip.
+            // sqlx already pings a connection when it comes back to the pool, which finds a
+            // broken one; pinging it again before handing it out cost each request a round trip.
             .test_before_acquire(false)
             .connect_with(opts)
             .await
