@@ -613,7 +613,10 @@ async fn upsert_postgres(
             unnest($18::bigint[]), unnest($19::bigint[]), unnest($20::bigint[]),
             unnest($21::text[]), unnest($22::text[]), unnest($23::bigint[]), $24"
     );
-    let unseen = |j: &&UnitRecord| matches!((j.start, unseen_after), (Some(start), Some(after)) if start != 0 && start > after);
+    let unseen = |j: &&UnitRecord| match (j.start, unseen_after) {
+        (Some(start), Some(after)) => start != 0 && start > after,
+        _ => false,
+    };
     if jobs.iter().all(unseen) {
         let mut attempt = (**tx).begin().await?;
         match columns
