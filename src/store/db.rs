@@ -1330,24 +1330,29 @@ mod tests {
 2|debug|normal|chemistry|bob|2002|bob|2002|1795359473|None|Unknown|00:00:00|0|0:0|PENDING||None assigned|/tmp|60|wrap
 ";
 
+    /// `count` jobs like the first of LINES, numbered from 10, each line as `edit` leaves it.
+    fn numbered_jobs(count: usize, edit: impl Fn(usize, String) -> String) -> Vec<UnitRecord> {
+        let first = LINES.lines().next().unwrap();
+        let text: Vec<String> = (0..count)
+            .map(|i| edit(i, first.replacen("1|", &format!("{}|", 10 + i), 1)))
+            .collect();
+        let (jobs, errors) = sacct::parse_output(&text.join("\n"));
+        assert!(errors.is_empty(), "{errors:?}");
+        jobs
+    }
+
     #[tokio::test]
     async fn findings_are_refreshed_page_by_page_and_only_for_changed_jobs() {
         let tmp = tempfile::tempdir().unwrap();
         let store = testing::store(tmp.path()).await;
-        let first = LINES.lines().next().unwrap();
         // 12,001 jobs: more than two pages; the last one failed.
-        let text: Vec<String> = (0..12_001)
-            .map(|i| {
-                let line = first.replacen("1|", &format!("{}|", 10 + i), 1);
-                if i == 12_000 {
-                    line.replace("COMPLETED", "FAILED")
-                } else {
-                    line
-                }
-            })
-            .collect();
-        let (jobs, errors) = sacct::parse_output(&text.join("\n"));
-        assert!(errors.is_empty(), "{errors:?}");
+        let jobs = numbered_jobs(12_001, |i, line| {
+            if i == 12_000 {
+                line.replace("COMPLETED", "FAILED")
+            } else {
+                line
+            }
+        });
         store.ingest("lab", &jobs, 100, 1).await.unwrap();
         let t = crate::store::findings::Thresholds::default();
         assert_eq!(store.refresh_findings("lab", &t, 2).await.unwrap(), 12_001);
@@ -1372,12 +1377,7 @@ mod tests {
     async fn a_bulk_ingestion_leaves_postgresql_planning_with_the_jobs_it_wrote() {
         let tmp = tempfile::tempdir().unwrap();
         let store = testing::store(tmp.path()).await;
-        let first = LINES.lines().next().unwrap();
-        let text: Vec<String> = (0..2_000)
-            .map(|i| first.replacen("1|", &format!("{}|", 10 + i), 1))
-            .collect();
-        let (jobs, errors) = sacct::parse_output(&text.join("\n"));
-        assert!(errors.is_empty(), "{errors:?}");
+        let jobs = numbered_jobs(2_000, |_, line| line);
         store.ingest("lab", &jobs, 100, 1).await.unwrap();
         let analyzed = store.analyze_after_bulk_write(jobs.len()).await.unwrap();
         if store.backend() == Backend::Sqlite {
@@ -1402,16 +1402,7 @@ mod tests {
     async fn a_batch_of_unseen_jobs_that_holds_a_stored_one_is_upserted() {
         let tmp = tempfile::tempdir().unwrap();
         let store = testing::store(tmp.path()).await;
-        let first = LINES.lines().next().unwrap();
-        let listing = |state: &str| {
-            let text: Vec<String> = (0..3)
-                .map(|i| first.replacen("1|", &format!("{}|", 10 + i), 1))
-                .map(|line| line.replace("COMPLETED", state))
-                .collect();
-            let (jobs, errors) = sacct::parse_output(&text.join("\n"));
-            assert!(errors.is_empty(), "{errors:?}");
-            jobs
-        };
+        let listing = |state: &str| numbered_jobs(3, |_, line| line.replace("COMPLETED", state));
         // An ingestion that died after writing job 10; the next one lists it again, ended.
         let running = listing("RUNNING");
         store
