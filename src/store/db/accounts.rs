@@ -1,0 +1,84 @@
+//! Users, projects, their associations and the admins.
+
+use super::{Store, StoreError};
+use crate::manager::Associations;
+use crate::store::sql::Sql;
+
+impl Store {
+    /// Replaces the users, projects and associations of `cluster` in one transaction.
+    pub async fn replace_associations(
+        &self,
+        cluster: &str,
+        a: &Associations,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.write_tx().await?;
+        for table in ["users", "projects", "associations"] {
+            tx.execute(
+                &Sql::new(&format!("DELETE FROM {table} WHERE cluster_id = $1")).arg(cluster),
+            )
+            .await?;
+        }
+        for p in &a.projects {
+            tx.execute(
+                &Sql::new(
+                    "INSERT INTO projects (cluster_id, name, last_updated_at) VALUES ($1, $2, $3)",
+                )
+                .arg(cluster)
+                .arg(p)
+                .arg(now),
+            )
+            .await?;
+        }
+        for (user, project) in &a.members {
+            tx.execute(
+                &Sql::new(
+                    "INSERT INTO users (cluster_id, name, last_updated_at) VALUES ($1, $2, $3)
+                     ON CONFLICT DO NOTHING",
+                )
+                .arg(cluster)
+                .arg(user)
+                .arg(now),
+            )
+            .await?;
+            tx.execute(
+                &Sql::new(
+                    "INSERT INTO associations (cluster_id, usr, project) VALUES ($1, $2, $3)
+                     ON CONFLICT DO NOTHING",
+                )
+                .arg(cluster)
+                .arg(user)
+                .arg(project),
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        self.written();
+        Ok(())
+    }
+
+    /// Replaces the admin users that came from `source` (the configuration).
+    pub async fn set_admins(&self, source: &str, names: &[String]) -> Result<(), StoreError> {
+        let mut tx = self.write_tx().await?;
+        tx.execute(&Sql::new("DELETE FROM admin_users WHERE source = $1").arg(source))
+            .await?;
+        for n in names {
+            tx.execute(
+                &Sql::new(
+                    "INSERT INTO admin_users (name, source) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                )
+                .arg(n)
+                .arg(source),
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        self.written();
+        Ok(())
+    }
+
+    pub async fn is_admin(&self, name: &str) -> Result<bool, StoreError> {
+        let q = Sql::new("SELECT 1 FROM admin_users WHERE name = $1").arg(name);
+        Ok(self.fetch_optional(&q).await?.is_some())
+    }
+}

@@ -1,0 +1,304 @@
+//! Per-job aggregates from Prometheus, the usage built from them, and the findings.
+
+use super::{Pool, Store, StoreError};
+use crate::store::findings::{evaluate, JobFacts, Thresholds};
+use crate::store::sql::{Backend, Sql};
+
+/// A job whose aggregates are due: the window from `from` to `to` is not yet counted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AggregateTarget {
+    pub row: i64,
+    pub uuid: String,
+    /// Counted up to here already (None: never).
+    pub counted_until: Option<i64>,
+    pub from: i64,
+    pub to: i64,
+    pub ended: bool,
+}
+
+/// What Prometheus said about one job over one window.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AggregateDelta {
+    pub row: i64,
+    /// Where the job's counted window ended when this one was read: the delta applies only if
+    /// it still does, so a window counted meanwhile (an on-demand report, another server) is
+    /// not counted twice.
+    pub counted_until: Option<i64>,
+    pub to: i64,
+    pub ended: bool,
+    /// Seconds of the job's life inside the window.
+    pub seconds: i64,
+    pub cpu_seconds: f64,
+    pub cpu_energy_joules: f64,
+    pub host_energy_joules: f64,
+    pub gpu_energy_joules: f64,
+    pub emissions_grams: f64,
+    pub io_read_bytes: f64,
+    pub io_write_bytes: f64,
+    pub mean_memory_bytes: Option<f64>,
+    pub mean_gpu_utilization: Option<f64>,
+    pub memory_peak_bytes: Option<f64>,
+    pub memory_fail_count: Option<f64>,
+    pub gpu_utilization_max: Option<f64>,
+}
+
+impl Store {
+    /// Marks ended jobs shorter than `cutoff` seconds as too short to aggregate, and returns
+    /// how many.
+    pub async fn mark_too_short(
+        &self,
+        cluster: &str,
+        cutoff: i64,
+        now: i64,
+    ) -> Result<u64, StoreError> {
+        let n = self
+            .execute(
+                &Sql::new(
+                    "UPDATE units SET aggregates_status = 'too_short', aggregates_updated_at = $3
+                     WHERE cluster_id = $1 AND aggregates_status = 'pending'
+                       AND ended_at IS NOT NULL AND elapsed_seconds < $2",
+                )
+                .arg(cluster)
+                .arg(cutoff)
+                .arg(now),
+            )
+            .await?;
+        self.written();
+        Ok(n)
+    }
+
+    /// Started jobs whose aggregates are not complete, with the window still to count.
+    pub async fn aggregate_targets(
+        &self,
+        cluster: &str,
+        only: Option<&str>,
+        now: i64,
+    ) -> Result<Vec<AggregateTarget>, StoreError> {
+        let mut q = Sql::new(
+            "SELECT id, uuid, aggregates_until, started_at, ended_at FROM units
+             WHERE cluster_id = $1 AND aggregates_status IN ('pending', 'partial')
+               AND started_at > 0",
+        )
+        .arg(cluster);
+        if let Some(uuid) = only {
+            q.push(" AND uuid = ").bind(uuid);
+        }
+        let rows = self.fetch_all(&q).await?;
+        let mut targets = Vec::with_capacity(rows.len());
+        for r in rows {
+            let counted_until: Option<i64> = r.get(2)?;
+            let started: i64 = r.get(3)?;
+            let ended: Option<i64> = r.get(4)?;
+            targets.push(AggregateTarget {
+                row: r.get(0)?,
+                uuid: r.get(1)?,
+                counted_until,
+                from: counted_until.unwrap_or(started).max(started),
+                to: ended.unwrap_or(now).min(now),
+                // Ended before `now`: a delayed `now` may still fall inside the job.
+                ended: ended.is_some_and(|e| e <= now),
+            });
+        }
+        Ok(targets)
+    }
+
+    /// Adds one window's aggregates to their jobs in one transaction.
+    pub async fn apply_aggregates(
+        &self,
+        deltas: &[AggregateDelta],
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.write_tx().await?;
+        for d in deltas {
+            // A mean absent from this window keeps its value; weights are the covered seconds.
+            // A peak keeps the higher of the stored one and this window's.
+            let q = Sql::new(
+                "UPDATE units SET
+                    cpu_seconds = cpu_seconds + $2,
+                    cpu_energy_joules = cpu_energy_joules + $3,
+                    host_energy_joules = host_energy_joules + $4,
+                    gpu_energy_joules = gpu_energy_joules + $5,
+                    emissions_grams = emissions_grams + $6,
+                    io_read_bytes = io_read_bytes + $7,
+                    io_write_bytes = io_write_bytes + $8,
+                    mean_memory_bytes = CASE WHEN $9 IS NULL OR aggregated_seconds + $11 = 0
+                        THEN mean_memory_bytes
+                        ELSE (mean_memory_bytes * aggregated_seconds + $9 * $11) / (aggregated_seconds + $11) END,
+                    mean_gpu_utilization = CASE WHEN $10 IS NULL OR aggregated_seconds + $11 = 0
+                        THEN mean_gpu_utilization
+                        ELSE (mean_gpu_utilization * aggregated_seconds + $10 * $11) / (aggregated_seconds + $11) END,
+                    aggregated_seconds = aggregated_seconds + $11,
+                    memory_peak_bytes = CASE WHEN $15 IS NULL THEN memory_peak_bytes
+                        WHEN memory_peak_bytes IS NULL OR $15 > memory_peak_bytes THEN $15
+                        ELSE memory_peak_bytes END,
+                    memory_fail_count = CASE WHEN $16 IS NULL THEN memory_fail_count
+                        WHEN memory_fail_count IS NULL OR $16 > memory_fail_count THEN $16
+                        ELSE memory_fail_count END,
+                    gpu_utilization_max = CASE WHEN $17 IS NULL THEN gpu_utilization_max
+                        WHEN gpu_utilization_max IS NULL OR $17 > gpu_utilization_max THEN $17
+                        ELSE gpu_utilization_max END,
+                    aggregates_until = $12,
+                    aggregates_status = CASE WHEN $13 THEN 'done' ELSE 'partial' END,
+                    aggregates_updated_at = $14
+                 WHERE id = $1 AND aggregates_until IS NOT DISTINCT FROM $18",
+            )
+            .arg(d.row)
+            .arg(d.cpu_seconds)
+            .arg(d.cpu_energy_joules)
+            .arg(d.host_energy_joules)
+            .arg(d.gpu_energy_joules)
+            .arg(d.emissions_grams)
+            .arg(d.io_read_bytes)
+            .arg(d.io_write_bytes)
+            .arg(d.mean_memory_bytes)
+            .arg(d.mean_gpu_utilization)
+            .arg(d.seconds.max(0))
+            .arg(d.to)
+            .arg(d.ended)
+            .arg(now)
+            .arg(d.memory_peak_bytes)
+            .arg(d.memory_fail_count)
+            .arg(d.gpu_utilization_max)
+            .arg(d.counted_until);
+            tx.execute(&q).await?;
+        }
+        tx.commit().await?;
+        self.written();
+        Ok(())
+    }
+
+    /// Rebuilds the per-project, per-user usage of `cluster` from its jobs.
+    pub async fn rebuild_usage(&self, cluster: &str, now: i64) -> Result<(), StoreError> {
+        let mut tx = self.write_tx().await?;
+        tx.execute(&Sql::new("DELETE FROM usage WHERE cluster_id = $1").arg(cluster))
+            .await?;
+        tx.execute(
+            &Sql::new(
+                "INSERT INTO usage (cluster_id, project, usr, num_units, elapsed_seconds, cpu_seconds,
+                    alloc_cpu_seconds, cpu_energy_joules, host_energy_joules, gpu_energy_joules,
+                    emissions_grams, io_read_bytes, io_write_bytes, last_updated_at)
+                 SELECT cluster_id, project, usr, count(*), sum(elapsed_seconds), sum(cpu_seconds),
+                    sum(alloc_cpus * aggregated_seconds), sum(cpu_energy_joules),
+                    sum(host_energy_joules), sum(gpu_energy_joules), sum(emissions_grams),
+                    sum(io_read_bytes), sum(io_write_bytes), $2
+                 FROM units WHERE cluster_id = $1 AND started_at > 0
+                 GROUP BY cluster_id, project, usr",
+            )
+            .arg(cluster)
+            .arg(now),
+        )
+        .await?;
+        tx.commit().await?;
+        self.written();
+        Ok(())
+    }
+}
+
+impl Store {
+    /// On PostgreSQL, refreshes the planner's statistics of the jobs table when `written` rows
+    /// are a tenth of it or more: autovacuum does the same, but up to a minute later, and until
+    /// then the findings pass after a first ingestion is planned as for an empty table (a scan
+    /// of every row per page of 5,000). Returns whether it did.
+    pub async fn analyze_after_bulk_write(&self, written: usize) -> Result<bool, StoreError> {
+        let Pool::Postgres(pool) = &self.pool else {
+            return Ok(false);
+        };
+        // -1 before the table's first ANALYZE.
+        let (tuples,): (f32,) =
+            sqlx::query_as("SELECT reltuples FROM pg_class WHERE oid = 'units'::regclass")
+                .fetch_one(pool)
+                .await?;
+        if (written as f64) < f64::from(tuples.max(0.0)) / 10.0 + 50.0 {
+            return Ok(false);
+        }
+        sqlx::query("ANALYZE units").execute(pool).await?;
+        Ok(true)
+    }
+
+    /// Recomputes the findings of the jobs of `cluster` whose row or aggregates changed since
+    /// their findings were written. Returns how many jobs were updated.
+    pub async fn refresh_findings(
+        &self,
+        cluster: &str,
+        thresholds: &Thresholds,
+        now: i64,
+    ) -> Result<usize, StoreError> {
+        // In pages by row id, so a first run over a million jobs holds one page in memory.
+        const PAGE: i64 = 5000;
+        // SQLite would pick the cluster's index over the row ids and sort a million rows per
+        // page; the unary plus keeps it on the primary key. PostgreSQL plans this well.
+        let cluster_col = match self.backend() {
+            Backend::Sqlite => "+cluster_id",
+            Backend::Postgres => "cluster_id",
+        };
+        let mut after = 0i64;
+        let mut total = 0usize;
+        loop {
+            let q = Sql::new(&format!(
+                "SELECT id, state, exit_code, ended_at IS NOT NULL, elapsed_seconds,
+                        time_limit_seconds, alloc_cpus, alloc_mem_bytes, alloc_gpus,
+                        aggregated_seconds, cpu_seconds, memory_peak_bytes, memory_fail_count,
+                        CASE WHEN gpu_utilization_max IS NULL THEN NULL ELSE mean_gpu_utilization END,
+                        gpu_utilization_max, host_energy_joules, gpu_energy_joules, emissions_grams
+                 FROM units
+                 WHERE id > $2 AND {cluster_col} = $1 AND started_at > 0
+                   AND (findings_updated_at IS NULL
+                        OR findings_updated_at < last_updated_at
+                        OR findings_updated_at < coalesce(aggregates_updated_at, 0))
+                 ORDER BY id LIMIT $3"
+            ))
+            .arg(cluster)
+            .arg(after)
+            .arg(PAGE);
+            let rows = self.fetch_all(&q).await?;
+            let Some(last) = rows.last() else {
+                break;
+            };
+            after = last.get(0)?;
+            // No finding is stored as NULL (read back as `[]`).
+            let mut updates: Vec<(i64, Option<String>)> = Vec::with_capacity(rows.len());
+            for r in &rows {
+                let facts = JobFacts {
+                    state: r.get(1)?,
+                    exit_code: r.get(2)?,
+                    ended: r.flag(3)?,
+                    elapsed_seconds: r.get(4)?,
+                    time_limit_seconds: r.get(5)?,
+                    alloc_cpus: r.get(6)?,
+                    alloc_mem_bytes: r.get(7)?,
+                    alloc_gpus: r.get(8)?,
+                    aggregated_seconds: r.get(9)?,
+                    cpu_seconds: r.get(10)?,
+                    memory_peak_bytes: r.get(11)?,
+                    memory_fail_count: r.get(12)?,
+                    mean_gpu_utilization: r.get(13)?,
+                    gpu_utilization_max: r.get(14)?,
+                    host_energy_joules: r.get(15)?,
+                    gpu_energy_joules: r.get(16)?,
+                    emissions_grams: r.get(17)?,
+                };
+                let found = evaluate(&facts, thresholds);
+                let json = (!found.is_empty())
+                    .then(|| serde_json::to_string(&found).ok())
+                    .flatten();
+                updates.push((r.get(0)?, json));
+            }
+            // One statement per page: row-by-row updates made a first run over a million
+            // jobs take minutes.
+            let mut q = Sql::new("UPDATE units SET findings = v.column2, findings_updated_at = ");
+            q.bind(now).push(" FROM (VALUES ");
+            for (i, (id, json)) in updates.iter().enumerate() {
+                q.push(if i == 0 { "(" } else { ", (" })
+                    .bind(*id)
+                    .push(", ")
+                    .bind(json.as_deref())
+                    .push(")");
+            }
+            q.push(") AS v WHERE units.id = v.column1");
+            self.execute(&q).await?;
+            self.written();
+            total += updates.len();
+        }
+        Ok(total)
+    }
+}

@@ -1,0 +1,91 @@
+//! The stats-server's database, SQLite (one file, WAL) or PostgreSQL (shared by several
+//! servers): its connection, transactions and leases, and one file per kind of data it writes.
+
+mod accounts;
+mod aggregates;
+mod connect;
+mod retention;
+#[doc(hidden)]
+pub mod testing;
+#[cfg(test)]
+mod tests;
+mod tx;
+mod upsert;
+
+use std::sync::Arc;
+
+use sqlx::postgres::{PgPool, Postgres};
+use sqlx::sqlite::{Sqlite, SqlitePool};
+
+use super::shared_read::SharedRead;
+use super::sql::Backend;
+
+pub use aggregates::{AggregateDelta, AggregateTarget};
+pub use connect::{describe_postgres_url, is_postgres_url};
+pub use retention::{backup_name, prune_backups};
+pub use tx::Lease;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    // The cause is in the message and not a `source`, so a chain of contexts prints it once.
+    #[error("{path}: {error}")]
+    Open { path: String, error: sqlx::Error },
+    #[error("database migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("{path}: {error}")]
+    Lock { path: String, error: std::io::Error },
+    #[error("database: {0}")]
+    Sql(#[from] sqlx::Error),
+    /// An error of a read that several callers shared.
+    #[error("database: {0}")]
+    Shared(Arc<sqlx::Error>),
+    #[error("{0} is for SQLite databases only")]
+    SqliteOnly(&'static str),
+}
+
+enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// A write transaction on either database.
+pub enum Tx {
+    Sqlite(sqlx::Transaction<'static, Sqlite>),
+    Postgres(sqlx::Transaction<'static, Postgres>),
+}
+
+pub struct Store {
+    pool: Pool,
+    /// Bumped by every write, so readers can tell a cached answer is stale (SQLite's; on
+    /// PostgreSQL the database holds it, see `generation()`).
+    generation: std::sync::atomic::AtomicU64,
+    /// The PostgreSQL generation's reads, shared by the requests that wait at once.
+    generation_reads: Arc<SharedRead<Result<u64, Arc<sqlx::Error>>>>,
+}
+
+/// Ingestion's writers on PostgreSQL (of the pool's 16 connections).
+const POSTGRES_WRITERS: usize = 2;
+
+impl Store {
+    pub fn backend(&self) -> Backend {
+        match self.pool {
+            Pool::Sqlite(_) => Backend::Sqlite,
+            Pool::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    /// Marks a commit, so that cached answers made before it are stale.
+    fn written(&self) {
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// How many transactions an ingestion writes at once: SQLite takes one writer at a time;
+    /// PostgreSQL spreads a batch's indexes and checks over as many backends.
+    pub fn concurrent_writers(&self) -> usize {
+        match self.pool {
+            Pool::Sqlite(_) => 1,
+            Pool::Postgres(_) => POSTGRES_WRITERS,
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! The database's own tests, on the backend `testing::store` picks.
+
+use super::{backup_name, prune_backups, testing, Store};
+use crate::manager::slurm::sacct;
+use crate::manager::UnitRecord;
+use crate::store::sql::{Backend, Sql};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_openers_of_a_new_database_migrate_it_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    for round in 0..8 {
+        let path = tmp.path().join(format!("{round}.db"));
+        let (a, b, c) = tokio::join!(Store::open(&path), Store::open(&path), Store::open(&path));
+        for store in [a, b, c] {
+            let store = store.unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert_eq!(store.count_units("lab").await.unwrap(), 0);
+        }
+    }
+}
+
+const LINES: &str = "\
+1|debug|normal|physics|alice|2001|alice|2001|1795358897|1795358897|1795358926|00:00:29|29|0:0|COMPLETED|billing=1,cpu=1,mem=300M,node=1|localhost|/tmp|60|wrap
+2|debug|normal|chemistry|bob|2002|bob|2002|1795359473|None|Unknown|00:00:00|0|0:0|PENDING||None assigned|/tmp|60|wrap
+";
+
+/// `count` jobs like the first of LINES, numbered from 10, each line as `edit` leaves it.
+fn numbered_jobs(count: usize, edit: impl Fn(usize, String) -> String) -> Vec<UnitRecord> {
+    let first = LINES.lines().next().unwrap();
+    let text: Vec<String> = (0..count)
+        .map(|i| edit(i, first.replacen("1|", &format!("{}|", 10 + i), 1)))
+        .collect();
+    let (jobs, errors) = sacct::parse_output(&text.join("\n"));
+    assert!(errors.is_empty(), "{errors:?}");
+    jobs
+}
+
+#[tokio::test]
+async fn findings_are_refreshed_page_by_page_and_only_for_changed_jobs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = testing::store(tmp.path()).await;
+    // 12,001 jobs: more than two pages; the last one failed.
+    let jobs = numbered_jobs(12_001, |i, line| {
+        if i == 12_000 {
+            line.replace("COMPLETED", "FAILED")
+        } else {
+            line
+        }
+    });
+    store.ingest("lab", &jobs, 100, 1).await.unwrap();
+    let t = crate::store::findings::Thresholds::default();
+    assert_eq!(store.refresh_findings("lab", &t, 2).await.unwrap(), 12_001);
+    assert_eq!(
+        store.refresh_findings("lab", &t, 3).await.unwrap(),
+        0,
+        "nothing changed"
+    );
+    let failed: String = store
+        .fetch_one(&Sql::new("SELECT findings FROM units WHERE uuid = '12010'"))
+        .await
+        .unwrap()
+        .get(0)
+        .unwrap();
+    assert!(failed.contains("job_failed"), "{failed}");
+    // A job written again is judged again.
+    store.ingest("lab", &jobs[..1], 100, 4).await.unwrap();
+    assert_eq!(store.refresh_findings("lab", &t, 5).await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn a_bulk_ingestion_leaves_postgresql_planning_with_the_jobs_it_wrote() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = testing::store(tmp.path()).await;
+    let jobs = numbered_jobs(2_000, |_, line| line);
+    store.ingest("lab", &jobs, 100, 1).await.unwrap();
+    let analyzed = store.analyze_after_bulk_write(jobs.len()).await.unwrap();
+    if store.backend() == Backend::Sqlite {
+        assert!(!analyzed, "SQLite has no statistics to refresh here");
+        return;
+    }
+    assert!(analyzed);
+    let tuples: f64 = store
+        .fetch_one(&Sql::new(
+            "SELECT reltuples::float8 FROM pg_class WHERE oid = 'units'::regclass",
+        ))
+        .await
+        .unwrap()
+        .get(0)
+        .unwrap();
+    assert_eq!(tuples, 2_000.0);
+    // A few more jobs in a table of 2,000 wait for autovacuum.
+    assert!(!store.analyze_after_bulk_write(100).await.unwrap());
+}
+
+#[tokio::test]
+async fn a_batch_of_unseen_jobs_that_holds_a_stored_one_is_upserted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = testing::store(tmp.path()).await;
+    let listing = |state: &str| numbered_jobs(3, |_, line| line.replace("COMPLETED", state));
+    // An ingestion that died after writing job 10; the next one lists it again, ended.
+    let running = listing("RUNNING");
+    store
+        .upsert_jobs("lab", &running[..1], 1, Some(i64::MIN))
+        .await
+        .unwrap();
+    let ended = listing("FAILED");
+    assert_eq!(
+        store
+            .upsert_jobs("lab", &ended, 2, Some(i64::MIN))
+            .await
+            .unwrap(),
+        3
+    );
+    assert_eq!(store.count_units("lab").await.unwrap(), 3);
+    let states: Vec<String> = store
+        .fetch_all(&Sql::new("SELECT state FROM units ORDER BY uuid"))
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0).unwrap())
+        .collect();
+    assert_eq!(states, ["FAILED", "FAILED", "FAILED"]);
+}
+
+#[tokio::test]
+async fn a_window_ingested_twice_changes_nothing_and_a_started_job_replaces_its_pending_row() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = testing::store(tmp.path()).await;
+    let (jobs, errors) = sacct::parse_output(LINES);
+    assert!(errors.is_empty());
+    store.ingest("lab", &jobs, 100, 1).await.unwrap();
+    store.ingest("lab", &jobs, 100, 2).await.unwrap();
+    assert_eq!(store.count_units("lab").await.unwrap(), 2);
+    assert_eq!(store.window_start("lab").await.unwrap(), Some(100));
+    assert_eq!(store.window_start("other").await.unwrap(), None);
+
+    let started = LINES.lines().nth(1).unwrap().replace(
+        "1795359473|None|Unknown|00:00:00|0|0:0|PENDING||None assigned",
+        "1795359473|1795359480|Unknown|00:00:05|5|0:0|RUNNING|billing=1,cpu=1,mem=100M,node=1|localhost",
+    );
+    let (jobs, _) = sacct::parse_output(&started);
+    store.ingest("lab", &jobs, 200, 3).await.unwrap();
+    assert_eq!(
+        store.count_units("lab").await.unwrap(),
+        2,
+        "pending row not replaced"
+    );
+    let state: String = store
+        .fetch_one(&Sql::new("SELECT state FROM units WHERE uuid = '2'"))
+        .await
+        .unwrap()
+        .get(0)
+        .unwrap();
+    assert_eq!(state, "RUNNING");
+    if store.backend() == Backend::Sqlite {
+        assert_eq!(store.integrity_check().await.unwrap(), "ok");
+        let mode: String = store
+            .fetch_one(&Sql::new("PRAGMA journal_mode"))
+            .await
+            .unwrap()
+            .get(0)
+            .unwrap();
+        assert_eq!(mode, "wal");
+    }
+}
+
+#[tokio::test]
+async fn retention_deletes_only_jobs_that_ended_before_the_cutoff_and_backups_are_pruned() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(&tmp.path().join("ceems.db")).await.unwrap();
+    let (jobs, _) = sacct::parse_output(LINES);
+    store.ingest("lab", &jobs, 100, 1).await.unwrap();
+    // Job 1 ended at 1795358926; job 2 is pending (no end): it stays whatever the cutoff.
+    assert_eq!(store.delete_ended_before(1795358926).await.unwrap(), 0);
+    assert_eq!(store.delete_ended_before(1795358927).await.unwrap(), 1);
+    assert_eq!(store.delete_ended_before(i64::MAX).await.unwrap(), 0);
+    assert_eq!(store.count_units("lab").await.unwrap(), 1);
+
+    let dir = tmp.path().join("backups");
+    std::fs::create_dir(&dir).unwrap();
+    for t in [10, 20, 30] {
+        store.backup_to(&dir.join(backup_name(t))).await.unwrap();
+    }
+    std::fs::write(dir.join("notes.txt"), "kept").unwrap();
+    let gone = prune_backups(&dir, 2).unwrap();
+    assert_eq!(gone, vec![dir.join(backup_name(10))]);
+    let mut left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [backup_name(20), backup_name(30), "notes.txt".to_owned()]
+    );
+    // A backup is a database in its own right, with the job in it.
+    let copy = Store::open(&dir.join(backup_name(30))).await.unwrap();
+    assert_eq!(copy.count_units("lab").await.unwrap(), 1);
+    assert_eq!(copy.integrity_check().await.unwrap(), "ok");
+}
