@@ -12,6 +12,7 @@ pub mod manager;
 pub mod metrics;
 pub mod notify;
 pub mod proxy;
+pub mod registry;
 pub mod security;
 pub mod store;
 #[doc(hidden)]

@@ -62,7 +62,7 @@ fn the_exporter_unit_grants_what_its_collectors_declare() {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/systemd/ceems_exporter.service"),
     )
     .unwrap();
-    let declared: Vec<String> = ceems::collect::COLLECTORS
+    let declared: Vec<String> = ceems::registry::COLLECTORS
         .iter()
         .filter(|s| s.default_enabled || s.name == "slurm")
         .flat_map(|s| s.capabilities.iter().map(|c| c.to_string()))

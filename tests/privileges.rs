@@ -212,7 +212,7 @@ fn exporter_drops_to_nobody_and_raises_ptrace_only_to_read_a_foreign_environ() {
 }
 
 fn declared_by(collectors: &[&str]) -> Vec<caps::Capability> {
-    ceems::collect::COLLECTORS
+    ceems::registry::COLLECTORS
         .iter()
         .filter(|s| collectors.contains(&s.name))
         .flat_map(|s| s.capabilities.iter().copied())

@@ -11,8 +11,9 @@ use caps::Capability;
 use clap::{Arg, ArgMatches, Command};
 
 use super::{exporter, redfish_proxy, stats_server};
-use crate::collect::{self, Paths};
+use crate::collect::Paths;
 use crate::config::{self, Layered};
+use crate::registry;
 use crate::security::check::{self, OperationTest, PartCheck, ProcessReport, Report, TestOutcome};
 use crate::security::{self, SecuritySettings};
 
@@ -106,8 +107,8 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let mut sudo_commands = Vec::new();
     let mut subs = Vec::new();
     if sub == "exporter" {
-        let selection = collect::select(&settings)?;
-        subs = collect::sub_collectors(&selection);
+        let selection = registry::select(&settings)?;
+        subs = registry::sub_collectors(&selection);
         for (spec, layer) in &selection.enabled {
             collectors.push(*spec);
             if spec.name == "ipmi_dcmi" {

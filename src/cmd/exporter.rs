@@ -9,9 +9,10 @@ use clap::{ArgMatches, Command};
 use hyper::{Method, Request, StatusCode};
 use serde::Deserialize;
 
-use crate::collect::{self, Registry};
+use crate::collect;
 use crate::config::{self, Kind, Layered, LogConfig, Opt};
 use crate::metrics::{Labels, MetricSet, TEXT_CONTENT_TYPE};
+use crate::registry::{self, Registry};
 use crate::web;
 
 /// Header in which Prometheus sends its scrape timeout.
@@ -70,7 +71,7 @@ pub fn opts() -> Vec<Opt> {
         Opt::new("path.procfs", Kind::Str, "procfs mountpoint").default("/proc"),
         Opt::new("path.cgroupfs", Kind::Str, "cgroupfs mountpoint").default("/sys/fs/cgroup"),
     ];
-    opts.extend(collect::options());
+    opts.extend(registry::options());
     opts.extend(collect::alloy_targets::options());
     opts.extend(crate::security::opts());
     opts.extend(config::log_opts());
@@ -161,7 +162,7 @@ impl Exporter {
                 web.max_requests
             )
         })?;
-        let alloy_targets = collect::alloy_targets::AlloyTargets::from_settings(settings)
+        let alloy_targets = registry::alloy_targets(settings)
             .context("Alloy targets discoverer")?
             .map(|d| (web.targets_path.clone(), Arc::new(d)));
         let trace = web.trace_path.clone().filter(|p| !p.is_empty()).map(|p| {
@@ -395,12 +396,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     // or thread starts.
     let web_settings: WebSettings = settings.get("web")?;
     let listener = web::bind_std(&web_settings.listen_address)?;
-    let mut needed = collect::needed_capabilities(&settings)?;
-    // The Alloy discoverer reads job processes' environments like the slurm collector.
-    if collect::alloy_targets::enabled(&settings)? {
-        needed.extend_from_slice(crate::manager::slurm::SPEC.capabilities);
-        needed = crate::security::sorted(needed);
-    }
+    let needed = registry::needed_capabilities(&settings)?;
     let security: crate::security::SecuritySettings = settings.get("security")?;
     let outcome = crate::security::drop_privileges(&security, &needed)
         .context("cannot drop privileges (--security.drop-privileges=false to run as started)")?;

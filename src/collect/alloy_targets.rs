@@ -1,17 +1,17 @@
 //! The Grafana Alloy targets discoverer (CEEMS's `/alloy-targets`): one target per process of
-//! each Slurm job, for Alloy's Pyroscope eBPF profiler. Optionally only the processes whose
-//! environment sets one of `--discoverer.alloy-targets.env-var` (users opting in).
+//! each unit a manager's discovery finds (the registry picks the manager), for Alloy's Pyroscope
+//! eBPF profiler. Optionally only the processes whose environment sets one of
+//! `--discoverer.alloy-targets.env-var` (users opting in).
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::units::{cgroup_version_of, ResourceManager};
-use super::{CollectError, Paths};
+use super::units::ResourceManager;
+use super::{Capability, CollectError};
 use crate::config::{Kind, Layered, Opt};
 use crate::host::processes;
 use crate::host::procfs;
-use crate::manager::slurm::SlurmManager;
 
 pub fn options() -> Vec<Opt> {
     vec![
@@ -40,15 +40,27 @@ pub fn options() -> Vec<Opt> {
     ]
 }
 
+/// `[exporter.discoverer.alloy-targets]`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
-struct Settings {
-    enabled: bool,
+pub struct AlloySettings {
+    pub enabled: bool,
     /// Empty unless named; Slurm is the only one.
     #[serde(default)]
-    resource_manager: String,
+    pub resource_manager: String,
     #[serde(default)]
-    env_var: Vec<String>,
+    pub env_var: Vec<String>,
+}
+
+impl AlloySettings {
+    pub fn read(settings: &Layered) -> Result<AlloySettings, crate::config::ConfigError> {
+        settings.get("discoverer.alloy-targets")
+    }
+
+    /// `--discoverer.alloy-targets`, or naming its resource manager (as CEEMS documents it).
+    pub fn enabled(&self) -> bool {
+        self.enabled || !self.resource_manager.is_empty()
+    }
 }
 
 /// One Alloy target.
@@ -65,43 +77,33 @@ pub struct TargetLabels {
     pub service_name: String,
 }
 
-/// Whether the settings turn the discoverer on: `--discoverer.alloy-targets`, or naming its
-/// resource manager.
+/// Whether the settings turn the discoverer on.
 pub fn enabled(settings: &Layered) -> Result<bool, crate::config::ConfigError> {
-    let s: Settings = settings.get("discoverer.alloy-targets")?;
-    Ok(s.enabled || !s.resource_manager.is_empty())
+    Ok(AlloySettings::read(settings)?.enabled())
 }
 
 pub struct AlloyTargets {
     /// Finds the units whose processes are targets.
     units: Box<dyn ResourceManager>,
+    /// What reading other users' environments takes (the manager's collector's).
+    capabilities: &'static [Capability],
     procfs: PathBuf,
     env_vars: Vec<String>,
 }
 
 impl AlloyTargets {
-    /// The discoverer asked for in the exporter's settings, if any.
-    pub fn from_settings(settings: &Layered) -> Result<Option<AlloyTargets>, CollectError> {
-        let err = |e: crate::config::ConfigError| CollectError::Other(e.to_string());
-        let s: Settings = settings.get("discoverer.alloy-targets").map_err(err)?;
-        // As CEEMS documents it, naming the resource manager is enough.
-        if !enabled(settings).map_err(err)? {
-            return Ok(None);
-        }
-        let paths: Paths = settings.get("path").map_err(err)?;
-        let common = super::select(settings).map_err(err)?.common;
-        let version = cgroup_version_of(common.cgroups.force_version.as_deref(), &paths.cgroupfs)?;
-        let units = Box::new(SlurmManager::new(
-            &paths.cgroupfs,
-            &paths.procfs,
-            version,
-            &common.cgroups.active_subsystem,
-        ));
-        Ok(Some(AlloyTargets {
+    pub fn new(
+        units: Box<dyn ResourceManager>,
+        capabilities: &'static [Capability],
+        procfs: PathBuf,
+        env_vars: Vec<String>,
+    ) -> AlloyTargets {
+        AlloyTargets {
             units,
-            procfs: paths.procfs,
-            env_vars: s.env_var,
-        }))
+            capabilities,
+            procfs,
+            env_vars,
+        }
     }
 
     /// The current targets, by job then pid.
@@ -120,26 +122,22 @@ impl AlloyTargets {
             .collect();
         let procfs = self.procfs.clone();
         let env_vars = self.env_vars.clone();
-        // Reading other users' environ (the opt-in variables) needs the slurm collector's
-        // capabilities.
-        Ok(crate::security::privileged(
-            crate::manager::slurm::SPEC.capabilities,
-            move || {
-                let mut out = Vec::new();
-                for (uuid, pids) in jobs {
-                    for pid in pids.into_iter().filter(|p| wanted(&procfs, &env_vars, *p)) {
-                        out.push(Target {
-                            targets: vec![uuid.clone()],
-                            labels: TargetLabels {
-                                process_pid: pid.to_string(),
-                                service_name: uuid.clone(),
-                            },
-                        });
-                    }
+        // Reading other users' environ (the opt-in variables) needs the manager's capabilities.
+        Ok(crate::security::privileged(self.capabilities, move || {
+            let mut out = Vec::new();
+            for (uuid, pids) in jobs {
+                for pid in pids.into_iter().filter(|p| wanted(&procfs, &env_vars, *p)) {
+                    out.push(Target {
+                        targets: vec![uuid.clone()],
+                        labels: TargetLabels {
+                            process_pid: pid.to_string(),
+                            service_name: uuid.clone(),
+                        },
+                    });
                 }
-                out
-            },
-        ))
+            }
+            out
+        }))
     }
 }
 

@@ -14,6 +14,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     options: Vec::new,
     build,
     self_test: None,
+    sub_collectors: &[],
 };
 
 /// A drop of idle time larger than this means CPUs were hot-unplugged: start again.

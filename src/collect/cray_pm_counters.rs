@@ -14,6 +14,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     options: Vec::new,
     build,
     self_test: None,
+    sub_collectors: &[],
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -13,6 +13,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     options: Vec::new,
     build,
     self_test: None,
+    sub_collectors: &[],
 };
 
 /// (file type, file property) → (metric name, help); the only sensors CEEMS exports.

@@ -15,6 +15,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     options: Vec::new,
     build,
     self_test: None,
+    sub_collectors: &[],
 };
 
 fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {

@@ -16,6 +16,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     options,
     build,
     self_test: None,
+    sub_collectors: &[],
 };
 
 /// The fields CEEMS exports unless `--collector.meminfo.all-stats` is given.

@@ -18,6 +18,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     options,
     build,
     self_test: None,
+    sub_collectors: &[],
 };
 
 fn options() -> Vec<Opt> {

@@ -20,6 +20,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     options,
     build,
     self_test: Some(|paths, caps| crate::security::check::test_rapl(&paths.sysfs, caps)),
+    sub_collectors: &[],
 };
 
 fn options() -> Vec<Opt> {

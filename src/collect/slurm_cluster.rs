@@ -24,6 +24,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     options,
     build,
     self_test: None,
+    sub_collectors: &[],
 };
 
 /// One record per node and partition.

@@ -6,74 +6,18 @@
 //!   and its users and projects; `store::ingest` writes them.
 //!
 //! A manager is one folder here, over the host layer. Its exporter side plugs into the
-//! exporter's registry (a `CollectorSpec` listed in `collect::COLLECTORS`, built on
+//! exporter's registry (a `CollectorSpec` listed in `registry::COLLECTORS`, built on
 //! `collect::units::UnitCollector` and the exporter's GPU discovery); its accounting side is
 //! built by the stats-server from its settings. Neither wing's code is needed by the other.
 
-use std::collections::HashSet;
-use std::path::PathBuf;
-
-use crate::collect::CollectError;
-use crate::host::cgroup::FileFault;
 use crate::host::command::CommandError;
-use crate::host::gpu::GpuDevice;
 use crate::host::ParseError;
 
 pub mod libvirt;
 pub mod slurm;
 
-/// A unit's cgroup, as its manager's discovery found it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnitCgroup {
-    /// The manager's id of the unit (a Slurm job id).
-    pub uuid: String,
-    /// The node name of a host that runs several of the manager's daemons, else empty.
-    pub cgroup_host: String,
-    /// Path relative to the hierarchy (v2) or to each controller (v1).
-    pub rel: PathBuf,
-    /// The unit's directory in the hierarchy discovery walks.
-    pub dir: PathBuf,
-    /// `dir`'s inode as discovery listed it: tells a directory made again under the same
-    /// name from the one whose files are kept open.
-    pub dir_ino: Option<u64>,
-}
-
-/// `ceems_compute_unit_info` of one unit: its help text and the labels beside the unit's own.
-#[derive(Debug, Clone, PartialEq)]
-pub struct UnitInfo {
-    pub help: &'static str,
-    pub labels: Vec<(&'static str, String)>,
-}
-
-/// The GPUs a unit holds, with its share of each.
-#[derive(Debug, Clone, PartialEq)]
-pub struct UnitGpus {
-    pub manager: &'static str,
-    pub uuid: String,
-    pub cgroup_host: String,
-    /// `(the manager's index, device, share)`: the device's fraction of its physical GPU
-    /// times the unit's share of the device (shards, MPS).
-    pub devices: Vec<(u32, GpuDevice, f64)>,
-}
-
-/// What a resource manager knows of the node's units.
-pub trait ResourceManager: Send + Sync + 'static {
-    /// The `manager` label of the units' series.
-    fn name(&self) -> &'static str;
-    /// The node's units that hold at least one process. A unit-level fault (a file that
-    /// cannot be read) goes to `faults`; only a hierarchy that cannot be read is an error.
-    fn discover(&self, faults: &mut Vec<FileFault>) -> Result<Vec<UnitCgroup>, CollectError>;
-    /// The unit's `ceems_compute_unit_info`, when the manager exports one.
-    fn info(&self, _unit: &UnitCgroup) -> Option<UnitInfo> {
-        None
-    }
-    /// The GPUs each of `units` holds; empty on a node without GPUs.
-    fn gpus(&self, _units: &[UnitCgroup]) -> Vec<UnitGpus> {
-        Vec::new()
-    }
-    /// Forgets what it keeps of units that are gone.
-    fn retain(&self, _present: &HashSet<&str>) {}
-}
+/// The exporter's side of a manager, defined beside the unit collector that uses it.
+pub use crate::collect::units::discovery::{ResourceManager, UnitCgroup, UnitGpus, UnitInfo};
 
 /// What an accounting source says of one unit: a row of the stats-server's `units` table.
 /// Fields a manager does not know stay empty.

@@ -14,10 +14,8 @@ use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response, StatusCode};
 use ipnet::IpNet;
 
-pub mod ceems_yaml;
-
-use crate::collect::redfish::REDFISH_URL_HEADER;
 use crate::web::client::{self, Timeouts};
+use crate::web::REDFISH_URL_HEADER;
 use crate::web::{Body, PeerAddr};
 
 /// Paths relayed when the operator lists none: the service root, sessions, and the chassis

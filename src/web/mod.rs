@@ -21,6 +21,10 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+/// The header in which an exporter names its BMC to `ceems redfish-proxy` (the collector sends
+/// it, the proxy reads it).
+pub const REDFISH_URL_HEADER: &str = "X-Redfish-Url";
+
 pub type Body = Full<Bytes>;
 pub type BoxFuture = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
 pub type Handler = Arc<dyn Fn(Request<Incoming>) -> BoxFuture + Send + Sync>;

@@ -22,6 +22,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     options,
     build,
     self_test: None,
+    sub_collectors: &[],
 };
 
 pub const PROVIDERS: &[&str] = &["owid", "global", "rte", "emaps", "wt"];

@@ -25,6 +25,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     options,
     build,
     self_test: Some(|_, caps| crate::security::check::test_ipmi_device(DEVICES, caps)),
+    sub_collectors: &[],
 };
 
 /// The tools in the order they are looked for, with the arguments that ask for a reading.

@@ -16,6 +16,7 @@ use super::{CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
 use crate::metrics::{Labels, MetricSet};
 use crate::web::client::{self, Timeouts};
+use crate::web::REDFISH_URL_HEADER;
 use model::{ChassisLinks, ChassisPower};
 
 pub const SPEC: CollectorSpec = CollectorSpec {
@@ -25,10 +26,9 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     options,
     build,
     self_test: None,
+    sub_collectors: &[],
 };
 
-/// The header that tells `ceems redfish-proxy` which BMC a request is for.
-pub const REDFISH_URL_HEADER: &str = "X-Redfish-Url";
 /// Where the operator puts BMC credentials instead of the file.
 pub const USERNAME_ENV: &str = "CEEMS_EXPORTER_REDFISH_USERNAME";
 pub const PASSWORD_ENV: &str = "CEEMS_EXPORTER_REDFISH_PASSWORD";

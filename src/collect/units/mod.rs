@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+pub mod discovery;
 pub mod ebpf;
 mod emit;
 pub mod perf;
@@ -20,9 +21,21 @@ use crate::host::cgroup::{
     self, CgroupReader, CgroupVersion, FileFault, HostMemory, ReadOptions, UnitError,
 };
 use crate::host::{processes, procfs};
-pub use crate::manager::{ResourceManager, UnitCgroup, UnitGpus, UnitInfo};
 use crate::metrics::{Labels, MetricSet};
+pub use discovery::{ResourceManager, UnitCgroup, UnitGpus, UnitInfo};
 pub use emit::{emit_detail, emit_processes, emit_rdma_current, emit_scratch, emit_unit, names};
+
+/// A part that runs inside a unit collector, per unit, when its settings turn it on; a
+/// collector's spec names those it hosts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubCollector {
+    /// RDMA resources and queue pair counters of the units' processes (`--collector.rdma.stats`).
+    Rdma,
+    /// Perf events per unit (`--collector.perf.*`).
+    Perf,
+    /// eBPF IO and network counters per unit (`--collector.ebpf.*`).
+    Ebpf,
+}
 
 /// The mapping of the last scrape of the units collector, for the nvidia collector's per-unit
 /// series.

@@ -17,7 +17,7 @@ use crate::collect::gpu::nvidia_smi::VgpuHost;
 use crate::collect::gpu::{self, GpuDevice, GpuSettings};
 use crate::collect::units::ebpf::EbpfStats;
 use crate::collect::units::perf::PerfStats;
-use crate::collect::units::{cgroup_version, UnitCollector};
+use crate::collect::units::{cgroup_version, SubCollector, UnitCollector};
 use crate::collect::{Capability, CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
 use crate::host::cgroup::detail::DetailOptions;
@@ -41,6 +41,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     options,
     build,
     self_test: None,
+    sub_collectors: &[SubCollector::Perf, SubCollector::Ebpf],
 };
 
 fn options() -> Vec<Opt> {

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use crate::collect::units::ebpf::EbpfStats;
 use crate::collect::units::perf::PerfStats;
 use crate::collect::units::rdma::RdmaStats;
-use crate::collect::units::UnitCollector;
+use crate::collect::units::{SubCollector, UnitCollector};
 use crate::collect::{Capability, CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
 use crate::host::cgroup::detail::DetailOptions;
@@ -49,6 +49,7 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     self_test: Some(|paths, caps| {
         crate::security::check::test_foreign_environ(&paths.procfs, caps)
     }),
+    sub_collectors: &[SubCollector::Rdma, SubCollector::Perf, SubCollector::Ebpf],
 };
 
 pub const MANAGER: &str = "slurm";

@@ -6,7 +6,10 @@
 //! < flags. The tree is then deserialized into the subcommand's typed config, where unknown keys
 //! and bad values are errors that name the key and where it came from.
 //!
-//! Keys mirror flags: `--web.listen-address` is `listen-address` in `[exporter.web]`.
+//! Keys mirror flags: `--web.listen-address` is `listen-address` in `[exporter.web]`. CEEMS's
+//! own YAML files are read into the same tree (`redfish_proxy_yaml`).
+
+mod redfish_proxy_yaml;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -432,11 +435,9 @@ pub fn read_file(path: &Path, subcommand: &str) -> Result<Table, ConfigError> {
     );
     if yaml && subcommand == "redfish-proxy" {
         // CEEMS's redfish_proxy file, as its documentation deploys it.
-        return crate::proxy::ceems_yaml::to_table(&text).map_err(|message| {
-            ConfigError::ProxyYaml {
-                path: path.to_owned(),
-                message,
-            }
+        return redfish_proxy_yaml::to_table(&text).map_err(|message| ConfigError::ProxyYaml {
+            path: path.to_owned(),
+            message,
         });
     }
     let mut doc: Table = text

@@ -1,0 +1,63 @@
+//! What the unit collector asks of a resource manager: the node's units with their cgroups,
+//! what it knows of each (info, GPUs). A manager (a folder of `src/manager/`) implements
+//! [`ResourceManager`]; this layer never names one.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+use crate::collect::CollectError;
+use crate::host::cgroup::FileFault;
+use crate::host::gpu::GpuDevice;
+
+/// A unit's cgroup, as its manager's discovery found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitCgroup {
+    /// The manager's id of the unit (a Slurm job id).
+    pub uuid: String,
+    /// The node name of a host that runs several of the manager's daemons, else empty.
+    pub cgroup_host: String,
+    /// Path relative to the hierarchy (v2) or to each controller (v1).
+    pub rel: PathBuf,
+    /// The unit's directory in the hierarchy discovery walks.
+    pub dir: PathBuf,
+    /// `dir`'s inode as discovery listed it: tells a directory made again under the same
+    /// name from the one whose files are kept open.
+    pub dir_ino: Option<u64>,
+}
+
+/// `ceems_compute_unit_info` of one unit: its help text and the labels beside the unit's own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnitInfo {
+    pub help: &'static str,
+    pub labels: Vec<(&'static str, String)>,
+}
+
+/// The GPUs a unit holds, with its share of each.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnitGpus {
+    pub manager: &'static str,
+    pub uuid: String,
+    pub cgroup_host: String,
+    /// `(the manager's index, device, share)`: the device's fraction of its physical GPU
+    /// times the unit's share of the device (shards, MPS).
+    pub devices: Vec<(u32, GpuDevice, f64)>,
+}
+
+/// What a resource manager knows of the node's units.
+pub trait ResourceManager: Send + Sync + 'static {
+    /// The `manager` label of the units' series.
+    fn name(&self) -> &'static str;
+    /// The node's units that hold at least one process. A unit-level fault (a file that
+    /// cannot be read) goes to `faults`; only a hierarchy that cannot be read is an error.
+    fn discover(&self, faults: &mut Vec<FileFault>) -> Result<Vec<UnitCgroup>, CollectError>;
+    /// The unit's `ceems_compute_unit_info`, when the manager exports one.
+    fn info(&self, _unit: &UnitCgroup) -> Option<UnitInfo> {
+        None
+    }
+    /// The GPUs each of `units` holds; empty on a node without GPUs.
+    fn gpus(&self, _units: &[UnitCgroup]) -> Vec<UnitGpus> {
+        Vec::new()
+    }
+    /// Forgets what it keeps of units that are gone.
+    fn retain(&self, _present: &HashSet<&str>) {}
+}
