@@ -36,6 +36,49 @@ fn help_lists_every_subcommand() {
     }
 }
 
+/// What `git rev-parse --short HEAD` says of this checkout; "unknown" outside git, as the
+/// build script then says.
+fn checkout_revision() -> String {
+    Command::new("git")
+        .args([
+            "-C",
+            env!("CARGO_MANIFEST_DIR"),
+            "rev-parse",
+            "--short",
+            "HEAD",
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+#[test]
+fn build_info_and_version_name_the_revision_of_the_checkout() {
+    let revision = checkout_revision();
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(
+        version.contains(&format!("(revision {revision}, branch ")),
+        "{version}"
+    );
+    assert!(!version.contains("rustc unknown"), "{version}");
+    let exporter = start_exporter(&fixtures().join("compat"), &fixture_args());
+    let metrics = exporter.get("/metrics");
+    let info = metrics
+        .lines()
+        .find(|l| l.starts_with("ceems_exporter_build_info{"))
+        .unwrap_or_else(|| panic!("no build_info:\n{metrics}"));
+    assert!(
+        info.contains(&format!("revision=\"{revision}\"")),
+        "{info} is not revision {revision}"
+    );
+    assert!(!info.contains("rustversion=\"unknown\""), "{info}");
+    assert!(!info.contains("branch=\"unknown\""), "{info}");
+}
+
 #[test]
 fn link_named_ceems_exporter_runs_the_exporter() {
     let dir = tempfile::tempdir().unwrap();

@@ -191,15 +191,9 @@ impl Exporter {
             process_metrics,
             build_info: Labels::new(&[
                 ("version", env!("CARGO_PKG_VERSION")),
-                (
-                    "revision",
-                    option_env!("CEEMS_REVISION").unwrap_or("unknown"),
-                ),
-                ("branch", option_env!("CEEMS_BRANCH").unwrap_or("unknown")),
-                (
-                    "rustversion",
-                    option_env!("CEEMS_RUSTC").unwrap_or("unknown"),
-                ),
+                ("revision", super::REVISION),
+                ("branch", super::BRANCH),
+                ("rustversion", super::RUST_VERSION),
                 ("goos", std::env::consts::OS),
                 ("goarch", std::env::consts::ARCH),
             ]),

@@ -22,9 +22,33 @@ const ARGV0_ALIASES: &[(&str, &str)] = &[
     ("redfish_proxy", "redfish-proxy"),
 ];
 
+/// The git revision, branch and rustc version of this build (`build.rs`; "unknown" where the
+/// source had no git).
+pub const REVISION: &str = env!("CEEMS_REVISION");
+pub const BRANCH: &str = env!("CEEMS_BRANCH");
+pub const RUST_VERSION: &str = env!("CEEMS_RUSTC");
+
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (revision ",
+    env!("CEEMS_REVISION"),
+    ")"
+);
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (revision ",
+    env!("CEEMS_REVISION"),
+    ", branch ",
+    env!("CEEMS_BRANCH"),
+    ", rustc ",
+    env!("CEEMS_RUSTC"),
+    ")"
+);
+
 pub fn cli() -> Command {
     Command::new("ceems")
-        .version(env!("CARGO_PKG_VERSION"))
+        .version(VERSION)
+        .long_version(LONG_VERSION)
         .about("Compute energy and emissions monitoring for HPC batch jobs")
         .long_about(
             "Compute energy and emissions monitoring for HPC batch jobs.\n\n\
