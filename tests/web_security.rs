@@ -251,3 +251,105 @@ fn the_shipped_example_web_config_is_valid_but_for_its_certificate_paths() {
     assert!(sec.auth.is_some());
     assert_eq!(sec.headers.len(), 2);
 }
+
+/// The status and body of a GET with `headers`, over a plain socket: a server that refuses the
+/// request may close before reading all of it, which a client library reports as an error.
+fn raw_get(port: u16, path: &str, headers: &[(&str, String)]) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    let _ = stream.write_all(request.as_bytes());
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP answer: {text:?}"));
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (status, body.to_owned())
+}
+
+fn padding(bytes: usize) -> Vec<(&'static str, String)> {
+    vec![("X-Padding", "a".repeat(bytes))]
+}
+
+/// Each server answers a request whose headers pass 8 KiB with 431, and one just under with
+/// its usual answer.
+fn refuses_oversized_headers(port: u16, path: &str, usual: u16) {
+    assert_eq!(raw_get(port, path, &padding(7 * 1024)).0, usual, "7 KiB");
+    for bytes in [9 * 1024, 100 * 1024] {
+        assert_eq!(raw_get(port, path, &padding(bytes)).0, 431, "{bytes} bytes");
+    }
+    // The server is still there for the next client.
+    assert_eq!(raw_get(port, path, &[]).0, usual, "after the refusals");
+}
+
+#[test]
+fn headers_over_8_kib_get_431_from_every_server() {
+    let tmp = tempfile::tempdir().unwrap();
+    let exporter = common::start_exporter(
+        &common::fixtures().join("compat"),
+        &[
+            "--path.sysfs=sys",
+            "--path.procfs=proc",
+            "--path.cgroupfs=sys/fs/cgroup",
+        ],
+    );
+    refuses_oversized_headers(exporter.port, "/metrics", 200);
+    let proxy = start_subcommand(
+        "redfish-proxy",
+        tmp.path(),
+        &["--redfish.target=10.0.0.1=http://127.0.0.1:9"],
+        &[],
+    );
+    refuses_oversized_headers(proxy.port, "/health", 200);
+    let stats = stats_server(tmp.path());
+    refuses_oversized_headers(stats.port, "/api/v1/health", 200);
+}
+
+fn stats_server(dir: &Path) -> common::Running {
+    let data = format!("--storage.data.path={}", dir.join("data").display());
+    start_subcommand(
+        "stats-server",
+        dir,
+        &[
+            &data,
+            "--slurm.sacct.path=/bin/true",
+            "--slurm.sacctmgr.path=/bin/true",
+            "--storage.update-interval=1h",
+            "--slurm.cluster-id=lab",
+        ],
+        &[],
+    )
+}
+
+#[test]
+fn a_user_name_over_256_bytes_gets_400_with_a_message() {
+    let tmp = tempfile::tempdir().unwrap();
+    let stats = stats_server(tmp.path());
+    let user = |n: usize| vec![("X-Grafana-User", "u".repeat(n))];
+    for path in [
+        "/api/v1/units",
+        "/api/v1/usage/current",
+        "/report/lab/1.json",
+    ] {
+        let (status, body) = raw_get(stats.port, path, &user(257));
+        assert_eq!(status, 400, "{path}: {body}");
+        assert!(
+            body.contains("X-Grafana-User header is 257 bytes long; a user name is at most 256"),
+            "{path}: {body}"
+        );
+    }
+    let (status, body) = raw_get(stats.port, "/api/v1/units", &user(256));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"data\":[]"), "{body}");
+}

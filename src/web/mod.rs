@@ -25,6 +25,11 @@ use tokio::sync::Semaphore;
 /// it, the proxy reads it).
 pub const REDFISH_URL_HEADER: &str = "X-Redfish-Url";
 
+/// The largest request line and headers every server reads; hyper answers a larger one 431
+/// and closes. No client of ours sends more (Grafana's headers, Prometheus's scrapes, an
+/// exporter's Redfish calls are a few hundred bytes), and it bounds what a connection holds.
+pub const MAX_REQUEST_HEAD_BYTES: usize = 8 * 1024;
+
 pub type Body = Full<Bytes>;
 pub type BoxFuture = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
 pub type Handler = Arc<dyn Fn(Request<Incoming>) -> BoxFuture + Send + Sync>;
@@ -291,7 +296,8 @@ pub async fn serve(
                 let http = {
                     let mut b = hyper::server::conn::http1::Builder::new();
                     b.timer(hyper_util::rt::TokioTimer::new())
-                        .header_read_timeout(options.header_read_timeout);
+                        .header_read_timeout(options.header_read_timeout)
+                        .max_buf_size(MAX_REQUEST_HEAD_BYTES);
                     b
                 };
                 match &tls {

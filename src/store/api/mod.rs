@@ -52,6 +52,10 @@ struct Cache {
     answers: std::collections::HashMap<String, Answer>,
 }
 
+/// The longest user name the user header may carry: it becomes part of cache keys and log
+/// lines, and no directory gives longer names (the Linux login limit is 32 bytes).
+pub const MAX_USER_BYTES: usize = 256;
+
 /// The API over a store.
 pub struct Api {
     store: std::sync::Arc<Store>,
@@ -61,9 +65,15 @@ pub struct Api {
 }
 
 impl Api {
-    /// The user a request names in the user header, trimmed; 401 when it names none.
+    /// The user a request names in the user header, trimmed; 401 when it names none, 400 when
+    /// the name is longer than any site gives.
     pub fn user<'a>(&self, header: Option<&'a str>) -> Result<&'a str, ApiError> {
         match header.map(str::trim) {
+            Some(u) if u.len() > MAX_USER_BYTES => Err(ApiError::BadData(format!(
+                "the {} header is {} bytes long; a user name is at most {MAX_USER_BYTES}",
+                self.user_header,
+                u.len()
+            ))),
             Some(u) if !u.is_empty() => Ok(u),
             _ => Err(ApiError::Unauthorized(format!(
                 "no user: the request has no {} header",
