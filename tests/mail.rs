@@ -195,10 +195,7 @@ fn each_user_gets_one_digest_of_their_own_jobs_once_across_restarts_and_an_smtp_
         ],
         "unexpected headers"
     );
-    assert_eq!(
-        alice.envelope["subject"],
-        "ceems: 2 of your jobs could use less"
-    );
+    assert_eq!(alice.envelope["subject"], "ceems: 2 jobs failed");
 
     // In a browser: the findings and the link are there, and nothing is loaded or run.
     if runnable("mail (chromium)", chromium()) {

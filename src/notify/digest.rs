@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::store::findings::Finding;
+use crate::store::findings::{Finding, Severity, Thresholds};
 use crate::store::report::{clean, escape, utc, FINDING_STYLE};
 
 /// A job of the digest, as the store holds it.
@@ -28,12 +28,83 @@ pub fn report_url(base: &str, job: &JobFindings) -> String {
     )
 }
 
-/// The subject names how many jobs, never a job's name: names come from users and do not
-/// belong in a header.
-pub fn subject(jobs: &[JobFindings]) -> String {
-    match jobs.len() {
-        1 => "ceems: one of your jobs could use less".to_owned(),
-        n => format!("ceems: {n} of your jobs could use less"),
+/// The subject says what was found, the most severe first ("ceems: a job failed, 2 jobs used
+/// under 25% of their CPUs"), never a job's name: names come from users and do not belong in a
+/// header. `t` are the thresholds the findings were judged by.
+pub fn subject(jobs: &[JobFindings], t: &Thresholds) -> String {
+    // Each kind of finding once, with the jobs that have it and its highest severity.
+    let mut kinds: Vec<(&str, Severity, usize)> = Vec::new();
+    for job in jobs {
+        let mut seen: Vec<&str> = Vec::new();
+        for f in &job.findings {
+            if seen.contains(&f.id.as_str()) {
+                continue;
+            }
+            seen.push(&f.id);
+            match kinds.iter_mut().find(|(id, _, _)| *id == f.id) {
+                Some(kind) => {
+                    kind.1 = kind.1.max(f.severity);
+                    kind.2 += 1;
+                }
+                None => kinds.push((&f.id, f.severity, 1)),
+            }
+        }
+    }
+    // The energy note goes with every digest; it is news only alone.
+    if kinds.len() > 1 {
+        kinds.retain(|(id, _, _)| *id != "energy");
+    }
+    // Stable: kinds of one severity keep the order of the first job's findings.
+    kinds.sort_by_key(|kind| std::cmp::Reverse(kind.1));
+    let mut said: Vec<String> = kinds
+        .iter()
+        .take(SUBJECT_KINDS)
+        .map(|(id, _, n)| found(id, *n, t))
+        .collect();
+    if kinds.len() > SUBJECT_KINDS {
+        said.push("and more".to_owned());
+    }
+    if said.is_empty() {
+        return match jobs.len() {
+            1 => "ceems: one of your jobs".to_owned(),
+            n => format!("ceems: {n} of your jobs"),
+        };
+    }
+    format!("ceems: {}", said.join(", "))
+}
+
+/// Kinds of findings a subject names; the rest are "and more".
+const SUBJECT_KINDS: usize = 2;
+
+/// What `n` jobs having the finding `id` did, in words.
+fn found(id: &str, n: usize, t: &Thresholds) -> String {
+    let (jobs, its) = match n {
+        1 => ("a job".to_owned(), "its"),
+        n => (format!("{n} jobs"), "their"),
+    };
+    let pct = |v: f64| format!("{v:.0}%");
+    match id {
+        "job_failed" => format!("{jobs} failed"),
+        "memory_exhausted" => format!("{jobs} ran out of memory"),
+        "gpu_unused" => format!("{jobs} never used {its} GPUs"),
+        "gpu_low_use" => format!(
+            "{jobs} kept {its} GPUs under {} busy",
+            pct(t.gpu_utilization_below)
+        ),
+        "cpu_efficiency" => format!(
+            "{jobs} used under {} of {its} CPUs",
+            pct(t.cpu_efficiency_below)
+        ),
+        "memory_underused" => format!(
+            "{jobs} used under {} of {its} memory",
+            pct(t.memory_use_below)
+        ),
+        "time_limit_overestimated" => format!(
+            "{jobs} ran under {} of {its} time limit",
+            pct(t.time_limit_use_below)
+        ),
+        "energy" => format!("the energy and emissions of {jobs}"),
+        other => format!("{jobs}: {}", other.replace('_', " ")),
     }
 }
 
@@ -158,7 +229,69 @@ mod tests {
             "{h}"
         );
         assert!(h.contains("Read the job&#39;s error output."), "{h}");
-        assert_eq!(subject(&jobs), "ceems: one of your jobs could use less");
+        assert_eq!(
+            subject(&jobs, &Thresholds::default()),
+            "ceems: a job failed"
+        );
+    }
+
+    /// A job with findings of these ids and severities.
+    fn with(found: &[(&str, Severity)]) -> JobFindings {
+        JobFindings {
+            findings: found
+                .iter()
+                .map(|(id, severity)| Finding {
+                    id: (*id).into(),
+                    severity: *severity,
+                    message: String::new(),
+                    advice: String::new(),
+                })
+                .collect(),
+            ..job("sim")
+        }
+    }
+
+    #[test]
+    fn subjects_say_what_was_found_most_severe_first() {
+        use Severity::{Critical, Info, Warning};
+        let t = Thresholds::default();
+        let low_cpu = with(&[("cpu_efficiency", Warning), ("energy", Info)]);
+        let failed = with(&[("job_failed", Warning), ("energy", Info)]);
+        assert_eq!(
+            subject(&[failed.clone(), low_cpu.clone(), low_cpu.clone()], &t),
+            "ceems: a job failed, 2 jobs used under 25% of their CPUs"
+        );
+        let oom = with(&[("memory_exhausted", Critical), ("job_failed", Warning)]);
+        assert_eq!(
+            subject(&[low_cpu.clone(), oom], &t),
+            "ceems: a job ran out of memory, a job used under 25% of its CPUs, and more"
+        );
+        let strict = Thresholds {
+            cpu_efficiency_below: 50.0,
+            ..Thresholds::default()
+        };
+        assert_eq!(
+            subject(&[low_cpu], &strict),
+            "ceems: a job used under 50% of its CPUs"
+        );
+        assert_eq!(
+            subject(&[with(&[("energy", Info)])], &t),
+            "ceems: the energy and emissions of a job"
+        );
+        assert_eq!(
+            subject(
+                &[
+                    with(&[("gpu_unused", Critical)]),
+                    with(&[("gpu_unused", Critical)])
+                ],
+                &t
+            ),
+            "ceems: 2 jobs never used their GPUs"
+        );
+        // A finding listed twice in one job counts that job once.
+        let twice = with(&[("job_failed", Warning), ("job_failed", Warning)]);
+        assert_eq!(subject(&[twice], &t), "ceems: a job failed");
+        assert_eq!(subject(&[with(&[])], &t), "ceems: one of your jobs");
     }
 
     #[test]

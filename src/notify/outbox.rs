@@ -13,7 +13,7 @@ use super::digest::{self, JobFindings};
 use super::smtp::{Delivery, MailError};
 use super::{compose, message_id, Addresses};
 use crate::store::db::{Store, StoreError, Tx};
-use crate::store::findings::{Finding, Severity};
+use crate::store::findings::{Finding, Severity, Thresholds};
 use crate::store::sql::Sql;
 
 /// What the notifier sends, and to whom.
@@ -30,6 +30,8 @@ pub struct Notifier {
     pub aggregated_clusters: HashSet<String>,
     pub delivery: Delivery,
     pub period: Duration,
+    /// What the findings were judged by, for the subjects' words.
+    pub thresholds: Thresholds,
 }
 
 /// What one round did.
@@ -182,7 +184,7 @@ impl Notifier {
                 let composed = compose(
                     &self.from,
                     to.clone(),
-                    &digest::subject(&found),
+                    &digest::subject(&found, &self.thresholds),
                     &id,
                     SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(now).unwrap_or(0)),
                     digest::text(user, &found, &self.base_url),
@@ -336,6 +338,7 @@ mod tests {
             aggregated_clusters: HashSet::new(),
             delivery,
             period: Duration::from_secs(86400),
+            thresholds: Thresholds::default(),
         }
     }
 

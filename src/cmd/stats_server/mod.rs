@@ -312,6 +312,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 .filter(|c| !c.prometheus_url.as_deref().unwrap_or(&prom.url).is_empty())
                 .map(|c| c.id.clone())
                 .collect(),
+            thresholds.clone(),
         )
         .context("[stats-server.notify]")?;
 

@@ -228,6 +228,7 @@ impl NotifySettings {
         &self,
         base_url: String,
         aggregated_clusters: std::collections::HashSet<String>,
+        thresholds: crate::store::findings::Thresholds,
     ) -> anyhow::Result<Option<Notifier>> {
         let delivery = if !self.eml_dir.is_empty() {
             tracing::info!(dir = %self.eml_dir, "digests are written as .eml files, not sent (--notify.eml-dir)");
@@ -259,6 +260,7 @@ impl NotifySettings {
             aggregated_clusters,
             delivery,
             period: self.period,
+            thresholds,
         }))
     }
 }
