@@ -1,7 +1,8 @@
 //! ceems: compute energy and emissions monitoring for HPC batch jobs.
 //!
 //! One binary with subcommands (`exporter`, `stats-server`, `redfish-proxy`,
-//! `check-privileges`) sharing one config loader, one collector registry and one web layer.
+//! `check-privileges`, `mailprog`) sharing one config loader, one collector registry and one
+//! web layer. The README's "Layout" says what each module holds and may import.
 
 pub mod cmd;
 pub mod collect;
