@@ -374,6 +374,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let settings = config::load("exporter", &opts, matches)?;
     let log: LogConfig = settings.get("log")?;
     crate::log::init(&log)?;
+    settings.log_deprecated();
     // Job cgroup files stay open between scrapes, within a share of this limit.
     match crate::host::cgroup::kept::raise_nofile_limit() {
         Ok((old, new)) if old != new => {

@@ -151,6 +151,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let settings = config::load("mailprog", &opts(), matches)?;
     let log: LogConfig = settings.get("log")?;
     crate::log::init(&log)?;
+    settings.log_deprecated();
     let MailprogSettings {
         mail,
         cluster_id: mut cluster,

@@ -140,6 +140,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let settings = config::load("redfish-proxy", &opts(), matches)?;
     let log: LogConfig = settings.get("log")?;
     crate::log::init(&log)?;
+    settings.log_deprecated();
     let web_settings: WebSettings = settings.get("web")?;
     // Bind (a port below 1024 needs root), then run as nobody with no capability at all.
     let listener = web::bind_std(&web_settings.listen_address)?;

@@ -64,6 +64,10 @@ pub struct Opt {
     pub env: Option<String>,
     /// Other spellings accepted on the command line (CEEMS's deprecated ones).
     pub aliases: Vec<String>,
+    /// Flags this option had before CEEMS renamed it: each is still accepted, hidden, as a
+    /// flag, an environment variable and a config-file key, and its use is reported in
+    /// [`Layered::deprecated`].
+    pub renamed_from: Vec<String>,
     pub possible: Vec<&'static str>,
     pub hidden: bool,
 }
@@ -78,6 +82,7 @@ impl Opt {
             default: None,
             env: None,
             aliases: Vec::new(),
+            renamed_from: Vec::new(),
             possible: Vec::new(),
             hidden: false,
         }
@@ -105,6 +110,38 @@ impl Opt {
     pub fn alias(mut self, alias: &str) -> Opt {
         self.aliases.push(alias.to_owned());
         self
+    }
+
+    /// The option's flag before a rename (see [`Opt::renamed_from`]).
+    pub fn renamed_from(mut self, old_flag: &str) -> Opt {
+        self.renamed_from.push(old_flag.to_owned());
+        self
+    }
+
+    /// The old spellings as options of their own: hidden, without a default, setting this key.
+    fn old_spellings(&self) -> Vec<Opt> {
+        self.renamed_from
+            .iter()
+            .map(|old| Opt {
+                flag: old.clone(),
+                key: self.key.clone(),
+                help: format!("Deprecated: use --{}", self.flag),
+                default: None,
+                env: None,
+                aliases: Vec::new(),
+                renamed_from: Vec::new(),
+                hidden: true,
+                ..self.clone()
+            })
+            .collect()
+    }
+
+    /// Where an old spelling's value sat in the config file: the key, renamed as the flag was.
+    fn old_key(&self, old_flag: &str) -> String {
+        match self.key.strip_prefix(&self.flag) {
+            Some(rest) => format!("{old_flag}{rest}"),
+            None => old_flag.to_owned(),
+        }
     }
 
     pub fn possible(mut self, values: &[&'static str]) -> Opt {
@@ -264,8 +301,11 @@ pub fn build_command(cmd: Command, opts: &[Opt]) -> Command {
                 "TOML config file; its table for this subcommand sets defaults that flags override",
             ),
     );
-    for opt in opts {
-        let mut opt = opt.clone();
+    for opt in opts
+        .iter()
+        .flat_map(|o| o.old_spellings().into_iter().chain([o.clone()]))
+    {
+        let mut opt = opt;
         if opt.env.is_none() {
             opt.env = Some(env_name(&sub, &opt.flag));
         }
@@ -283,6 +323,9 @@ pub struct Layered {
     pub file: Option<PathBuf>,
     from_file: BTreeSet<String>,
     from_cli: BTreeSet<String>,
+    /// One line per renamed spelling this run used (a flag, variable or file key), for the
+    /// subcommand to log once logging is set up.
+    pub deprecated: Vec<String>,
 }
 
 impl Layered {
@@ -325,6 +368,14 @@ impl Layered {
             file: self.file.clone(),
             from_file: strip(&self.from_file),
             from_cli: strip(&self.from_cli),
+            deprecated: Vec::new(),
+        }
+    }
+
+    /// Warns, once each, of the renamed spellings this run used.
+    pub fn log_deprecated(&self) {
+        for line in &self.deprecated {
+            tracing::warn!("{line}");
         }
     }
 
@@ -387,6 +438,21 @@ fn take_path(table: &mut Table, path: &str) -> Option<Table> {
             }
         },
         Some(rest) => take_path(table.get_mut(head)?.as_table_mut()?, rest),
+    }
+}
+
+/// Removes the value at `path`, and the tables it leaves empty on the way.
+fn remove_path(table: &mut Table, path: &str) -> Option<Value> {
+    match path.split_once('.') {
+        None => table.remove(path),
+        Some((head, rest)) => {
+            let inner = table.get_mut(head)?.as_table_mut()?;
+            let v = remove_path(inner, rest)?;
+            if inner.is_empty() {
+                table.remove(head);
+            }
+            Some(v)
+        }
     }
 }
 
@@ -559,14 +625,37 @@ pub fn load(subcommand: &str, opts: &[Opt], matches: &ArgMatches) -> Result<Laye
         .get_one::<String>(CONFIG_FILE_ARG)
         .map(PathBuf::from);
     let mut from_file = BTreeSet::new();
+    let mut deprecated = Vec::new();
     if let Some(path) = &file {
-        let file_table = read_file(path, subcommand)?;
+        let mut file_table = read_file(path, subcommand)?;
+        for opt in opts {
+            for old in &opt.renamed_from {
+                let old_key = opt.old_key(old);
+                if let Some(v) = remove_path(&mut file_table, &old_key) {
+                    deprecated.push(format!(
+                        "config file {}: `{old_key}` is deprecated, use `{}`",
+                        path.display(),
+                        opt.key
+                    ));
+                    if lookup(&file_table, &opt.key).is_none() {
+                        set_path(&mut file_table, &opt.key, v);
+                    }
+                }
+            }
+        }
         validate(&file_table, "", opts, path)?;
         overlay(&mut table, file_table, "", &mut from_file);
     }
 
     let mut from_cli = BTreeSet::new();
-    for opt in opts {
+    // An old spelling first, so that the new one wins when both are given.
+    let spellings = opts.iter().flat_map(|o| {
+        o.old_spellings()
+            .into_iter()
+            .map(move |old| (old, Some(o)))
+            .chain([(o.clone(), None)])
+    });
+    for (opt, renamed_to) in spellings {
         let explicit = |id: &str| {
             matches!(
                 matches.value_source(id),
@@ -602,6 +691,14 @@ pub fn load(subcommand: &str, opts: &[Opt], matches: &ArgMatches) -> Result<Laye
             _ => None,
         };
         if let Some(v) = value {
+            if let Some(new) = renamed_to {
+                deprecated.push(format!(
+                    "--{} (or {}) is deprecated, use --{}",
+                    opt.flag,
+                    env_name(subcommand, &opt.flag),
+                    new.flag
+                ));
+            }
             set_path(&mut table, &opt.key, v);
             from_cli.insert(opt.key.clone());
         }
@@ -612,6 +709,7 @@ pub fn load(subcommand: &str, opts: &[Opt], matches: &ArgMatches) -> Result<Laye
         file,
         from_file,
         from_cli,
+        deprecated,
     })
 }
 

@@ -270,6 +270,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let settings = config::load("stats-server", &opts(), matches)?;
     let log: LogConfig = settings.get("log")?;
     crate::log::init(&log)?;
+    settings.log_deprecated();
     let listen: String = settings.get("web.listen-address")?;
     let storage: Storage = settings.get("storage")?;
     let slurm: SlurmSettings = settings.get("slurm")?;
