@@ -11,7 +11,7 @@ use crate::collect::units::{cgroup_version_of, ResourceManager, SubCollector};
 use crate::collect::{
     self, cpu, cray_pm_counters, emissions, gpu, hwmon, infiniband, ipmi, meminfo, netdev, rapl,
     redfish, slurm_cluster, units, Capability, CollectError, Collector, CollectorSpec,
-    CommonSettings, Context, Paths,
+    CommonSettings, Context, MetricNames, Paths,
 };
 use crate::config::{Layered, Opt};
 use crate::manager;
@@ -39,30 +39,55 @@ pub static COLLECTORS: &[CollectorSpec] = &[
 /// options.
 pub fn options() -> Vec<Opt> {
     let mut opts = collect::common_options();
+    // The collectors CEEMS renamed keep their old flags.
+    let renamed = |opt: Opt, name: &str| match v010_name(name) {
+        Some(old) if old != name => opt.renamed_from(&format!("collector.{old}")),
+        _ => opt,
+    };
     for spec in COLLECTORS {
-        opts.push(
-            Opt::flag(
-                &format!("collector.{}", spec.name),
-                &format!(
-                    "Enable the {} collector (default: {})",
-                    spec.name,
-                    if spec.default_enabled {
-                        "enabled"
-                    } else {
-                        "disabled"
-                    }
-                ),
-            )
-            .key(&format!("collector.{}.enabled", spec.name))
-            .default(if spec.default_enabled {
-                "true"
-            } else {
-                "false"
-            }),
-        );
+        let default = match (spec.default_enabled, V010_DEFAULTS.contains(&spec.name)) {
+            (true, _) => "enabled",
+            (false, false) => "disabled",
+            (false, true) => "disabled; enabled with --compat.metric-names=v0.10",
+        };
+        // No default value: whether it is on by default depends on --compat.metric-names.
+        let mut enable = Opt::flag(
+            &format!("collector.{}", spec.name),
+            &format!("Enable the {} collector (default: {default})", spec.name),
+        )
+        .key(&format!("collector.{}.enabled", spec.name));
+        enable.default = None;
+        opts.push(renamed(enable, spec.name));
         opts.extend((spec.options)());
     }
     opts
+}
+
+/// Collectors today's CEEMS leaves off that v0.10 turned on by default.
+const V010_DEFAULTS: &[&str] = &["rapl"];
+
+/// Collectors that had another name in CEEMS v0.10, with that name.
+const V010_NAMES: &[(&str, &str)] = &[("ipmi", "ipmi_dcmi")];
+
+/// A collector's name in CEEMS v0.10.
+fn v010_name(name: &str) -> Option<&'static str> {
+    V010_NAMES
+        .iter()
+        .find(|(now, _)| *now == name)
+        .map(|(_, old)| *old)
+}
+
+/// The name a collector reports itself by (`ceems_scrape_collector_success{collector=…}`).
+pub fn collector_label(spec: &CollectorSpec, names: MetricNames) -> &'static str {
+    match names {
+        MetricNames::Current => spec.name,
+        MetricNames::V010 => v010_name(spec.name).unwrap_or(spec.name),
+    }
+}
+
+/// Whether a collector runs unless a flag says otherwise.
+fn default_on(spec: &CollectorSpec, names: MetricNames) -> bool {
+    spec.default_enabled || (names == MetricNames::V010 && V010_DEFAULTS.contains(&spec.name))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +118,7 @@ pub struct Registry {
 /// its own settings table, and the settings they share.
 pub struct Selection {
     pub common: CommonSettings,
+    pub names: MetricNames,
     pub enabled: Vec<(&'static CollectorSpec, Layered)>,
 }
 
@@ -108,6 +134,7 @@ pub fn select(settings: &Layered) -> Result<Selection, crate::config::ConfigErro
     }
     // What is left are the shared keys; unknown ones fail here, naming the key.
     let common: CommonSettings = settings.scoped("collector", collectors).get("")?;
+    let names: MetricNames = settings.get("compat.metric-names")?;
     let mut enabled = Vec::new();
     for (spec, table) in COLLECTORS.iter().zip(tables) {
         let path = format!("collector.{}", spec.name);
@@ -121,10 +148,10 @@ pub fn select(settings: &Layered) -> Result<Selection, crate::config::ConfigErro
                     message: "expected true or false".to_owned(),
                 })
             }
-            None => spec.default_enabled,
+            None => default_on(spec, names),
         };
         // disable-defaults turns off default collectors unless they were named explicitly.
-        let on = if common.disable_defaults && spec.default_enabled {
+        let on = if common.disable_defaults && default_on(spec, names) {
             on && layer.explicit("enabled")
         } else {
             on
@@ -135,7 +162,11 @@ pub fn select(settings: &Layered) -> Result<Selection, crate::config::ConfigErro
             enabled.push((spec, layer));
         }
     }
-    Ok(Selection { common, enabled })
+    Ok(Selection {
+        common,
+        names,
+        enabled,
+    })
 }
 
 /// The sub-collectors that run inside the enabled unit collectors, each with what it needs:
@@ -202,6 +233,16 @@ fn alloy_manager_capabilities(manager: &str) -> &'static [Capability] {
     }
 }
 
+/// The `hostname` label: `--collector.force-hostname`, else empty with
+/// `--collector.empty-hostname-label`, else the node's name.
+pub fn hostname_label(common: &CommonSettings, node: &str) -> String {
+    match (&common.force_hostname, common.empty_hostname_label) {
+        (Some(forced), _) => forced.clone(),
+        (None, true) => String::new(),
+        (None, false) => node.to_owned(),
+    }
+}
+
 /// The Alloy targets discoverer the settings ask for, built on the named manager's discovery.
 pub fn alloy_targets(settings: &Layered) -> Result<Option<AlloyTargets>, CollectError> {
     let err = |e: crate::config::ConfigError| CollectError::Other(e.to_string());
@@ -242,26 +283,28 @@ impl Registry {
     /// Builds the enabled collectors. A collector that cannot start is an error that names it.
     pub fn build(settings: &Layered, hostname: &str) -> Result<Registry, RegistryError> {
         let paths: Paths = settings.get("path")?;
-        let Selection { common, enabled } = select(settings)?;
+        let Selection {
+            common,
+            names,
+            enabled,
+        } = select(settings)?;
         let mut entries = Vec::new();
         for (spec, layer) in enabled {
             let ctx = Context {
                 paths: paths.clone(),
                 common: common.clone(),
-                hostname: if common.empty_hostname_label {
-                    String::new()
-                } else {
-                    hostname.to_owned()
-                },
+                names,
+                hostname: hostname_label(&common, hostname),
                 settings: layer,
             };
+            let name = collector_label(spec, names);
             let collector = (spec.build)(&ctx).map_err(|source| RegistryError::Build {
                 name: spec.name,
                 source,
             })?;
-            tracing::info!(collector = spec.name, "collector enabled");
+            tracing::info!(collector = name, "collector enabled");
             entries.push(Entry {
-                name: spec.name,
+                name,
                 collector: Arc::from(collector),
                 busy: Arc::new(AtomicBool::new(false)),
             });

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
 
 use common::bmc::{Flavor, StandinBmc};
@@ -57,36 +57,64 @@ enum Gpu {
     Amd,
 }
 
-fn check(scenario: &str, flags: &[&str], ipmi: Ipmi, redfish: bool, gpu: Gpu) {
+/// Which generation of names a run speaks and is compared with: v0.10 with CEEMS's v0.10 pack
+/// (every value), today's with the upstream outputs of the same scenario (families).
+#[derive(Clone, Copy, PartialEq)]
+enum Generation {
+    V010,
+    Current,
+}
+
+/// The expected output of a scenario in the v0.10 pack or the upstream outputs.
+fn expected_file(scenario: &str, generation: Generation) -> std::path::PathBuf {
+    // The one expected file without the suffix.
+    let file = match scenario {
+        "cgroupsv2-nvidia-gpu-reordering" => format!("e2e-test-{scenario}.txt"),
+        _ => format!("e2e-test-{scenario}-output.txt"),
+    };
+    match generation {
+        Generation::V010 => fixtures().join("compat/expected").join(file),
+        Generation::Current => std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared/ceems-upstream/expected/exporter")
+            .join(file),
+    }
+}
+
+/// The exporter's /metrics on the v0.10 pack's trees, started as the scenario's command line
+/// of that generation starts CEEMS: v0.10's spellings and empty hostnames, or today's flags
+/// (the `ipmi` collector, `--collector.redfish.config.file` with environment expansion, RAPL
+/// named, a forced hostname).
+fn scrape(
+    scenario: &str,
+    flags: &[&str],
+    ipmi: &Ipmi,
+    redfish: bool,
+    gpu: &Gpu,
+    generation: Generation,
+) -> String {
     let dir = fixtures().join("compat");
     let stubs = tempfile::tempdir().expect("tempdir");
-    let file = match scenario {
-        // The one expected file without the suffix.
-        "cgroupsv2-nvidia-gpu-reordering" => format!("expected/e2e-test-{scenario}.txt"),
-        _ => format!("expected/e2e-test-{scenario}-output.txt"),
-    };
-    // CEEMS ran with --path.sysfs=pkg/collector/testdata/sys; we run with sys.
-    let mut expected_text = std::fs::read_to_string(dir.join(file))
-        .expect("expected output")
-        .replace("path=\"pkg/collector/testdata/sys/", "path=\"sys/");
-    // Block IO: CEEMS's gauges are counters here, named as Prometheus names counters
-    // (docs/compat.md).
-    for (ceems, ours) in BLKIO_RENAMES {
-        expected_text = expected_text
-            .replace(
-                &format!("# TYPE {ceems} gauge"),
-                &format!("# TYPE {ours} counter"),
-            )
-            .replace(ceems, ours);
-    }
     let mut args = vec![
         "--path.sysfs=sys",
         "--path.cgroupfs=sys/fs/cgroup",
         "--path.procfs=proc",
-        "--collector.empty-hostname-label",
         "--web.disable-exporter-metrics",
         "--log.level=debug",
     ];
+    match generation {
+        // CEEMS v0.10's command lines, old spellings included; RAPL is on by default there.
+        Generation::V010 => args.extend([
+            "--compat.metric-names=v0.10",
+            "--collector.empty-hostname-label",
+        ]),
+        Generation::Current => {
+            args.extend(["--collector.force-hostname=testhost-1", "--collector.rapl"])
+        }
+    }
+    // Upstream's scenario without GPUs reads emission factors too.
+    if generation == Generation::Current && scenario == "cgroupsv2-nogpu" {
+        args.push("--collector.emissions");
+    }
     if !flags.contains(&"--collector.libvirt") {
         args.push("--collector.slurm");
     }
@@ -138,6 +166,10 @@ fn check(scenario: &str, flags: &[&str], ipmi: Ipmi, redfish: bool, gpu: Gpu) {
     let ipmi_flag;
     match ipmi {
         Ipmi::Flag(flag, tool) => {
+            let flag = match generation {
+                Generation::V010 => flag,
+                Generation::Current => &CURRENT_FLAG,
+            };
             let path = stub(stubs.path(), tool, &dir.join(ipmi_capture(tool)));
             ipmi_flag = format!("--{flag}={}", path.display());
             args.push(&ipmi_flag);
@@ -149,7 +181,10 @@ fn check(scenario: &str, flags: &[&str], ipmi: Ipmi, redfish: bool, gpu: Gpu) {
             env.push(("PATH", std::ffi::OsString::from(stubs.path())));
         }
     }
-    args.extend(["--collector.ipmi_dcmi", "--collector.ipmi_dcmi.test-mode"]);
+    args.extend(match generation {
+        Generation::V010 => ["--collector.ipmi_dcmi", "--collector.ipmi_dcmi.test-mode"],
+        Generation::Current => ["--collector.ipmi", "--collector.ipmi.test-mode"],
+    });
     // CEEMS's mock listens on :5000; ours on a free port, named in a copy of its config.
     let _bmc;
     let redfish_flag;
@@ -161,13 +196,35 @@ fn check(scenario: &str, flags: &[&str], ipmi: Ipmi, redfish: bool, gpu: Gpu) {
         let original = std::fs::read_to_string(dir.join("fixtures/redfish/config.yml"))
             .expect("redfish config");
         let config = stubs.path().join("redfish.yml");
-        std::fs::write(
-            &config,
-            original.replace("port: 5000", &format!("port: {}", bmc.port)),
-        )
-        .expect("write config");
-        redfish_flag = format!("--collector.redfish.web-config={}", config.display());
-        args.extend(["--collector.redfish", &redfish_flag]);
+        match generation {
+            Generation::V010 => {
+                std::fs::write(
+                    &config,
+                    original.replace("port: 5000", &format!("port: {}", bmc.port)),
+                )
+                .expect("write config");
+                redfish_flag = format!("--collector.redfish.web-config={}", config.display());
+                args.extend(["--collector.redfish", &redfish_flag]);
+            }
+            // As upstream's config: the BMC from the environment.
+            Generation::Current => {
+                std::fs::write(
+                    &config,
+                    original
+                        .replace("host: localhost", "host: ${REDFISH_HOST}")
+                        .replace("port: 5000", "port: $REDFISH_PORT"),
+                )
+                .expect("write config");
+                env.push(("REDFISH_HOST", "localhost".into()));
+                env.push(("REDFISH_PORT", bmc.port.to_string().into()));
+                redfish_flag = format!("--collector.redfish.config.file={}", config.display());
+                args.extend([
+                    "--collector.redfish",
+                    &redfish_flag,
+                    "--collector.redfish.config.file.expand-env-vars",
+                ]);
+            }
+        }
         _bmc = bmc;
     }
     // CEEMS's fake rdma dispatches on its first two words (SCENARIOS.md): `statistic qp …`
@@ -189,7 +246,31 @@ fn check(scenario: &str, flags: &[&str], ipmi: Ipmi, redfish: bool, gpu: Gpu) {
         args.push(&rdma_flag);
     }
     let exporter = start_exporter_env(&dir, &args, &env);
-    let actual_text = exporter.get("/metrics");
+    exporter.get("/metrics")
+}
+
+fn check(scenario: &str, flags: &[&str], ipmi: Ipmi, redfish: bool, gpu: Gpu) {
+    check_v010(scenario, flags, &ipmi, redfish, &gpu);
+    check_upstream(scenario, flags, &ipmi, redfish, &gpu);
+}
+
+/// Every series of the v0.10 pack's scenario, value included, with `--compat.metric-names=v0.10`.
+fn check_v010(scenario: &str, flags: &[&str], ipmi: &Ipmi, redfish: bool, gpu: &Gpu) {
+    // CEEMS ran with --path.sysfs=pkg/collector/testdata/sys; we run with sys.
+    let mut expected_text = std::fs::read_to_string(expected_file(scenario, Generation::V010))
+        .expect("expected output")
+        .replace("path=\"pkg/collector/testdata/sys/", "path=\"sys/");
+    // Block IO: CEEMS's gauges are counters here, named as Prometheus names counters
+    // (docs/compat.md).
+    for (ceems, ours) in BLKIO_RENAMES {
+        expected_text = expected_text
+            .replace(
+                &format!("# TYPE {ceems} gauge"),
+                &format!("# TYPE {ours} counter"),
+            )
+            .replace(ceems, ours);
+    }
+    let actual_text = scrape(scenario, flags, ipmi, redfish, gpu, Generation::V010);
 
     let filter = |text: &str| -> BTreeMap<String, f64> {
         parse_series(text)
@@ -252,7 +333,139 @@ fn check(scenario: &str, flags: &[&str], ipmi: Ipmi, redfish: bool, gpu: Gpu) {
     }
 }
 
-/// CEEMS's block IO gauges and the counters that replace them.
+/// A family as an exposition declares it: its type, its help, and the label names of its
+/// samples.
+#[derive(Debug, Default, PartialEq)]
+struct Family {
+    kind: String,
+    help: String,
+    labels: BTreeSet<Vec<String>>,
+}
+
+/// The label names of a sample line (`name{a="x",b="y"} 1`), in their order.
+fn label_names(line: &str) -> Vec<String> {
+    let Some(open) = line.find('{') else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    let mut rest = &line[open + 1..];
+    while let Some(eq) = rest.find("=\"") {
+        names.push(rest[..eq].trim_start_matches(',').to_owned());
+        // Skip the quoted value, escapes included.
+        let mut chars = rest[eq + 2..].char_indices();
+        let mut end = rest.len();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    chars.next();
+                }
+                '"' => {
+                    end = eq + 2 + i + 1;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        rest = &rest[end..];
+        if rest.starts_with('}') {
+            break;
+        }
+    }
+    names
+}
+
+/// The `ceems_` families that have samples, but the build's identity and scrape durations
+/// (upstream's e2e script drops their samples).
+fn families(text: &str) -> BTreeMap<String, Family> {
+    let mut out: BTreeMap<String, Family> = BTreeMap::new();
+    let mut declared: BTreeMap<String, Family> = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            declared.entry(name.to_owned()).or_default().help = help.to_owned();
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
+            declared.entry(name.to_owned()).or_default().kind = kind.to_owned();
+        } else if !line.starts_with('#') && !line.trim().is_empty() {
+            let name = name_of(line);
+            if !name.starts_with("ceems_")
+                || name == "ceems_exporter_build_info"
+                || name == "ceems_scrape_collector_duration_seconds"
+            {
+                continue;
+            }
+            let family = out.entry(name.to_owned()).or_default();
+            if let Some(d) = declared.get(name) {
+                family.kind.clone_from(&d.kind);
+                family.help.clone_from(&d.help);
+            }
+            family.labels.insert(label_names(line));
+        }
+    }
+    out
+}
+
+/// The `collector` label values of `ceems_scrape_collector_success`.
+fn collectors(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("ceems_scrape_collector_success{collector=\""))
+        .filter_map(|rest| rest.split_once('"').map(|(name, _)| name.to_owned()))
+        .collect()
+}
+
+/// Today's families of the scenario against upstream's newest outputs of the same name:
+/// names, types, help and label names, but for the deviations `docs/compat.md` lists. Values
+/// are not compared: upstream's fixture trees changed since the v0.10 pack.
+fn check_upstream(scenario: &str, flags: &[&str], ipmi: &Ipmi, redfish: bool, gpu: &Gpu) {
+    let expected_text = std::fs::read_to_string(expected_file(scenario, Generation::Current))
+        .expect("upstream output");
+    let actual_text = scrape(scenario, flags, ipmi, redfish, gpu, Generation::Current);
+    let mut expected = families(&expected_text);
+    let actual = families(&actual_text);
+    assert!(expected.len() > 10, "{scenario}: too few upstream families");
+    for (ceems, ours) in BLKIO_RENAMES {
+        if let Some(mut f) = expected.remove(ceems) {
+            f.kind = "counter".into();
+            expected.insert(ours.to_owned(), f);
+        }
+    }
+    let mut diffs = Vec::new();
+    for (name, want) in &expected {
+        match actual.get(name) {
+            None => diffs.push(format!("missing  {name} {want:?}")),
+            Some(got) if got != want => diffs.push(format!(
+                "differs  {name}\n    upstream {want:?}\n    ours     {got:?}"
+            )),
+            Some(_) => {}
+        }
+    }
+    for (name, got) in &actual {
+        if !expected.contains_key(name) {
+            diffs.push(format!("extra    {name} {got:?}"));
+        }
+    }
+    // Dashboards select collectors by name: `ipmi`, not v0.10's `ipmi_dcmi`.
+    let (want, got) = (collectors(&expected_text), collectors(&actual_text));
+    if want != got {
+        diffs.push(format!(
+            "differs  collector names\n    upstream {want:?}\n    ours     {got:?}"
+        ));
+    }
+    println!(
+        "{scenario}: {} upstream families compared ({} differences)",
+        expected.len(),
+        diffs.len()
+    );
+    assert!(
+        diffs.is_empty(),
+        "{scenario}: {} differences from upstream CEEMS:\n{}",
+        diffs.len(),
+        diffs.join("\n")
+    );
+}
+
+/// CEEMS's block IO gauges and the counters that replace them: the one family-level deviation
+/// from upstream, listed in docs/compat.md.
 const BLKIO_RENAMES: [(&str, &str); 4] = [
     (
         "ceems_compute_unit_blkio_read_total_bytes",
@@ -302,8 +515,10 @@ fn documented_deviation(scenario: &str, series: &str, want: f64, got: f64) -> bo
 }
 
 const FLAG: &str = "collector.ipmi_dcmi.cmd";
-/// CEEMS's deprecated spelling, which several of its scenarios use.
+/// The spelling v0.10 deprecated and v0.11 made current; several v0.10 scenarios use it.
 const DOTTED_FLAG: &str = "collector.ipmi.dcmi.cmd";
+/// Today's spelling.
+const CURRENT_FLAG: &str = DOTTED_FLAG;
 
 #[test]
 fn cgroupsv1() {

@@ -58,13 +58,15 @@ fn expectation(line: usize) -> Expect {
             "ceems_scrape_collector_success{collector=\"libvirt\"} 1",
             "ceems_compute_unit_cpu_user_seconds_total{cgrouphostname=\"\",hostname=",
         ]),
-        // No OpenIPMI device here: the collector runs and says so at each scrape.
-        289 => Expect::Metrics(&["ceems_scrape_collector_success{collector=\"ipmi_dcmi\"} 0"]),
+        // No OpenIPMI device here: the collector runs and says so at each scrape. The v0.10
+        // document's flag is an alias of today's `ipmi` collector, which reports by that name.
+        289 => Expect::Metrics(&["ceems_scrape_collector_success{collector=\"ipmi\"} 0"]),
         // The document's next sentence: the web config "must be provided".
-        311 => Expect::Refused("needs --collector.redfish.web-config"),
+        311 => Expect::Refused("needs --collector.redfish.config.file"),
         411 => Expect::Metrics(&[
             "ceems_scrape_collector_success{collector=\"redfish\"} 1",
-            "ceems_redfish_current_watts{chassis=\"1U\"",
+            // Today's name: the document's command line does not ask for v0.10 names.
+            "ceems_redfish_power_current_watts{chassis=\"1U\"",
         ]),
         472 => Expect::Proxy,
         548 | 570 => Expect::AlloyTargets,

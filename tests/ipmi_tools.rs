@@ -94,22 +94,22 @@ fn real_ipmitool_and_ipmi_dcmi_output_is_read() {
             tool("ipmi-dcmi")
         ),
     ] {
-        let flag = format!("--collector.ipmi_dcmi.cmd={cmd}");
+        let flag = format!("--collector.ipmi.dcmi.cmd={cmd}");
         let exporter = start_exporter(
             Path::new("."),
             &[
                 "--collector.disable-defaults",
-                "--collector.ipmi_dcmi",
+                "--collector.ipmi",
                 &flag,
                 "--collector.empty-hostname-label",
             ],
         );
         let series = parse_series(&exporter.get("/metrics"));
         for (name, want) in [
-            ("ceems_ipmi_dcmi_current_watts", 344.0),
-            ("ceems_ipmi_dcmi_min_watts", 271.0),
-            ("ceems_ipmi_dcmi_max_watts", 405.0),
-            ("ceems_ipmi_dcmi_avg_watts", 319.0),
+            ("ceems_ipmi_dcmi_power_current_watts", 344.0),
+            ("ceems_ipmi_dcmi_power_min_watts", 271.0),
+            ("ceems_ipmi_dcmi_power_max_watts", 405.0),
+            ("ceems_ipmi_dcmi_power_avg_watts", 319.0),
         ] {
             assert_eq!(
                 series.get(&format!("{name}{{hostname=\"\"}}")),
@@ -118,7 +118,7 @@ fn real_ipmitool_and_ipmi_dcmi_output_is_read() {
             );
         }
         assert_eq!(
-            series.get("ceems_scrape_collector_success{collector=\"ipmi_dcmi\"}"),
+            series.get("ceems_scrape_collector_success{collector=\"ipmi\"}"),
             Some(&1.0),
             "{cmd}"
         );

@@ -104,7 +104,7 @@ fn man_pages_and_completions_cover_every_subcommand() {
     }
     let bash = std::fs::read_to_string(tmp.path().join("completions/ceems.bash")).unwrap();
     assert!(
-        bash.contains("--collector.ipmi_dcmi.cmd"),
+        bash.contains("--collector.ipmi.dcmi.cmd"),
         "bash completion lacks flags"
     );
     assert!(tmp.path().join("completions/_ceems").exists());

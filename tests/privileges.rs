@@ -124,6 +124,7 @@ fn exporter_drops_to_nobody_and_raises_ptrace_only_to_read_a_foreign_environ() {
     let cg_flag = format!("--path.cgroupfs={}", cg.display());
     let args = [
         "--collector.slurm",
+        "--collector.rapl",
         "--collector.cgroups.force-version=v2",
         "--path.procfs=/proc",
         cg_flag.as_str(),

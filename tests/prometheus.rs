@@ -127,9 +127,9 @@ fn promtool_check_metrics_is_clean_but_for_documented_names() {
     std::fs::set_permissions(stubs.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let sinfo_flag = format!("--collector.slurm_cluster.sinfo-path={}", sinfo.display());
     let squeue_flag = format!("--collector.slurm_cluster.squeue-path={}", squeue.display());
-    let ipmi_flag = format!("--collector.ipmi_dcmi.cmd={}", ipmi.display());
+    let ipmi_flag = format!("--collector.ipmi.dcmi.cmd={}", ipmi.display());
     let nvidia_smi_flag = format!("--collector.gpu.nvidia-smi-path={}", nvidia_smi.display());
-    let redfish_flag = format!("--collector.redfish.web-config={}", redfish.display());
+    let redfish_flag = format!("--collector.redfish.config.file={}", redfish.display());
     let exporter = exporter_on_fixtures(&[
         "--collector.slurm.swap-memory-metrics",
         "--collector.slurm.psi-metrics",
@@ -144,7 +144,8 @@ fn promtool_check_metrics_is_clean_but_for_documented_names() {
         "--web.trace-path=/trace",
         "--collector.hwmon",
         "--collector.cray_pm_counters",
-        "--collector.ipmi_dcmi",
+        "--collector.rapl",
+        "--collector.ipmi",
         &ipmi_flag,
         "--collector.redfish",
         &redfish_flag,
@@ -166,8 +167,8 @@ fn promtool_check_metrics_is_clean_but_for_documented_names() {
         "ceems_rapl_package_joules_total",
         "ceems_hwmon_power_current_watts",
         "ceems_cray_pm_counters_power_watts",
-        "ceems_ipmi_dcmi_current_watts",
-        "ceems_redfish_current_watts",
+        "ceems_ipmi_dcmi_power_current_watts",
+        "ceems_redfish_power_current_watts",
         "ceems_emissions_gCo2_kWh",
         "ceems_compute_unit_memory_shmem_bytes",
         "ceems_compute_unit_info",

@@ -35,7 +35,7 @@ fn exporter_via(proxy: &Running, bmc: &StandinBmc, dir: &std::path::Path) -> Run
         ),
     )
     .unwrap();
-    let flag = format!("--collector.redfish.web-config={}", config.display());
+    let flag = format!("--collector.redfish.config.file={}", config.display());
     start_exporter(
         dir,
         &[
@@ -65,7 +65,7 @@ fn exporters_reach_their_own_bmc_through_the_proxy() {
         let text = e.get("/metrics");
         assert!(
             text.contains(&format!(
-                "ceems_redfish_current_watts{{chassis=\"1U\",hostname=\"\"}} {want}\n"
+                "ceems_redfish_power_current_watts{{chassis=\"1U\",hostname=\"\"}} {want}\n"
             )),
             "{text}"
         );
@@ -257,7 +257,7 @@ fn bmc_networks_bound_the_bmcs_exporters_may_name() {
     let e = exporter_via(&inside, &b, dir.path());
     let text = e.get("/metrics");
     assert!(
-        text.contains("ceems_redfish_current_watts{chassis=\"1U\",hostname=\"\"} 450\n"),
+        text.contains("ceems_redfish_power_current_watts{chassis=\"1U\",hostname=\"\"} 450\n"),
         "{text}"
     );
     // A name is resolved, and only its addresses inside the networks are used.

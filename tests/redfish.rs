@@ -48,10 +48,10 @@ fn session_token_is_reused_and_renewed_after_a_401() {
     let (r, text) = scrape(&c);
     r.unwrap();
     assert!(
-        text.contains("ceems_redfish_current_watts{chassis=\"1U\",hostname=\"n\"} 420\n"),
+        text.contains("ceems_redfish_power_current_watts{chassis=\"1U\",hostname=\"n\"} 420\n"),
         "{text}"
     );
-    assert!(text.contains("ceems_redfish_min_watts{chassis=\"1U\",hostname=\"n\"} 400\n"));
+    assert!(text.contains("ceems_redfish_power_min_watts{chassis=\"1U\",hostname=\"n\"} 400\n"));
     bmc.set_watts(500.0);
     let (r, text) = scrape(&c);
     r.unwrap();
@@ -126,7 +126,7 @@ fn newer_power_resources() {
         r.unwrap();
         assert!(
             text.contains(&format!(
-                "ceems_redfish_current_watts{{chassis=\"1U\",hostname=\"n\"{want}"
+                "ceems_redfish_power_current_watts{{chassis=\"1U\",hostname=\"n\"{want}"
             )),
             "{model:?}: {text}"
         );

@@ -98,8 +98,9 @@ fn config(dir: &Path, port: u16, proxy: Option<&str>) -> std::path::PathBuf {
     path
 }
 
-const CHASSIS_1: &str = "ceems_redfish_current_watts{chassis=\"Chassis_1\",hostname=\"\"} 397\n";
-const CHASSIS_2: &str = "ceems_redfish_avg_watts{chassis=\"Chassis_2\",hostname=\"\"} 1734\n";
+const CHASSIS_1: &str =
+    "ceems_redfish_power_current_watts{chassis=\"Chassis_1\",hostname=\"\"} 397\n";
+const CHASSIS_2: &str = "ceems_redfish_power_avg_watts{chassis=\"Chassis_2\",hostname=\"\"} 1734\n";
 
 #[test]
 fn collector_reads_chassis_power_from_sushy_static() {
@@ -128,7 +129,7 @@ fn exporter_reaches_sushy_static_through_the_proxy() {
     let target = format!("--redfish.target=10.0.0.5=http://127.0.0.1:{}", emu.port);
     let proxy = start_subcommand("redfish-proxy", tmp.path(), &[&target], &[]);
     let flag = format!(
-        "--collector.redfish.web-config={}",
+        "--collector.redfish.config.file={}",
         config(tmp.path(), emu.port, Some(&proxy.url(""))).display()
     );
     let exporter = start_exporter(

@@ -152,7 +152,7 @@ fn a_sleeping_job_gets_the_cpu_finding_and_its_report_renders_in_a_browser() {
         &[
             "--collector.slurm",
             "--collector.redfish",
-            &format!("--collector.redfish.web-config={}", redfish.display()),
+            &format!("--collector.redfish.config.file={}", redfish.display()),
         ],
     );
     let prom = prometheus_scraping(exporter.port);

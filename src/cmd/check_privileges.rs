@@ -111,7 +111,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         subs = registry::sub_collectors(&selection);
         for (spec, layer) in &selection.enabled {
             collectors.push(*spec);
-            if spec.name == "ipmi_dcmi" {
+            if spec.name == crate::collect::ipmi::SPEC.name {
                 if let Ok(Some(cmd)) = layer.get::<Option<String>>("cmd") {
                     if let Some(program) = cmd.split_whitespace().next() {
                         sudo_commands.push(program.to_owned());

@@ -119,6 +119,7 @@ struct Tables {
     log: toml::Table,
     collector: toml::Table,
     security: toml::Table,
+    compat: toml::Table,
     discoverer: toml::Table,
 }
 
@@ -165,20 +166,14 @@ impl Exporter {
         let alloy_targets = registry::alloy_targets(settings)
             .context("Alloy targets discoverer")?
             .map(|d| (web.targets_path.clone(), Arc::new(d)));
+        let label = registry::hostname_label(&registry::select(settings)?.common, &hostname);
         let trace = web.trace_path.clone().filter(|p| !p.is_empty()).map(|p| {
             (
                 p,
                 collect::trace::TraceStore::new(
                     web.trace_ttl,
                     usize::try_from(web.trace_max_jobs).unwrap_or(0),
-                    if settings
-                        .get::<bool>("collector.empty-hostname-label")
-                        .unwrap_or(false)
-                    {
-                        ""
-                    } else {
-                        &hostname
-                    },
+                    &label,
                 ),
             )
         });

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{CollectError, Collector, CollectorSpec, Context};
+use super::{CollectError, Collector, CollectorSpec, Context, MetricNames};
 use crate::metrics::{Labels, MetricSet};
 
 pub const SPEC: CollectorSpec = CollectorSpec {
@@ -153,13 +153,14 @@ fn read_micro(path: &Path) -> Option<f64> {
 pub struct HwmonCollector {
     class_dir: PathBuf,
     hostname: String,
+    /// Which generation's labels to export.
+    pub names: MetricNames,
 }
 
 fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
-    Ok(Box::new(HwmonCollector::new(
-        &ctx.paths.sysfs,
-        &ctx.hostname,
-    )))
+    let mut collector = HwmonCollector::new(&ctx.paths.sysfs, &ctx.hostname);
+    collector.names = ctx.names;
+    Ok(Box::new(collector))
 }
 
 impl HwmonCollector {
@@ -167,6 +168,7 @@ impl HwmonCollector {
         HwmonCollector {
             class_dir: sysfs.join("class").join("hwmon"),
             hostname: hostname.to_owned(),
+            names: MetricNames::default(),
         }
     }
 }
@@ -191,23 +193,29 @@ impl Collector for HwmonCollector {
                 continue;
             };
             let chip_name = chip_name(&dir).unwrap_or_default();
+            let index = dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix("hwmon"))
+                .unwrap_or_default()
+                .to_owned();
             for s in sensors {
                 let Some(v) = read_micro(&s.file) else {
                     continue;
                 };
                 let (_, _, name, help) = SENSORS[s.metric];
                 any = true;
-                out.gauge(
-                    name,
-                    help,
-                    Labels::new(&[
-                        ("chip", &chip),
-                        ("chip_name", &chip_name),
-                        ("hostname", &self.hostname),
-                        ("sensor", &s.label),
-                    ]),
-                    v / 1e6,
-                );
+                let mut labels = vec![
+                    ("chip", chip.as_str()),
+                    ("chip_name", chip_name.as_str()),
+                    ("hostname", self.hostname.as_str()),
+                ];
+                // CEEMS v0.11 added the hwmon number (`hwmon4`: 4).
+                if self.names == MetricNames::Current {
+                    labels.push(("index", index.as_str()));
+                }
+                labels.push(("sensor", s.label.as_str()));
+                out.gauge(name, help, Labels::new(&labels), v / 1e6);
             }
         }
         if !any {
@@ -254,16 +262,26 @@ mod tests {
         std::fs::create_dir_all(&class).unwrap();
         std::os::unix::fs::symlink(&mon, class.join("hwmon0")).unwrap();
 
-        let c = HwmonCollector::new(tmp.path(), "n1");
-        let mut set = MetricSet::new();
-        c.collect(&mut set).unwrap();
-        let mut text = String::new();
-        set.encode_text(&mut text);
+        let scrape = |names: MetricNames| {
+            let mut c = HwmonCollector::new(tmp.path(), "n1");
+            c.names = names;
+            let mut set = MetricSet::new();
+            c.collect(&mut set).unwrap();
+            let mut text = String::new();
+            set.encode_text(&mut text);
+            text
+        };
+        let text = scrape(MetricNames::Current);
         assert!(text.contains(
-            "ceems_hwmon_power_current_watts{chip=\"platform_acpi_power_0\",chip_name=\"power_meter\",hostname=\"n1\",sensor=\"power1\"} 250.5\n"
+            "ceems_hwmon_power_current_watts{chip=\"platform_acpi_power_0\",chip_name=\"power_meter\",hostname=\"n1\",index=\"0\",sensor=\"power1\"} 250.5\n"
         ), "{text}");
         assert!(!text.contains("avg_watts{"), "{text}");
         assert!(!text.contains("temp"), "{text}");
+        // v0.10 dashboards join on the four labels CEEMS had then.
+        let text = scrape(MetricNames::V010);
+        assert!(text.contains(
+            "ceems_hwmon_power_current_watts{chip=\"platform_acpi_power_0\",chip_name=\"power_meter\",hostname=\"n1\",sensor=\"power1\"} 250.5\n"
+        ), "{text}");
     }
 
     #[test]

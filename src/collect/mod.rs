@@ -104,6 +104,9 @@ pub struct Paths {
 pub struct CommonSettings {
     pub disable_defaults: bool,
     pub empty_hostname_label: bool,
+    /// `--collector.force-hostname`: the `hostname` label instead of this node's name.
+    #[serde(default)]
+    pub force_hostname: Option<String>,
     #[serde(deserialize_with = "crate::config::de_duration")]
     pub timeout: Duration,
     pub cgroups: CgroupSettings,
@@ -125,10 +128,39 @@ pub struct CgroupSettings {
     pub active_subsystem: String,
 }
 
+/// Which CEEMS generation's metric names to export (`--compat.metric-names`): the families
+/// CEEMS v0.11 renamed, and the labels it added, differ between the two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum MetricNames {
+    /// CEEMS v0.11 and later: `ceems_ipmi_dcmi_power_*`, `ceems_redfish_power_*`, hwmon's
+    /// `index`, the `ipmi` collector.
+    #[default]
+    #[serde(rename = "v0.11")]
+    Current,
+    /// CEEMS v0.10, for sites whose dashboards and rules still ask for its names.
+    #[serde(rename = "v0.10")]
+    V010,
+}
+
+impl MetricNames {
+    /// The flag's values, newest first.
+    pub const VALUES: &'static [&'static str] = &["v0.11", "v0.10"];
+
+    /// `current` in today's CEEMS, `v010` in v0.10.
+    pub fn pick<T>(self, current: T, v010: T) -> T {
+        match self {
+            MetricNames::Current => current,
+            MetricNames::V010 => v010,
+        }
+    }
+}
+
 /// What a collector is built from.
 pub struct Context {
     pub paths: Paths,
     pub common: CommonSettings,
+    /// The generation of metric names to export.
+    pub names: MetricNames,
     /// Value of the `hostname` label (empty with `--collector.empty-hostname-label`).
     pub hostname: String,
     /// This collector's own table, `[exporter.collector.<name>]`.
@@ -166,6 +198,18 @@ pub struct CollectorSpec {
 /// The options every collector shares, `[exporter.collector]` and its common tables.
 pub fn common_options() -> Vec<Opt> {
     vec![
+        Opt::new(
+            "compat.metric-names",
+            Kind::Str,
+            "Metric names of this CEEMS generation: v0.11 (v0.11 and later: ceems_ipmi_dcmi_power_*, ceems_redfish_power_*, hwmon's index label, the ipmi collector) or v0.10 (for v0.10 dashboards and rules: the old names, collector=\"ipmi_dcmi\", rapl on by default)",
+        )
+        .possible(MetricNames::VALUES)
+        .default(MetricNames::VALUES[0]),
+        Opt::new(
+            "collector.force-hostname",
+            Kind::Str,
+            "Value of every hostname label instead of this node's name",
+        ),
         Opt::flag(
             "collector.disable-defaults",
             "Disable every collector that is on by default; enable the wanted ones one by one",

@@ -14,7 +14,7 @@ use crate::metrics::{Labels, MetricSet};
 
 pub const SPEC: CollectorSpec = CollectorSpec {
     name: "rapl",
-    default_enabled: true,
+    default_enabled: false,
     // energy_uj is root-only since Linux 5.10 (CVE-2020-8694).
     capabilities: &[caps::Capability::CAP_DAC_READ_SEARCH],
     options,

@@ -51,7 +51,7 @@ pub fn parse_rocm_smi_csv(text: &str) -> Result<Vec<GpuDevice>, GpuError> {
             minor,
             uuid: uuid.to_owned(),
             gpu_instance_id: None,
-            sm_count: None,
+            sm_count: model.and_then(cell).and_then(compute_units),
             fraction: 1.0,
             model: model.and_then(cell).unwrap_or_default().to_owned(),
             bus_id: String::new(),
@@ -60,6 +60,29 @@ pub fn parse_rocm_smi_csv(text: &str) -> Result<Vec<GpuDevice>, GpuError> {
     }
     devices.sort_by_key(|d| d.minor);
     Ok(finish(devices))
+}
+
+/// Compute units of one device (one GCD: rocm-smi lists each die of an MI250 as a card) by
+/// model, for `ceems_compute_unit_gpu_sm_count`; rocm-smi's CSV does not give them.
+pub fn compute_units(model: &str) -> Option<u32> {
+    const TABLE: &[(&str, u32)] = &[
+        ("MI355X", 256),
+        ("MI350X", 256),
+        ("MI325X", 304),
+        ("MI300X", 304),
+        ("MI300A", 228),
+        ("MI250X", 110),
+        ("MI250", 104),
+        ("MI210", 104),
+        ("MI100", 120),
+        ("MI60", 64),
+        ("MI50", 60),
+    ];
+    let model = model.to_ascii_uppercase();
+    TABLE
+        .iter()
+        .find(|(name, _)| model.contains(name))
+        .map(|(_, n)| *n)
 }
 
 #[derive(Debug, Deserialize)]
@@ -121,6 +144,15 @@ mod tests {
             ]
         );
         assert!(d[0].model.contains("MI50"));
+        assert_eq!(d[0].sm_count, Some(60), "an MI50 has 60 compute units");
+    }
+
+    #[test]
+    fn compute_units_of_instinct_models() {
+        assert_eq!(compute_units("AMD Instinct MI300X"), Some(304));
+        assert_eq!(compute_units("AMD INSTINCT MI250X"), Some(110));
+        assert_eq!(compute_units("AMD Instinct MI250"), Some(104));
+        assert_eq!(compute_units("Radeon RX 7900 XTX"), None);
     }
 
     #[test]

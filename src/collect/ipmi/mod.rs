@@ -1,5 +1,6 @@
-//! `ipmi_dcmi`: node power from the BMC's DCMI power reading, through FreeIPMI's `ipmi-dcmi`,
-//! `ipmitool`, `ipmiutil`, Cray's `capmc`, or natively through `/dev/ipmi0`.
+//! `ipmi` (CEEMS v0.10's `ipmi_dcmi`): node power from the BMC's DCMI power reading, through
+//! FreeIPMI's `ipmi-dcmi`, `ipmitool`, `ipmiutil`, Cray's `capmc`, or natively through
+//! `/dev/ipmi0`.
 
 pub mod native;
 pub mod parse;
@@ -11,14 +12,14 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::{CollectError, Collector, CollectorSpec, Context};
+use super::{CollectError, Collector, CollectorSpec, Context, MetricNames};
 use crate::config::{Kind, Opt};
 use crate::host::command;
 use crate::metrics::{Labels, MetricSet};
 use parse::{Format, PowerReading};
 
 pub const SPEC: CollectorSpec = CollectorSpec {
-    name: "ipmi_dcmi",
+    name: "ipmi",
     default_enabled: false,
     // /dev/ipmi0 is root's, mode 0600, for the tools and native mode alike.
     capabilities: &[caps::Capability::CAP_DAC_OVERRIDE],
@@ -42,38 +43,44 @@ pub const DEVICES: &[&str] = &["/dev/ipmi0", "/dev/ipmi/0", "/dev/ipmidev/0"];
 fn options() -> Vec<Opt> {
     vec![
         Opt::new(
-            "collector.ipmi_dcmi.cmd",
+            "collector.ipmi.dcmi.cmd",
             Kind::Str,
             "IPMI command to run, e.g. `ipmi-dcmi --get-system-power-statistics`; a bare tool path gets that tool's usual arguments. Found on PATH when unset",
         )
-        .alias("collector.ipmi.dcmi.cmd"),
+        .key("collector.ipmi.cmd")
+        .renamed_from("collector.ipmi_dcmi.cmd"),
         Opt::flag(
-            "collector.ipmi_dcmi.force-native-mode",
+            "collector.ipmi.force-native-mode",
             "Read DCMI power from the OpenIPMI device (/dev/ipmi0) directly, with no external tool",
-        ),
+        )
+        .renamed_from("collector.ipmi_dcmi.force-native-mode"),
         Opt::new(
-            "collector.ipmi_dcmi.cmd-timeout",
+            "collector.ipmi.cmd-timeout",
             Kind::Duration,
             "Longest time an IPMI command or native request may take before it is killed",
         )
-        .default("5s"),
+        .default("5s")
+        .renamed_from("collector.ipmi_dcmi.cmd-timeout"),
         Opt::new(
-            "collector.ipmi_dcmi.max-age",
+            "collector.ipmi.max-age",
             Kind::Duration,
             "When a reading fails, serve the last good one (with success 0) if it is at most this old",
         )
-        .default("5m"),
+        .default("5m")
+        .renamed_from("collector.ipmi_dcmi.max-age"),
         Opt::new(
-            "collector.ipmi_dcmi.device",
+            "collector.ipmi.device",
             Kind::Str,
             "OpenIPMI device for native mode (default: the first of /dev/ipmi0, /dev/ipmi/0, /dev/ipmidev/0)",
         )
-        .hidden(),
+        .hidden()
+        .renamed_from("collector.ipmi_dcmi.device"),
         Opt::flag(
-            "collector.ipmi_dcmi.test-mode",
+            "collector.ipmi.test-mode",
             "Skip the start-up probe (CEEMS's e2e test flag)",
         )
-        .hidden(),
+        .hidden()
+        .renamed_from("collector.ipmi_dcmi.test-mode"),
     ]
 }
 
@@ -158,7 +165,49 @@ pub struct IpmiCollector {
     labels: Labels,
     last_good: Mutex<Option<(Instant, PowerReading)>>,
     msgid: AtomicI64,
+    /// Which generation's family names to export.
+    pub names: MetricNames,
 }
+
+/// The families of the current, minimum, maximum and average readings, with their help.
+pub const POWER_NAMES: [(&str, &str); 4] = [
+    (
+        "ceems_ipmi_dcmi_power_current_watts",
+        "Current power consumption reported by DCMI in watts",
+    ),
+    (
+        "ceems_ipmi_dcmi_power_min_watts",
+        "Minimum power consumption reported by DCMI in watts",
+    ),
+    (
+        "ceems_ipmi_dcmi_power_max_watts",
+        "Maximum power consumption reported by DCMI in watts",
+    ),
+    (
+        "ceems_ipmi_dcmi_power_avg_watts",
+        "Average power consumption reported by DCMI in watts",
+    ),
+];
+
+/// The same families as CEEMS v0.10 named them (`--compat.metric-names=v0.10`).
+pub const V010_POWER_NAMES: [(&str, &str); 4] = [
+    (
+        "ceems_ipmi_dcmi_current_watts",
+        "Current Power consumption in watts",
+    ),
+    (
+        "ceems_ipmi_dcmi_min_watts",
+        "Minimum Power consumption in watts",
+    ),
+    (
+        "ceems_ipmi_dcmi_max_watts",
+        "Maximum Power consumption in watts",
+    ),
+    (
+        "ceems_ipmi_dcmi_avg_watts",
+        "Average Power consumption in watts",
+    ),
+];
 
 fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
     let s: Settings = ctx.settings()?;
@@ -172,20 +221,21 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
         }
     } else if let Some(line) = s.cmd.as_deref().filter(|l| !l.trim().is_empty()) {
         Source::from_command_line(line)
-            .ok_or_else(|| CollectError::Other("empty --collector.ipmi_dcmi.cmd".into()))?
+            .ok_or_else(|| CollectError::Other("empty --collector.ipmi.dcmi.cmd".into()))?
     } else {
         Source::detect(std::env::var_os("PATH").as_deref(), &devices).ok_or_else(|| {
             CollectError::Other(
-                "no IPMI tool (ipmi-dcmi, ipmitool, ipmiutil, capmc) on PATH or in /sbin, /usr/sbin, /usr/local/sbin, and no OpenIPMI device; install one, set --collector.ipmi_dcmi.cmd, or disable the collector".into(),
+                "no IPMI tool (ipmi-dcmi, ipmitool, ipmiutil, capmc) on PATH or in /sbin, /usr/sbin, /usr/local/sbin, and no OpenIPMI device; install one, set --collector.ipmi.dcmi.cmd, or disable the collector".into(),
             )
         })?
     };
-    tracing::info!(collector = "ipmi_dcmi", source = ?source, "reading DCMI power");
-    let collector = IpmiCollector::new(source, s.cmd_timeout, s.max_age, &ctx.hostname);
+    tracing::info!(collector = "ipmi", source = ?source, "reading DCMI power");
+    let mut collector = IpmiCollector::new(source, s.cmd_timeout, s.max_age, &ctx.hostname);
+    collector.names = ctx.names;
     if !s.test_mode {
         // A probe so that a broken set-up shows in the start-up log, not only as success 0.
         if let Err(e) = collector.read() {
-            tracing::warn!(collector = "ipmi_dcmi", error = %e, "first DCMI power reading failed");
+            tracing::warn!(collector = "ipmi", error = %e, "first DCMI power reading failed");
         }
     }
     Ok(Box::new(collector))
@@ -200,6 +250,7 @@ impl IpmiCollector {
             labels: Labels::new(&[("hostname", hostname)]),
             last_good: Mutex::new(None),
             msgid: AtomicI64::new(1),
+            names: MetricNames::default(),
         }
     }
 
@@ -242,30 +293,14 @@ impl IpmiCollector {
     }
 
     fn emit(&self, out: &mut MetricSet, r: &PowerReading) {
-        let fields = [
-            (
-                r.current,
-                "ceems_ipmi_dcmi_current_watts",
-                "Current Power consumption in watts",
-            ),
-            (
-                r.min,
-                "ceems_ipmi_dcmi_min_watts",
-                "Minimum Power consumption in watts",
-            ),
-            (
-                r.max,
-                "ceems_ipmi_dcmi_max_watts",
-                "Maximum Power consumption in watts",
-            ),
-            (
-                r.avg,
-                "ceems_ipmi_dcmi_avg_watts",
-                "Average Power consumption in watts",
-            ),
-        ];
-        for (v, name, help) in fields {
+        for ((now, now_help), (old, old_help), v) in [
+            (POWER_NAMES[0], V010_POWER_NAMES[0], r.current),
+            (POWER_NAMES[1], V010_POWER_NAMES[1], r.min),
+            (POWER_NAMES[2], V010_POWER_NAMES[2], r.max),
+            (POWER_NAMES[3], V010_POWER_NAMES[3], r.avg),
+        ] {
             if let Some(v) = v {
+                let (name, help) = self.names.pick((now, now_help), (old, old_help));
                 out.gauge(name, help, self.labels.clone(), v);
             }
         }
@@ -358,7 +393,7 @@ mod tests {
         );
         let (r, text) = scrape(&c);
         assert!(r.is_ok());
-        assert!(text.contains("ceems_ipmi_dcmi_current_watts{hostname=\"\"} 300\n"));
+        assert!(text.contains("ceems_ipmi_dcmi_power_current_watts{hostname=\"\"} 300\n"));
 
         tool(tmp.path(), "sleep 10");
         let start = Instant::now();

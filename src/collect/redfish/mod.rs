@@ -12,7 +12,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{CollectError, Collector, CollectorSpec, Context};
+use super::{CollectError, Collector, CollectorSpec, Context, MetricNames};
 use crate::config::{Kind, Opt};
 use crate::metrics::{Labels, MetricSet};
 use crate::web::client::{self, Timeouts};
@@ -36,19 +36,29 @@ pub const PASSWORD_ENV: &str = "CEEMS_EXPORTER_REDFISH_PASSWORD";
 const MAX_BODY: u64 = 4 << 20;
 
 fn options() -> Vec<Opt> {
-    vec![Opt::new(
-        "collector.redfish.web-config",
-        Kind::Str,
-        "Redfish client configuration file (YAML, `redfish_web_config:` as in CEEMS)",
-    )
-    .env("CEEMS_EXPORTER_REDFISH_COLL_CONFIG_FILE")]
+    vec![
+        Opt::new(
+            "collector.redfish.config.file",
+            Kind::Str,
+            "Redfish client configuration file (YAML, `redfish_web_config:` as in CEEMS)",
+        )
+        .key("collector.redfish.config-file")
+        .env("CEEMS_EXPORTER_REDFISH_COLL_CONFIG_FILE")
+        .renamed_from("collector.redfish.web-config"),
+        Opt::flag(
+            "collector.redfish.config.file.expand-env-vars",
+            "Replace ${VAR} and $VAR in the configuration file by the environment's values (empty when unset), as CEEMS does",
+        )
+        .key("collector.redfish.expand-env-vars"),
+    ]
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct Settings {
     #[serde(default)]
-    web_config: Option<PathBuf>,
+    config_file: Option<PathBuf>,
+    expand_env_vars: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -133,10 +143,20 @@ pub enum RedfishError {
 impl WebConfig {
     /// Reads the YAML file; credentials in the environment win over the file's.
     pub fn load(path: &Path) -> Result<WebConfig, RedfishError> {
-        let text = std::fs::read_to_string(path).map_err(|source| RedfishError::ConfigRead {
-            path: path.to_owned(),
-            source,
-        })?;
+        WebConfig::load_with(path, false)
+    }
+
+    /// As [`WebConfig::load`]; with `expand_env`, `${VAR}` and `$VAR` in the file are first
+    /// replaced by the environment's values.
+    pub fn load_with(path: &Path, expand_env: bool) -> Result<WebConfig, RedfishError> {
+        let mut text =
+            std::fs::read_to_string(path).map_err(|source| RedfishError::ConfigRead {
+                path: path.to_owned(),
+                source,
+            })?;
+        if expand_env {
+            text = expand_env_vars(&text, |name| std::env::var(name).ok());
+        }
         let file: ConfigFile = serde_norway::from_str(&text).map_err(|e| RedfishError::Config {
             path: path.to_owned(),
             message: e.to_string(),
@@ -430,25 +450,69 @@ struct State {
 pub struct RedfishCollector {
     hostname: String,
     state: Mutex<State>,
+    /// Which generation's family names to export.
+    pub names: MetricNames,
 }
+
+/// The families of the current, minimum, maximum and average power, and (both generations)
+/// their help.
+const POWER_NAMES: [(&str, &str, &str); 4] = [
+    (
+        "ceems_redfish_power_current_watts",
+        "ceems_redfish_current_watts",
+        "Current Power consumption in watts",
+    ),
+    (
+        "ceems_redfish_power_min_watts",
+        "ceems_redfish_min_watts",
+        "Minimum Power consumption in watts",
+    ),
+    (
+        "ceems_redfish_power_max_watts",
+        "ceems_redfish_max_watts",
+        "Maximum Power consumption in watts",
+    ),
+    (
+        "ceems_redfish_power_avg_watts",
+        "ceems_redfish_avg_watts",
+        "Average Power consumption in watts",
+    ),
+];
 
 fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
     let s: Settings = ctx.settings()?;
-    let path = s.web_config.ok_or_else(|| {
+    let path = s.config_file.ok_or_else(|| {
         CollectError::Other(
-            "the redfish collector needs --collector.redfish.web-config (BMC address and credentials)".into(),
+            "the redfish collector needs --collector.redfish.config.file (BMC address and credentials)".into(),
         )
     })?;
-    let mut cfg = WebConfig::load(&path).map_err(|e| CollectError::Other(e.to_string()))?;
+    let mut cfg = WebConfig::load_with(&path, s.expand_env_vars)
+        .map_err(|e| CollectError::Other(e.to_string()))?;
     if cfg.hostname.is_empty() {
         cfg.hostname = bmc_address_from_ipmi().unwrap_or_default();
     }
     let node = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();
-    RedfishCollector::new(&cfg, &node, &ctx.hostname)
-        .map(|c| Box::new(c) as Box<dyn Collector>)
-        .map_err(CollectError::Other)
+    let mut collector =
+        RedfishCollector::new(&cfg, &node, &ctx.hostname).map_err(CollectError::Other)?;
+    collector.names = ctx.names;
+    Ok(Box::new(collector))
+}
+
+/// `${NAME}` and `$NAME` replaced by `lookup(NAME)`, or nothing when it has none, as Go's
+/// `os.ExpandEnv` does for CEEMS.
+fn expand_env_vars(text: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
+    static VAR: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let var = VAR.get_or_init(|| {
+        regex::Regex::new(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+            .expect("a valid pattern")
+    });
+    var.replace_all(text, |c: &regex::Captures| {
+        let name = c.get(1).or_else(|| c.get(2)).map_or("", |m| m.as_str());
+        lookup(name).unwrap_or_default()
+    })
+    .into_owned()
 }
 
 /// The BMC's LAN address as the BMC itself reports it through OpenIPMI, for configurations
@@ -490,36 +554,17 @@ impl RedfishCollector {
                 chassis: None,
                 cache: HashMap::new(),
             }),
+            names: MetricNames::default(),
         })
     }
 
     fn emit(&self, out: &mut MetricSet, id: &str, p: &ChassisPower) {
         let labels = Labels::new(&[("chassis", id), ("hostname", &self.hostname)]);
-        for (v, name, help) in [
-            (
-                p.current,
-                "ceems_redfish_current_watts",
-                "Current Power consumption in watts",
-            ),
-            (
-                p.min,
-                "ceems_redfish_min_watts",
-                "Minimum Power consumption in watts",
-            ),
-            (
-                p.max,
-                "ceems_redfish_max_watts",
-                "Maximum Power consumption in watts",
-            ),
-            (
-                p.avg,
-                "ceems_redfish_avg_watts",
-                "Average Power consumption in watts",
-            ),
-        ] {
+        let values = [p.current, p.min, p.max, p.avg];
+        for ((now, old, help), v) in POWER_NAMES.into_iter().zip(values) {
             // 0 means "not measured" in Redfish documents, as CEEMS reads them.
             if v > 0.0 {
-                out.gauge(name, help, labels.clone(), v);
+                out.gauge(self.names.pick(now, old), help, labels.clone(), v);
             }
         }
     }

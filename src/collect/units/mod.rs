@@ -15,7 +15,7 @@ mod emit;
 pub mod perf;
 pub mod rdma;
 
-use super::{Capability, CollectError, Collector};
+use super::{Capability, CollectError, Collector, MetricNames};
 use crate::host::cgroup::detail::{self, DetailOptions};
 use crate::host::cgroup::{
     self, CgroupReader, CgroupVersion, FileFault, HostMemory, ReadOptions, UnitError,
@@ -105,6 +105,8 @@ pub struct UnitCollector<M> {
     scratch: Vec<PathBuf>,
     /// The units' processes as last listed, for the perf sub-collector alone.
     listed: Mutex<PidLists>,
+    /// `--compat.metric-names`: v0.10 had no `ceems_compute_unit_gpu_sm_count`.
+    names: MetricNames,
 }
 
 /// A unit's processes as one walk of its subtree found them.
@@ -179,7 +181,14 @@ impl<M: ResourceManager> UnitCollector<M> {
             ebpf: None,
             scratch: Vec::new(),
             listed: Mutex::new(PidLists::default()),
+            names: MetricNames::default(),
         }
+    }
+
+    /// Exports the families of this CEEMS generation.
+    pub fn with_names(mut self, names: MetricNames) -> UnitCollector<M> {
+        self.names = names;
+        self
     }
 
     /// Also export whether each unit's processes use each of `paths`.
@@ -355,7 +364,7 @@ impl<M: ResourceManager> UnitCollector<M> {
             ebpf.collect(&ebpf_units, manager, &self.hostname, out);
         }
         let held = self.manager.gpus(units);
-        emit_gpus(out, &self.hostname, &held);
+        emit_gpus(out, &self.hostname, &held, self.names);
         publish(held);
         let present: HashSet<&str> = units.iter().map(|u| u.uuid.as_str()).collect();
         self.manager.retain(&present);
@@ -369,7 +378,7 @@ impl<M: ResourceManager> UnitCollector<M> {
 }
 
 /// `ceems_compute_unit_gpu_index_flag` and `_sm_count` of each GPU a unit holds.
-fn emit_gpus(out: &mut MetricSet, hostname: &str, held: &[UnitGpus]) {
+fn emit_gpus(out: &mut MetricSet, hostname: &str, held: &[UnitGpus], names: MetricNames) {
     for unit in held {
         for (index, device, share) in &unit.devices {
             let index_text = index.to_string();
@@ -390,14 +399,14 @@ fn emit_gpus(out: &mut MetricSet, hostname: &str, held: &[UnitGpus]) {
             ]);
             out.gauge(
                 "ceems_compute_unit_gpu_index_flag",
-                "A value > 0 indicates the job using current GPU",
+                "A value > 0 indicates the compute unit using current GPU",
                 labels.clone(),
                 device.fraction * share,
             );
-            if let Some(sm) = device.sm_count {
+            if let Some(sm) = device.sm_count.filter(|_| names == MetricNames::Current) {
                 out.gauge(
                     "ceems_compute_unit_gpu_sm_count",
-                    "Streaming multiprocessors of the GPU or MIG instance the job holds",
+                    "Number of SMs/CUs in the GPU instance",
                     labels,
                     f64::from(sm),
                 );

@@ -146,7 +146,8 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
         ..DetailOptions::default()
     })
     .with_perf(PerfStats::for_collector(ctx, version)?)
-    .with_ebpf(EbpfStats::for_collector(ctx, version));
+    .with_ebpf(EbpfStats::for_collector(ctx, version))
+    .with_names(ctx.names);
     Ok(Box::new(collector))
 }
 

@@ -190,6 +190,7 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
     ));
     let collector = collector.with_perf(PerfStats::for_collector(ctx, version)?);
     let collector = collector.with_ebpf(EbpfStats::for_collector(ctx, version));
+    let collector = collector.with_names(ctx.names);
     let collector = collector.with_detail(DetailOptions {
         memory: s.memory_detail_metrics,
         per_core: s.per_core_metrics,
