@@ -74,8 +74,8 @@ fn expected_file(scenario: &str, generation: Generation) -> std::path::PathBuf {
     };
     match generation {
         Generation::V010 => fixtures().join("compat/expected").join(file),
-        Generation::Current => std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../shared/ceems-upstream/expected/exporter")
+        Generation::Current => fixtures()
+            .join("ceems-upstream/expected/exporter")
             .join(file),
     }
 }

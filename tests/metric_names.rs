@@ -1,4 +1,4 @@
-//! Each family CEEMS v0.11 renamed (`../shared/ceems-upstream/RENAMES.md`) under today's name by
+//! Each family CEEMS v0.11 renamed (docs/compat.md lists them) under today's name by
 //! default and under v0.10's with `--compat.metric-names=v0.10`, and the old spellings of the
 //! renamed flags and config keys still accepted, with a warning.
 
