@@ -8,6 +8,7 @@ pub mod cmd;
 pub mod collect;
 pub mod config;
 pub mod host;
+pub mod lb;
 pub mod log;
 pub mod manager;
 pub mod metrics;

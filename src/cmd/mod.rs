@@ -3,6 +3,7 @@
 pub mod assets;
 pub mod check_privileges;
 pub mod exporter;
+pub mod lb;
 pub mod mail_opts;
 pub mod mailprog;
 pub mod redfish_proxy;
@@ -61,6 +62,7 @@ pub fn cli() -> Command {
         .subcommand(exporter::command())
         .subcommand(stats_server::command())
         .subcommand(redfish_proxy::command())
+        .subcommand(lb::command())
         .subcommand(check_privileges::command())
         .subcommand(mailprog::command())
         .subcommand(assets::command())
@@ -71,6 +73,7 @@ fn dispatch(name: &str, matches: &clap::ArgMatches) -> anyhow::Result<ExitCode> 
         "exporter" => exporter::run(matches),
         "stats-server" => stats_server::run(matches),
         "redfish-proxy" => redfish_proxy::run(matches),
+        "lb" => lb::run(matches),
         "check-privileges" => check_privileges::run(matches),
         "mailprog" => mailprog::run(matches),
         "generate-assets" => assets::run(matches),

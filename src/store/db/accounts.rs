@@ -1,5 +1,7 @@
 //! Users, projects, their associations and the admins.
 
+use std::collections::BTreeSet;
+
 use super::{Store, StoreError};
 use crate::manager::Associations;
 use crate::store::sql::Sql;
@@ -75,6 +77,32 @@ impl Store {
         tx.commit().await?;
         self.written();
         Ok(())
+    }
+
+    /// Of `uuids` on `cluster`, those `user` may read: units they ran, and units of the
+    /// projects they are a member of (as CEEMS's load balancer decides).
+    pub async fn units_readable_by(
+        &self,
+        cluster: &str,
+        user: &str,
+        uuids: &[String],
+    ) -> Result<BTreeSet<String>, StoreError> {
+        if uuids.is_empty() {
+            return Ok(BTreeSet::new());
+        }
+        let mut q = Sql::new("SELECT DISTINCT uuid FROM units WHERE cluster_id = ");
+        q.bind(cluster).push(" AND (usr = ").bind(user);
+        q.push(" OR project IN (SELECT project FROM associations WHERE cluster_id = ")
+            .bind(cluster)
+            .push(" AND usr = ")
+            .bind(user)
+            .push("))")
+            .push_in("uuid", uuids);
+        let mut readable = BTreeSet::new();
+        for row in self.fetch_all(&q).await? {
+            readable.insert(row.get::<String>(0)?);
+        }
+        Ok(readable)
     }
 
     pub async fn is_admin(&self, name: &str) -> Result<bool, StoreError> {

@@ -197,3 +197,48 @@ async fn retention_deletes_only_jobs_that_ended_before_the_cutoff_and_backups_ar
     assert_eq!(copy.count_units("lab").await.unwrap(), 1);
     assert_eq!(copy.integrity_check().await.unwrap(), "ok");
 }
+
+#[tokio::test]
+async fn a_user_reads_the_units_they_ran_and_those_of_their_projects() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = testing::store(tmp.path()).await;
+    // Job 1: alice in physics; job 2: bob in chemistry.
+    let (jobs, errors) = sacct::parse_output(LINES);
+    assert!(errors.is_empty(), "{errors:?}");
+    store.ingest("lab", &jobs, 100, 1).await.unwrap();
+    let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let readable = |user: &'static str, cluster: &'static str| {
+        let store = &store;
+        let wanted = ids(&["1", "2", "3"]);
+        async move {
+            store
+                .units_readable_by(cluster, user, &wanted)
+                .await
+                .unwrap()
+                .into_iter()
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(readable("alice", "lab").await, ["1"]);
+    assert_eq!(readable("bob", "lab").await, ["2"]);
+    assert!(
+        readable("alice", "other").await.is_empty(),
+        "another cluster"
+    );
+    assert!(readable("carol", "lab").await.is_empty());
+    // carol joins chemistry: she reads its jobs too.
+    let members = crate::manager::Associations {
+        projects: vec!["chemistry".into()],
+        members: vec![("carol".into(), "chemistry".into())],
+    };
+    store
+        .replace_associations("lab", &members, 2)
+        .await
+        .unwrap();
+    assert_eq!(readable("carol", "lab").await, ["2"]);
+    assert!(store
+        .units_readable_by("lab", "alice", &[])
+        .await
+        .unwrap()
+        .is_empty());
+}

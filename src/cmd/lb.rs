@@ -1,0 +1,227 @@
+//! `ceems lb`: lets users query the Prometheus-API stores for their own jobs only (:9030).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{ArgMatches, Command};
+use serde::Deserialize;
+
+use crate::config::{self, Kind, LogConfig, Opt};
+use crate::lb::backend::{Pool, Strategy};
+use crate::lb::Lb;
+use crate::store::db::{self, Store};
+use crate::web;
+
+pub fn opts() -> Vec<Opt> {
+    let mut opts = web::server_opts(":9030");
+    opts.extend([
+        Opt::new(
+            "web.max-requests",
+            Kind::Int,
+            "Queries relayed at once; more get 503 (0: no limit)",
+        )
+        .default("256"),
+        Opt::new(
+            "web.admin-users",
+            Kind::List,
+            "User whose queries are relayed unchecked (repeatable); the stats-server's admins, read from its database, are admins here too",
+        )
+        .default(""),
+        Opt::new(
+            "web.user-header-name",
+            Kind::Str,
+            "Request header that names the user (Grafana sends X-Grafana-User)",
+        )
+        .default("X-Grafana-User"),
+        Opt::new(
+            "lb.backend",
+            Kind::List,
+            "Prometheus-API store of a cluster, as CLUSTER=http://host:port[/path] (repeatable; several per cluster share its queries)",
+        )
+        .key("lb.backends"),
+        Opt::new(
+            "lb.strategy",
+            Kind::Str,
+            "How a cluster's next store is chosen: round-robin or least-connection",
+        )
+        .possible(&["round-robin", "least-connection"])
+        .default("round-robin"),
+        Opt::new(
+            "lb.health-check-interval",
+            Kind::Duration,
+            "How often each store's /-/ready is asked; one that fails is left out until it answers",
+        )
+        .default("10s"),
+        Opt::new(
+            "lb.timeout",
+            Kind::Duration,
+            "Longest a store may take to answer one query; then the client gets 502",
+        )
+        .default("2m"),
+        Opt::new(
+            "storage.data.path",
+            Kind::Str,
+            "Directory of the stats-server's SQLite database (ceems.db), read for who owns which job",
+        )
+        .default("/var/lib/ceems"),
+        Opt::new(
+            "storage.database-url",
+            Kind::Str,
+            "The stats-server's PostgreSQL database instead of SQLite (empty: SQLite)",
+        )
+        .default(""),
+    ]);
+    opts.extend(crate::security::opts());
+    opts.extend(config::log_opts());
+    opts
+}
+
+pub fn command() -> Command {
+    config::build_command(
+        Command::new("lb")
+            .about("Let users query Prometheus for their own jobs only (:9030)")
+            .long_about(
+                "Let users query Prometheus for their own jobs only (:9030).\n\n\
+                 Grafana's Prometheus datasource points here instead of at Prometheus. A query \
+                 (/api/v1/query, query_range, series, labels, label values; GET or POST) is relayed \
+                 only when every selector in it names its jobs with uuid=\"…\" or uuid=~\"a|b\" and \
+                 every job named is the user's or one of their projects', as the stats-server's \
+                 database says; admins pass unchecked; every other path gets 403.",
+            ),
+        &opts(),
+    )
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct LbSettings {
+    #[serde(default)]
+    backends: Vec<String>,
+    strategy: Strategy,
+    #[serde(deserialize_with = "config::de_duration")]
+    health_check_interval: Duration,
+    #[serde(deserialize_with = "config::de_duration")]
+    timeout: Duration,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct StorageSettings {
+    data: DataSettings,
+    database_url: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct DataSettings {
+    path: PathBuf,
+}
+
+/// `CLUSTER=URL` entries, grouped by cluster.
+fn backends(entries: &[String]) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
+    let mut by_cluster: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for e in entries.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {
+        let (cluster, url) = e
+            .split_once('=')
+            .filter(|(c, u)| !c.trim().is_empty() && !u.trim().is_empty())
+            .with_context(|| format!("--lb.backend `{e}`: expected CLUSTER=http://host:port"))?;
+        by_cluster
+            .entry(cluster.trim().to_owned())
+            .or_default()
+            .push(url.trim().to_owned());
+    }
+    anyhow::ensure!(
+        !by_cluster.is_empty(),
+        "no store to relay to: add --lb.backend=CLUSTER=http://prometheus:9090 (repeatable)"
+    );
+    Ok(by_cluster)
+}
+
+pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
+    let settings = config::load("lb", &opts(), matches)?;
+    let log: LogConfig = settings.get("log")?;
+    crate::log::init(&log)?;
+    settings.log_deprecated();
+    let listen: String = settings.get("web.listen-address")?;
+    let max_requests: i64 = settings.get("web.max-requests")?;
+    let admins: Vec<String> = settings.get("web.admin-users")?;
+    let user_header: String = settings.get("web.user-header-name")?;
+    let user_header = hyper::header::HeaderName::from_bytes(user_header.as_bytes())
+        .with_context(|| format!("--web.user-header-name `{user_header}` is not a header name"))?;
+    let lb: LbSettings = settings.get("lb")?;
+    let storage: StorageSettings = settings.get("storage")?;
+    let by_cluster = backends(&lb.backends)?;
+    let database_url = storage.database_url.trim().to_owned();
+    let db_url = if database_url.is_empty() {
+        storage.data.path.join("ceems.db").display().to_string()
+    } else {
+        anyhow::ensure!(
+            db::is_postgres_url(&database_url),
+            "--storage.database-url `{database_url}`: expected postgres://… (empty: SQLite in --storage.data.path)"
+        );
+        database_url
+    };
+    let listener = web::bind_std(&listen)?;
+    let security: crate::security::SecuritySettings = settings.get("security")?;
+    crate::security::drop_privileges(&security, &[])
+        .context("cannot drop privileges (--security.drop-privileges=false to run as started)")?
+        .log("lb");
+    let options = web::ServeOptions::new(usize::try_from(max_requests).unwrap_or(0))
+        .with_security(web::toolkit::WebSecurity::from_settings(&settings)?);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ceems-lb")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let store = Arc::new(
+            Store::open_url(&db_url)
+                .await
+                .with_context(|| format!("cannot open the stats-server's database {db_url}"))?,
+        );
+        let mut pools = BTreeMap::new();
+        for (cluster, urls) in &by_cluster {
+            let pool = Arc::new(
+                Pool::new(cluster, urls, lb.strategy, lb.timeout)
+                    .with_context(|| format!("--lb.backend of cluster {cluster}"))?,
+            );
+            pool.spawn_health_checks(lb.health_check_interval);
+            pools.insert(cluster.clone(), pool);
+        }
+        let admins: BTreeSet<String> = admins.into_iter().filter(|a| !a.is_empty()).collect();
+        let lb = Arc::new(Lb::new(pools, store, user_header, admins));
+        let listener =
+            web::into_async(listener).with_context(|| format!("cannot listen on {listen}"))?;
+        tracing::info!(address = %listen, clusters = ?by_cluster.keys().collect::<Vec<_>>(), "lb listening");
+        let handler: web::Handler = Arc::new(move |req| {
+            let lb = Arc::clone(&lb);
+            Box::pin(lb.handle(req))
+        });
+        web::serve(listener, options, handler, web::shutdown_signal()).await;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backends_group_by_cluster() {
+        let b = backends(&[
+            "a=http://p1:9090".into(),
+            "a=http://p2:9090".into(),
+            " b = http://vm:8428/prometheus ".into(),
+        ])
+        .unwrap();
+        assert_eq!(b["a"], ["http://p1:9090", "http://p2:9090"]);
+        assert_eq!(b["b"], ["http://vm:8428/prometheus"]);
+        assert!(backends(&[]).is_err());
+        assert!(backends(&["http://p1:9090".into()]).is_err());
+    }
+}

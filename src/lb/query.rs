@@ -1,0 +1,297 @@
+//! Which compute units a PromQL expression can read: the `uuid` matchers of every selector in
+//! it, however deep (subqueries, `label_replace`, binary operations). A selector without a
+//! `uuid="…"` or `uuid=~"a|b"` matcher can read any unit, so the expression is unscoped.
+
+use std::collections::BTreeSet;
+
+use promql_parser::label::{MatchOp, Matcher, Matchers};
+use promql_parser::parser::{self, Expr, VectorSelector};
+
+/// The label that names a compute unit.
+pub const UNIT_LABEL: &str = "uuid";
+
+/// Longest expression analysed (Grafana's longest, a regex of a few hundred job ids, is a few
+/// KiB); also bounds the parser's and the tree's work.
+pub const MAX_QUERY_BYTES: usize = 64 << 10;
+
+/// Deepest nesting of brackets analysed: deeper trees would cost stack to walk and to drop.
+const MAX_DEPTH: usize = 128;
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ScopeError {
+    #[error("the query is {0} bytes long; at most {MAX_QUERY_BYTES} are accepted")]
+    TooLong(usize),
+    #[error("the query nests brackets deeper than {MAX_DEPTH}")]
+    TooDeep,
+    #[error("not a PromQL expression: {0}")]
+    Parse(String),
+    #[error("`{0}` names no unit: add uuid=\"<job id>\"")]
+    Unscoped(String),
+    #[error(
+        "uuid=~\"{0}\" is not a list of unit ids (a|b|c); a pattern could match others' units"
+    )]
+    Pattern(String),
+    #[error("a series selector must be a selector such as {{uuid=\"<job id>\"}}, not `{0}`")]
+    NotASelector(String),
+}
+
+/// The units `query` reads, when every selector in it names its units; an expression with no
+/// selector at all (`time()`) names none.
+pub fn units_of_query(query: &str) -> Result<BTreeSet<String>, ScopeError> {
+    let expr = parse(query)?;
+    let mut units = BTreeSet::new();
+    // An explicit stack: the walk costs no call depth whatever the tree.
+    let mut stack: Vec<&Expr> = vec![&expr];
+    while let Some(e) = stack.pop() {
+        match e {
+            Expr::Aggregate(a) => {
+                stack.push(&a.expr);
+                stack.extend(a.param.as_deref());
+            }
+            Expr::Unary(u) => stack.push(&u.expr),
+            Expr::Binary(b) => {
+                stack.push(&b.lhs);
+                stack.push(&b.rhs);
+            }
+            Expr::Paren(p) => stack.push(&p.expr),
+            Expr::Subquery(s) => stack.push(&s.expr),
+            Expr::NumberLiteral(_) | Expr::StringLiteral(_) => {}
+            Expr::VectorSelector(vs) => units.extend(selector_units(vs)?),
+            Expr::MatrixSelector(ms) => units.extend(selector_units(&ms.vs)?),
+            Expr::Call(c) => stack.extend(c.args.args.iter().map(|a| a.as_ref())),
+            // The parser never makes one; one we cannot look into is refused.
+            Expr::Extension(_) => return Err(ScopeError::NotASelector("an extension".into())),
+        }
+    }
+    Ok(units)
+}
+
+/// The units a series selector (`match[]` of `/api/v1/series`, `/labels`, label values) reads.
+pub fn units_of_selector(selector: &str) -> Result<BTreeSet<String>, ScopeError> {
+    match parse(selector)? {
+        Expr::VectorSelector(vs) => selector_units(&vs),
+        other => Err(ScopeError::NotASelector(shorten(&other.to_string()))),
+    }
+}
+
+fn parse(query: &str) -> Result<Expr, ScopeError> {
+    if query.len() > MAX_QUERY_BYTES {
+        return Err(ScopeError::TooLong(query.len()));
+    }
+    if nesting(query) > MAX_DEPTH {
+        return Err(ScopeError::TooDeep);
+    }
+    parser::parse(query).map_err(|e| ScopeError::Parse(shorten(&e)))
+}
+
+/// Deepest bracket nesting outside string literals.
+fn nesting(query: &str) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let mut quote: Option<char> = None;
+    let mut chars = query.chars();
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (Some(_), '\\') => {
+                chars.next();
+            }
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'' | '`') => quote = Some(c),
+            (None, '(' | '[' | '{') => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            (None, ')' | ']' | '}') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// The units of one selector: each of its alternative matcher sets (`{a="1" or b="2"}`) must
+/// name its units.
+fn selector_units(vs: &VectorSelector) -> Result<BTreeSet<String>, ScopeError> {
+    let Matchers {
+        matchers,
+        or_matchers,
+    } = &vs.matchers;
+    let mut sets: Vec<&Vec<Matcher>> = or_matchers.iter().collect();
+    if sets.is_empty() || !matchers.is_empty() {
+        sets.push(matchers);
+    }
+    let mut units = BTreeSet::new();
+    for set in sets {
+        let mut named = false;
+        for m in set.iter().filter(|m| m.name == UNIT_LABEL) {
+            match &m.op {
+                MatchOp::Equal if !m.value.is_empty() => {
+                    units.insert(m.value.clone());
+                    named = true;
+                }
+                MatchOp::Re(_) => {
+                    units.extend(literal_alternatives(&m.value)?);
+                    named = true;
+                }
+                // `uuid!=…`, `uuid!~…` and `uuid=""` select other units, not these.
+                _ => {}
+            }
+        }
+        if !named {
+            return Err(ScopeError::Unscoped(shorten(&vs.to_string())));
+        }
+    }
+    Ok(units)
+}
+
+/// `a|b|c` of literal ids (metacharacters escaped with `\` are literal), as Prometheus anchors
+/// it: exactly these ids. Anything that could match another string is refused.
+pub fn literal_alternatives(pattern: &str) -> Result<Vec<String>, ScopeError> {
+    let refuse = || ScopeError::Pattern(shorten(pattern));
+    let mut ids = Vec::new();
+    let mut id = String::new();
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(e) if e.is_ascii_punctuation() => id.push(e),
+                _ => return Err(refuse()),
+            },
+            '|' => {
+                if id.is_empty() {
+                    return Err(refuse());
+                }
+                ids.push(std::mem::take(&mut id));
+            }
+            c if c.is_alphanumeric() || matches!(c, '_' | '-' | ':' | '/' | '@' | ',' | '=') => {
+                id.push(c)
+            }
+            _ => return Err(refuse()),
+        }
+    }
+    if id.is_empty() {
+        return Err(refuse());
+    }
+    ids.push(id);
+    Ok(ids)
+}
+
+/// Error messages quote at most this much of what they refuse.
+fn shorten(text: &str) -> String {
+    const MAX: usize = 200;
+    match text.char_indices().nth(MAX) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn units(q: &str) -> Vec<String> {
+        units_of_query(q)
+            .unwrap_or_else(|e| panic!("{q}: {e}"))
+            .into_iter()
+            .collect()
+    }
+
+    #[test]
+    fn every_selector_anywhere_in_the_tree_counts() {
+        assert_eq!(
+            units(r#"rate(ceems_compute_unit_cpu_user_seconds_total{uuid="123"}[1m])"#),
+            ["123"]
+        );
+        assert_eq!(
+            units(r#"sum(rate(a{uuid=~"1|2"}[5m])) / on(uuid) b{uuid="3"}"#),
+            ["1", "2", "3"]
+        );
+        // Hidden in a subquery, a label_replace, an aggregation's parameter.
+        assert_eq!(
+            units(r#"max_over_time(rate(a{uuid="1"}[1m])[10m:1m])"#),
+            ["1"]
+        );
+        assert_eq!(
+            units(r#"label_replace(a{uuid="1"}, "x", "$1", "uuid", "(.*)") or b{uuid="2"}"#),
+            ["1", "2"]
+        );
+        assert_eq!(
+            units(r#"topk(scalar(c{uuid="9"}), a{uuid="1"})"#),
+            ["1", "9"]
+        );
+        assert!(units("time() + 1").is_empty());
+    }
+
+    #[test]
+    fn a_selector_that_could_read_any_unit_is_refused() {
+        for q in [
+            r#"a{uuid="1"} + b"#,
+            r#"a{uuid!="1"}"#,
+            r#"a{uuid!~"1|2"}"#,
+            r#"a{uuid=""}"#,
+            r#"{__name__=~".+"}"#,
+            r#"label_replace(a{uuid="1"}, "x", "", "", "") * on() group_left b{job="x"}"#,
+            r#"max_over_time(b[5m:1m])"#,
+        ] {
+            assert!(
+                matches!(units_of_query(q), Err(ScopeError::Unscoped(_))),
+                "{q}: {:?}",
+                units_of_query(q)
+            );
+        }
+    }
+
+    #[test]
+    fn unit_patterns_must_be_lists_of_ids() {
+        assert_eq!(
+            literal_alternatives("1|22|333").unwrap(),
+            ["1", "22", "333"]
+        );
+        assert_eq!(literal_alternatives(r"12\[3\]").unwrap(), ["12[3]"]);
+        assert_eq!(
+            literal_alternatives("4b0a2c5e-7f00-4e3a-9b1f-2d3c4e5f6a7b").unwrap(),
+            ["4b0a2c5e-7f00-4e3a-9b1f-2d3c4e5f6a7b"]
+        );
+        for p in [
+            "1.*", ".+", "1|", "|1", "1||2", "(1|2)", "1?", "[12]", "(?i)a", r"\d+", "",
+        ] {
+            assert!(literal_alternatives(p).is_err(), "{p}");
+        }
+        assert!(matches!(
+            units_of_query(r#"a{uuid=~"alice_job|.*"}"#),
+            Err(ScopeError::Pattern(_))
+        ));
+    }
+
+    #[test]
+    fn series_selectors() {
+        assert_eq!(
+            units_of_selector(r#"{uuid="7"}"#)
+                .unwrap()
+                .into_iter()
+                .collect::<Vec<_>>(),
+            ["7"]
+        );
+        assert!(matches!(
+            units_of_selector(r#"rate(a{uuid="7"}[1m])"#),
+            Err(ScopeError::NotASelector(_))
+        ));
+        assert!(matches!(
+            units_of_selector("up"),
+            Err(ScopeError::Unscoped(_))
+        ));
+    }
+
+    #[test]
+    fn malformed_long_and_deep_queries_are_errors() {
+        assert!(matches!(units_of_query("sum(("), Err(ScopeError::Parse(_))));
+        assert!(matches!(
+            units_of_query(&"a".repeat(MAX_QUERY_BYTES + 1)),
+            Err(ScopeError::TooLong(_))
+        ));
+        let deep = format!("{}a{{uuid=\"1\"}}{}", "(".repeat(500), ")".repeat(500));
+        assert_eq!(units_of_query(&deep), Err(ScopeError::TooDeep));
+        // Brackets inside strings do not count.
+        let quoted = format!("a{{uuid=\"1\", x=\"{}\"}}", "(".repeat(500));
+        assert_eq!(units(&quoted), ["1"]);
+    }
+}

@@ -1,0 +1,228 @@
+//! `ceems lb` in front of two real Prometheus servers (Debian's) that scrape the series of two
+//! users' jobs: each user gets their own job's series and nothing else, however the query is
+//! dressed up; an admin gets everything; a stopped Prometheus does not stop the answers.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ceems::manager::slurm::sacct;
+use ceems::store::db::Store;
+use common::http::{Response, TestServer};
+use common::lab::{prometheus_tools, wait_until, Prometheus};
+use common::{runnable, start_subcommand};
+use serde_json::Value;
+
+/// Job 1 is alice's (project physics), job 2 bob's (chemistry).
+const SACCT: &str = "\
+1|debug|normal|physics|alice|2001|alice|2001|1795358897|1795358897|1795358926|00:00:29|29|0:0|COMPLETED|billing=1,cpu=1,mem=300M,node=1|localhost|/tmp|60|wrap
+2|debug|normal|chemistry|bob|2002|bob|2002|1795358897|1795358897|1795358926|00:00:29|29|0:0|COMPLETED|billing=1,cpu=1,mem=300M,node=1|localhost|/tmp|60|wrap
+";
+
+/// A node whose two jobs burn CPU time as time passes.
+fn node() -> TestServer {
+    TestServer::start(
+        false,
+        Arc::new(|_| {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_secs_f64();
+            Response::raw(
+                200,
+                format!(
+                    "# TYPE ceems_compute_unit_cpu_user_seconds_total counter\n\
+                     ceems_compute_unit_cpu_user_seconds_total{{manager=\"slurm\",uuid=\"1\"}} {now}\n\
+                     ceems_compute_unit_cpu_user_seconds_total{{manager=\"slurm\",uuid=\"2\"}} {}\n",
+                    now * 2.0
+                ),
+            )
+            .with_header("Content-Type", "text/plain; version=0.0.4")
+        }),
+    )
+}
+
+/// The stats-server's database as it would be after ingesting [`SACCT`].
+fn database(dir: &std::path::Path) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = Store::open(&dir.join("ceems.db")).await.unwrap();
+        let (jobs, errors) = sacct::parse_output(SACCT);
+        assert!(errors.is_empty(), "{errors:?}");
+        store.ingest("lab", &jobs, 100, 1).await.unwrap();
+    });
+}
+
+/// (status, JSON body) of a request through the proxy.
+fn ask(
+    lb: &common::Running,
+    user: Option<&str>,
+    path_and_query: &str,
+    form: Option<&str>,
+) -> (u16, Value) {
+    let mut req = match form {
+        Some(_) => ureq::post(&lb.url(path_and_query)),
+        None => ureq::get(&lb.url(path_and_query)),
+    };
+    if let Some(u) = user {
+        req = req.set("X-Grafana-User", u);
+    }
+    // A client cannot make itself admin with a header of its own.
+    req = req.set("X-Admin-User", "admin");
+    let answer = match form {
+        Some(body) => req
+            .set("Content-Type", "application/x-www-form-urlencoded")
+            .send_string(body),
+        None => req.call(),
+    };
+    let resp = match answer {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{path_and_query}: {e}"),
+    };
+    let status = resp.status();
+    let body = resp.into_string().unwrap();
+    (
+        status,
+        serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body}")),
+    )
+}
+
+fn encode(q: &str) -> String {
+    form_urlencoded::byte_serialize(q.as_bytes()).collect()
+}
+
+fn query(q: &str) -> String {
+    format!("/api/v1/query?query={}", encode(q))
+}
+
+/// The `uuid` labels of a query answer's series.
+fn uuids(answer: &Value) -> Vec<String> {
+    let mut u: Vec<String> = answer["data"]["result"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no result: {answer}"))
+        .iter()
+        .map(|s| s["metric"]["uuid"].as_str().unwrap_or("").to_owned())
+        .collect();
+    u.sort();
+    u
+}
+
+#[test]
+fn users_see_their_own_jobs_only_and_admins_see_all() {
+    if !runnable(
+        "users_see_their_own_jobs_only_and_admins_see_all",
+        prometheus_tools(),
+    ) {
+        return;
+    }
+    let node = node();
+    let prometheus = [
+        Prometheus::start(&[node.port], &[]),
+        Prometheus::start(&[node.port], &[]),
+    ];
+    let rate = "rate(ceems_compute_unit_cpu_user_seconds_total[1m])";
+    for p in &prometheus {
+        wait_until("two samples of each job", Duration::from_secs(60), || {
+            p.query(rate).len() == 2
+        });
+    }
+    let data = tempfile::tempdir().unwrap();
+    database(data.path());
+    let backends: Vec<String> = prometheus
+        .iter()
+        .map(|p| format!("--lb.backend=lab={}", p.url()))
+        .collect();
+    let mut args: Vec<&str> = backends.iter().map(String::as_str).collect();
+    let storage = format!("--storage.data.path={}", data.path().display());
+    args.extend([
+        storage.as_str(),
+        "--web.admin-users=admin",
+        "--lb.health-check-interval=1s",
+        "--security.drop-privileges=false",
+    ]);
+    let lb = start_subcommand("lb", data.path(), &args, &[]);
+
+    let alice_rate = r#"rate(ceems_compute_unit_cpu_user_seconds_total{uuid="1"}[1m])"#;
+    let (status, answer) = ask(&lb, Some("alice"), &query(alice_rate), None);
+    assert_eq!(
+        (status, uuids(&answer)),
+        (200, vec!["1".to_owned()]),
+        "{answer}"
+    );
+    // The same through a POST form, as Grafana sends long queries.
+    let (status, answer) = ask(
+        &lb,
+        Some("alice"),
+        "/api/v1/query",
+        Some(&format!("query={}", encode(alice_rate))),
+    );
+    assert_eq!((status, uuids(&answer)), (200, vec!["1".to_owned()]));
+    // Series and label values of her own job.
+    let (status, answer) = ask(
+        &lb,
+        Some("alice"),
+        &format!("/api/v1/series?match[]={}", encode(r#"{uuid="1"}"#)),
+        None,
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["data"].as_array().map(Vec::len), Some(1), "{answer}");
+
+    let refused = [
+        query(r#"rate(ceems_compute_unit_cpu_user_seconds_total{uuid="2"}[1m])"#),
+        query(r#"ceems_compute_unit_cpu_user_seconds_total{uuid=~"1|2"}"#),
+        query(r#"ceems_compute_unit_cpu_user_seconds_total{uuid=~"1|.*"}"#),
+        query(rate),
+        query(r#"max_over_time(ceems_compute_unit_cpu_user_seconds_total{uuid="2"}[1m:5s])"#),
+        query(
+            r#"label_replace(ceems_compute_unit_cpu_user_seconds_total{uuid="2"}, "uuid", "1", "", "")"#,
+        ),
+        format!("/api/v1/series?match[]={}", encode("up")),
+        "/api/v1/labels".to_owned(),
+        "/api/v1/admin/tsdb/snapshot".to_owned(),
+        "/api/v1/status/config".to_owned(),
+    ];
+    for path in &refused {
+        let (status, answer) = ask(&lb, Some("alice"), path, None);
+        assert_eq!(status, 403, "{path}: {answer}");
+        assert_eq!(answer["status"], "error", "{answer}");
+        assert_eq!(answer["errorType"], "forbidden", "{answer}");
+    }
+    // Bob's job smuggled in the body of a request whose URL names alice's.
+    let (status, answer) = ask(
+        &lb,
+        Some("alice"),
+        &query(alice_rate),
+        Some(&format!(
+            "query={}",
+            encode(r#"ceems_compute_unit_cpu_user_seconds_total{uuid="2"}"#)
+        )),
+    );
+    assert_eq!(status, 403, "{answer}");
+    // No user: 401.
+    let (status, _) = ask(&lb, None, &query(alice_rate), None);
+    assert_eq!(status, 401);
+    // bob gets his own job, not alice's.
+    let (status, _) = ask(&lb, Some("bob"), &query(alice_rate), None);
+    assert_eq!(status, 403);
+    // The admin gets every job, with or without a uuid.
+    let (status, answer) = ask(&lb, Some("admin"), &query(rate), None);
+    assert_eq!(
+        (status, uuids(&answer)),
+        (200, vec!["1".to_owned(), "2".to_owned()]),
+        "{answer}"
+    );
+
+    // One Prometheus stopped: every answer still comes, from the other.
+    let [first, _second] = prometheus;
+    drop(first);
+    for _ in 0..6 {
+        let (status, answer) = ask(&lb, Some("alice"), &query(alice_rate), None);
+        assert_eq!(
+            (status, uuids(&answer)),
+            (200, vec!["1".to_owned()]),
+            "{answer}"
+        );
+    }
+}
