@@ -140,12 +140,28 @@ fn users_see_their_own_jobs_only_and_admins_see_all() {
         storage.as_str(),
         "--web.admin-users=admin",
         "--lb.health-check-interval=1s",
+        "--lb.filter-label=lab=manager",
         "--security.drop-privileges=false",
     ]);
     let lb = start_subcommand("lb", data.path(), &args, &[]);
 
     let alice_rate = r#"rate(ceems_compute_unit_cpu_user_seconds_total{uuid="1"}[1m])"#;
     let (status, answer) = ask(&lb, Some("alice"), &query(alice_rate), None);
+    assert_eq!(
+        (status, uuids(&answer)),
+        (200, vec!["1".to_owned()]),
+        "{answer}"
+    );
+    // The label the site hides from its users is gone.
+    let metric = &answer["data"]["result"][0]["metric"];
+    assert!(metric.get("manager").is_none(), "{metric}");
+    // CEEMS's datasource URL names the cluster in the path.
+    let (status, answer) = ask(
+        &lb,
+        Some("alice"),
+        &format!("/lab{}", query(alice_rate)),
+        None,
+    );
     assert_eq!(
         (status, uuids(&answer)),
         (200, vec!["1".to_owned()]),
@@ -215,7 +231,7 @@ fn users_see_their_own_jobs_only_and_admins_see_all() {
     );
 
     // One Prometheus stopped: every answer still comes, from the other.
-    let [first, _second] = prometheus;
+    let [first, second] = prometheus;
     drop(first);
     for _ in 0..6 {
         let (status, answer) = ask(&lb, Some("alice"), &query(alice_rate), None);
@@ -225,4 +241,63 @@ fn users_see_their_own_jobs_only_and_admins_see_all() {
             "{answer}"
         );
     }
+
+    // CEEMS's own YAML file, shared with its API server, configures the same.
+    let yaml = data.path().join("ceems_lb.yml");
+    std::fs::write(
+        &yaml,
+        format!(
+            "ceems_api_server:\n  data:\n    path: {}\n  admin:\n    users: [admin]\nclusters:\n  - id: lab\n    manager: slurm\nceems_lb:\n  strategy: least-connection\n  backends:\n    - id: lab\n      tsdb_urls:\n        - {}\n",
+            data.path().display(),
+            second.url()
+        ),
+    )
+    .unwrap();
+    let config = format!("--config.file={}", yaml.display());
+    let lb = start_subcommand(
+        "lb",
+        data.path(),
+        &[&config, "--security.drop-privileges=false"],
+        &[],
+    );
+    let (status, answer) = ask(
+        &lb,
+        Some("alice"),
+        &format!("/lab{}", query(alice_rate)),
+        None,
+    );
+    assert_eq!(
+        (status, uuids(&answer)),
+        (200, vec!["1".to_owned()]),
+        "{answer}"
+    );
+    assert_eq!(ask(&lb, Some("bob"), &query(alice_rate), None).0, 403);
+    assert_eq!(ask(&lb, Some("admin"), &query(rate), None).0, 200);
+}
+
+#[test]
+fn without_the_stats_servers_database_it_refuses_to_start_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ceems"))
+        .args([
+            "lb",
+            "--lb.backend=lab=http://127.0.0.1:1",
+            "--web.listen-address=127.0.0.1:0",
+            "--security.drop-privileges=false",
+        ])
+        .arg(format!("--storage.data.path={}", dir.path().display()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ceems.db"), "{err}");
+    assert!(
+        !dir.path().join("ceems.db").exists(),
+        "a read-only client created the database"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ceems"))
+        .args(["lb", "--web.listen-address=127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--lb.backend"));
 }

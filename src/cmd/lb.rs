@@ -44,6 +44,12 @@ pub fn opts() -> Vec<Opt> {
         )
         .key("lb.backends"),
         Opt::new(
+            "lb.filter-label",
+            Kind::List,
+            "Label removed from every answer of a cluster's stores, as CLUSTER=LABEL (repeatable; CEEMS's filter_labels)",
+        )
+        .key("lb.filter-labels"),
+        Opt::new(
             "lb.strategy",
             Kind::Str,
             "How a cluster's next store is chosen: round-robin or least-connection",
@@ -101,6 +107,8 @@ pub fn command() -> Command {
 struct LbSettings {
     #[serde(default)]
     backends: Vec<String>,
+    #[serde(default)]
+    filter_labels: Vec<String>,
     strategy: Strategy,
     #[serde(deserialize_with = "config::de_duration")]
     health_check_interval: Duration,
@@ -120,19 +128,28 @@ struct DataSettings {
     path: PathBuf,
 }
 
-/// `CLUSTER=URL` entries, grouped by cluster.
-fn backends(entries: &[String]) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
+/// `CLUSTER=VALUE` entries of `flag`, grouped by cluster.
+fn group_by_cluster(
+    flag: &str,
+    entries: &[String],
+) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
     let mut by_cluster: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for e in entries.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {
         let (cluster, url) = e
             .split_once('=')
             .filter(|(c, u)| !c.trim().is_empty() && !u.trim().is_empty())
-            .with_context(|| format!("--lb.backend `{e}`: expected CLUSTER=http://host:port"))?;
+            .with_context(|| format!("--{flag} `{e}`: expected CLUSTER=…"))?;
         by_cluster
             .entry(cluster.trim().to_owned())
             .or_default()
             .push(url.trim().to_owned());
     }
+    Ok(by_cluster)
+}
+
+/// `CLUSTER=URL` entries, grouped by cluster; at least one.
+fn backends(entries: &[String]) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
+    let by_cluster = group_by_cluster("lb.backend", entries)?;
     anyhow::ensure!(
         !by_cluster.is_empty(),
         "no store to relay to: add --lb.backend=CLUSTER=http://prometheus:9090 (repeatable)"
@@ -154,6 +171,10 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let lb: LbSettings = settings.get("lb")?;
     let storage: StorageSettings = settings.get("storage")?;
     let by_cluster = backends(&lb.backends)?;
+    let mut filters = group_by_cluster("lb.filter-label", &lb.filter_labels)?;
+    if let Some(unknown) = filters.keys().find(|c| !by_cluster.contains_key(*c)) {
+        anyhow::bail!("--lb.filter-label names cluster {unknown}, which has no --lb.backend");
+    }
     let database_url = storage.database_url.trim().to_owned();
     let db_url = if database_url.is_empty() {
         storage.data.path.join("ceems.db").display().to_string()
@@ -179,7 +200,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let store = Arc::new(
-            Store::open_url(&db_url)
+            Store::open_read_only(&db_url)
                 .await
                 .with_context(|| format!("cannot open the stats-server's database {db_url}"))?,
         );
@@ -187,7 +208,8 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         for (cluster, urls) in &by_cluster {
             let pool = Arc::new(
                 Pool::new(cluster, urls, lb.strategy, lb.timeout)
-                    .with_context(|| format!("--lb.backend of cluster {cluster}"))?,
+                    .with_context(|| format!("--lb.backend of cluster {cluster}"))?
+                    .with_filter_labels(filters.remove(cluster).unwrap_or_default()),
             );
             pool.spawn_health_checks(lb.health_check_interval);
             pools.insert(cluster.clone(), pool);
@@ -223,5 +245,7 @@ mod tests {
         assert_eq!(b["b"], ["http://vm:8428/prometheus"]);
         assert!(backends(&[]).is_err());
         assert!(backends(&["http://p1:9090".into()]).is_err());
+        let f = group_by_cluster("lb.filter-label", &["a=hostname".into()]).unwrap();
+        assert_eq!(f["a"], ["hostname"]);
     }
 }

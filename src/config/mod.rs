@@ -9,6 +9,7 @@
 //! Keys mirror flags: `--web.listen-address` is `listen-address` in `[exporter.web]`. CEEMS's
 //! own YAML files are read into the same tree (`redfish_proxy_yaml`).
 
+mod lb_yaml;
 mod redfish_proxy_yaml;
 
 use std::collections::BTreeSet;
@@ -30,6 +31,7 @@ pub const SUBCOMMAND_TABLES: &[&str] = &[
     "exporter",
     "stats-server",
     "redfish-proxy",
+    "lb",
     "check-privileges",
     "mailprog",
 ];
@@ -262,6 +264,8 @@ pub enum ConfigError {
     Syntax { path: PathBuf, message: String },
     #[error("config file {path} is not a valid redfish_proxy YAML file: {message}")]
     ProxyYaml { path: PathBuf, message: String },
+    #[error("config file {path} is not a valid ceems_lb YAML file: {message}")]
+    LbYaml { path: PathBuf, message: String },
     #[error("config file {path}: unknown table `{table}` (expected one of: {expected})")]
     UnknownTable {
         path: PathBuf,
@@ -499,6 +503,13 @@ pub fn read_file(path: &Path, subcommand: &str) -> Result<Table, ConfigError> {
         path.extension().and_then(|e| e.to_str()),
         Some("yml" | "yaml")
     );
+    if yaml && subcommand == "lb" {
+        // CEEMS's ceems_lb file, possibly shared with its API server.
+        return lb_yaml::to_table(&text).map_err(|message| ConfigError::LbYaml {
+            path: path.to_owned(),
+            message,
+        });
+    }
     if yaml && subcommand == "redfish-proxy" {
         // CEEMS's redfish_proxy file, as its documentation deploys it.
         return redfish_proxy_yaml::to_table(&text).map_err(|message| ConfigError::ProxyYaml {

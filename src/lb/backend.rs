@@ -127,6 +127,8 @@ impl Backend {
 pub struct Pool {
     pub cluster: String,
     pub backends: Vec<Arc<Backend>>,
+    /// Labels removed from every answer of this cluster's stores.
+    pub filter_labels: Vec<String>,
     strategy: Strategy,
     next: AtomicUsize,
     timeout: Duration,
@@ -154,10 +156,17 @@ impl Pool {
                 .iter()
                 .map(|u| Backend::parse(u).map(Arc::new))
                 .collect::<Result<_, _>>()?,
+            filter_labels: Vec::new(),
             strategy,
             next: AtomicUsize::new(0),
             timeout,
         })
+    }
+
+    /// Removes these labels from every answer.
+    pub fn with_filter_labels(mut self, labels: Vec<String>) -> Pool {
+        self.filter_labels = labels;
+        self
     }
 
     /// The healthy backends in the order to try them.

@@ -116,36 +116,39 @@ pub fn parameters(
     Ok(params)
 }
 
-/// What finds the units of one parameter's value.
-type Analyser = fn(&str) -> Result<BTreeSet<String>, query::ScopeError>;
+/// What finds the scope of one parameter's value.
+type Analyser = fn(&str) -> Result<query::Scope, query::ScopeError>;
 
-/// Every unit the request can read, from every value of its `query` or `match[]`
-/// parameters; a request that names none is refused.
-pub fn requested_units(
+/// What the request can read, from every value of its `query` or `match[]` parameters; a
+/// request that names no unit is refused.
+pub fn requested_scope(
     endpoint: Endpoint,
     params: &[(String, String)],
-) -> Result<BTreeSet<String>, Refusal> {
+) -> Result<query::Scope, Refusal> {
     let (name, analyse): (&str, Analyser) = match endpoint {
-        Endpoint::Query => ("query", query::units_of_query),
-        Endpoint::Series => ("match[]", query::units_of_selector),
+        Endpoint::Query => ("query", query::scope_of_query),
+        Endpoint::Series => ("match[]", query::scope_of_selector),
     };
-    let mut units = BTreeSet::new();
+    let mut scope = query::Scope::default();
     for (_, value) in params.iter().filter(|(k, _)| k == name) {
         match analyse(value) {
-            Ok(u) => units.extend(u),
+            Ok(s) => {
+                scope.units.extend(s.units);
+                scope.clusters.extend(s.clusters);
+            }
             Err(e @ query::ScopeError::Parse(_)) => {
                 return Err(Refusal::new(StatusCode::BAD_REQUEST, e.to_string()))
             }
             Err(e) => return Err(Refusal::forbidden(e.to_string())),
         }
     }
-    if units.is_empty() {
+    if scope.units.is_empty() {
         return Err(Refusal::forbidden(format!(
             "the request names no unit: only admins may query without {}=\"<job id>\"",
             query::UNIT_LABEL
         )));
     }
-    Ok(units)
+    Ok(scope)
 }
 
 /// The proxy: the stores of each cluster, the database that says who owns what, and who the
@@ -189,7 +192,9 @@ impl Lb {
 
     async fn relay(&self, req: Request<Incoming>) -> Result<Response<Body>, Refusal> {
         let (parts, body) = req.into_parts();
-        let endpoint = endpoint(parts.uri.path()).ok_or_else(|| {
+        // CEEMS's datasources name the cluster as the path's first segment.
+        let (path_cluster, api_path) = split_cluster(&self.pools, parts.uri.path());
+        let endpoint = endpoint(api_path).ok_or_else(|| {
             Refusal::forbidden(format!("{} is not relayed by ceems lb", parts.uri.path()))
         })?;
         if parts.method != Method::GET && parts.method != Method::POST {
@@ -198,29 +203,7 @@ impl Lb {
                 "only GET and POST are relayed",
             ));
         }
-        let user = match parts
-            .headers
-            .get(&self.user_header)
-            .map(|v| v.to_str().map(str::trim))
-        {
-            Some(Ok(u)) if u.len() > MAX_USER_BYTES => {
-                return Err(Refusal::new(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "the {} header is longer than {MAX_USER_BYTES} bytes",
-                        self.user_header
-                    ),
-                ))
-            }
-            Some(Ok(u)) if !u.is_empty() => u.to_owned(),
-            _ => {
-                return Err(Refusal::new(
-                    StatusCode::UNAUTHORIZED,
-                    format!("no user: the request has no {} header", self.user_header),
-                ))
-            }
-        };
-        let pool = self.pool(&parts.headers)?;
+        let user = self.user(&parts.headers)?;
         let body = Limited::new(body, MAX_BODY_BYTES)
             .collect()
             .await
@@ -231,9 +214,26 @@ impl Lb {
             .get(hyper::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok());
         let params = parameters(parts.uri.query(), content_type, &body)?;
-        if !self.is_admin(&user).await {
-            let units = requested_units(endpoint, &params)?;
-            let wanted: Vec<String> = units.iter().cloned().collect();
+        let admin = self.is_admin(&user).await;
+        // Admins' queries are not judged, but may still name their cluster with ceems_id.
+        let scope = match requested_scope(endpoint, &params) {
+            Ok(scope) => scope,
+            Err(_) if admin => query::Scope::default(),
+            Err(refusal) => return Err(refusal),
+        };
+        let header_cluster = match parts.headers.get(CLUSTER_HEADER).map(|v| v.to_str()) {
+            Some(Ok(id)) => Some(id.trim()),
+            Some(Err(_)) => {
+                return Err(Refusal::new(
+                    StatusCode::BAD_REQUEST,
+                    "X-Ceems-Cluster-Id is not text",
+                ))
+            }
+            None => None,
+        };
+        let pool = choose_pool(&self.pools, path_cluster, header_cluster, &scope.clusters)?;
+        if !admin {
+            let wanted: Vec<String> = scope.units.iter().cloned().collect();
             let readable = self
                 .store
                 .units_readable_by(&pool.cluster, &user, &wanted)
@@ -244,7 +244,7 @@ impl Lb {
                         format!("ownership check: {e}"),
                     )
                 })?;
-            if let Some(other) = units.iter().find(|u| !readable.contains(*u)) {
+            if let Some(other) = scope.units.iter().find(|u| !readable.contains(*u)) {
                 tracing::info!(%user, unit = %other, cluster = %pool.cluster, "query refused");
                 return Err(Refusal::forbidden(format!(
                     "unit {other} of cluster {} is not {user}'s",
@@ -252,22 +252,32 @@ impl Lb {
                 )));
             }
         }
+        let filtering = !pool.filter_labels.is_empty();
         let headers: Vec<(HeaderName, HeaderValue)> = parts
             .headers
             .iter()
             .filter(|(k, _)| FORWARDED_REQUEST_HEADERS.contains(&k.as_str()))
+            // An answer to filter must come uncompressed.
+            .filter(|(k, _)| !(filtering && *k == hyper::header::ACCEPT_ENCODING))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let path_and_query = parts
-            .uri
-            .path_and_query()
-            .map(|p| p.as_str())
-            .unwrap_or("/");
+        let path_and_query = match parts.uri.query() {
+            Some(q) => format!("{api_path}?{q}"),
+            None => api_path.to_owned(),
+        };
         let answer = pool
-            .forward(parts.method.clone(), path_and_query, &headers, body)
+            .forward(parts.method.clone(), &path_and_query, &headers, body)
             .await
             .map_err(|e| Refusal::new(StatusCode::BAD_GATEWAY, e.to_string()))?;
-        let (from, body) = answer.into_parts();
+        let (from, mut body) = answer.into_parts();
+        if filtering && from.status == StatusCode::OK {
+            let raw = body
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            body = Full::new(filter_answer(api_path, &raw, &pool.filter_labels).unwrap_or(raw));
+        }
         let mut resp = Response::new(body);
         *resp.status_mut() = from.status;
         for (k, v) in from.headers.iter() {
@@ -278,28 +288,23 @@ impl Lb {
         Ok(resp)
     }
 
-    /// The cluster the request names, or the only one served.
-    fn pool(&self, headers: &hyper::HeaderMap) -> Result<Arc<Pool>, Refusal> {
-        match headers.get(CLUSTER_HEADER).map(|v| v.to_str()) {
-            Some(Ok(id)) => self.pools.get(id.trim()).cloned().ok_or_else(|| {
-                Refusal::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("no cluster {} here", id.trim()),
-                )
-            }),
-            Some(Err(_)) => Err(Refusal::new(
-                StatusCode::BAD_REQUEST,
-                "X-Ceems-Cluster-Id is not text",
-            )),
-            None if self.pools.len() == 1 => {
-                Ok(self.pools.values().next().cloned().expect("one pool"))
-            }
-            None => Err(Refusal::new(
+    /// The user the configured header names.
+    fn user(&self, headers: &hyper::HeaderMap) -> Result<String, Refusal> {
+        match headers
+            .get(&self.user_header)
+            .map(|v| v.to_str().map(str::trim))
+        {
+            Some(Ok(u)) if u.len() > MAX_USER_BYTES => Err(Refusal::new(
                 StatusCode::BAD_REQUEST,
                 format!(
-                    "name the cluster with X-Ceems-Cluster-Id (one of {})",
-                    self.pools.keys().cloned().collect::<Vec<_>>().join(", ")
+                    "the {} header is longer than {MAX_USER_BYTES} bytes",
+                    self.user_header
                 ),
+            )),
+            Some(Ok(u)) if !u.is_empty() => Ok(u.to_owned()),
+            _ => Err(Refusal::new(
+                StatusCode::UNAUTHORIZED,
+                format!("no user: the request has no {} header", self.user_header),
             )),
         }
     }
@@ -307,6 +312,98 @@ impl Lb {
     async fn is_admin(&self, user: &str) -> bool {
         self.admins.contains(user) || self.store.is_admin(user).await.unwrap_or(false)
     }
+}
+
+/// `/<cluster>/api/…` → (the cluster, `/api/…`) when the first segment is a served
+/// cluster; the path unchanged otherwise.
+fn split_cluster<'a>(
+    pools: &BTreeMap<String, Arc<Pool>>,
+    path: &'a str,
+) -> (Option<&'a str>, &'a str) {
+    let Some(rest) = path.strip_prefix('/') else {
+        return (None, path);
+    };
+    match rest.split_once('/') {
+        Some((first, _)) if pools.contains_key(first) => (Some(first), &rest[first.len()..]),
+        _ => (None, path),
+    }
+}
+
+/// The cluster named by the path, the header and the query's `ceems_id`, which must agree;
+/// the only one served when none is named.
+fn choose_pool(
+    pools: &BTreeMap<String, Arc<Pool>>,
+    path: Option<&str>,
+    header: Option<&str>,
+    labels: &BTreeSet<String>,
+) -> Result<Arc<Pool>, Refusal> {
+    let named: BTreeSet<&str> = path
+        .into_iter()
+        .chain(header)
+        .chain(labels.iter().map(String::as_str))
+        .collect();
+    let id = match named.len() {
+        0 if pools.len() == 1 => pools.keys().next().map(String::as_str),
+        0 => None,
+        1 => named.into_iter().next(),
+        _ => {
+            return Err(Refusal::new(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "the request names several clusters ({}); one query reads one cluster",
+                    named.into_iter().collect::<Vec<_>>().join(", ")
+                ),
+            ))
+        }
+    };
+    let Some(id) = id else {
+        return Err(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "name the cluster: /<cluster>/api/v1/…, X-Ceems-Cluster-Id or ceems_id=\"…\" (one of {})",
+                pools.keys().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        ));
+    };
+    pools
+        .get(id)
+        .cloned()
+        .ok_or_else(|| Refusal::new(StatusCode::BAD_REQUEST, format!("no cluster {id} here")))
+}
+
+/// The answer of `api_path` without the labels named in `hidden` (CEEMS's `filter_labels`:
+/// labels a site keeps from its users, such as the node a job ran on). `None` when the body
+/// is not a JSON answer of the API.
+pub fn filter_answer(api_path: &str, body: &[u8], hidden: &[String]) -> Option<Bytes> {
+    let mut answer: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let data = answer.get_mut("data")?;
+    let strip = |metric: &mut serde_json::Value| {
+        if let Some(m) = metric.as_object_mut() {
+            m.retain(|k, _| !hidden.contains(k));
+        }
+    };
+    match api_path {
+        "/api/v1/query" | "/api/v1/query_range" => {
+            for series in data.get_mut("result")?.as_array_mut()? {
+                if let Some(metric) = series.get_mut("metric") {
+                    strip(metric);
+                }
+            }
+        }
+        "/api/v1/series" => data.as_array_mut()?.iter_mut().for_each(strip),
+        "/api/v1/labels" => data
+            .as_array_mut()?
+            .retain(|l| !l.as_str().is_some_and(|l| hidden.iter().any(|h| h == l))),
+        path => {
+            let name = path
+                .strip_prefix("/api/v1/label/")?
+                .strip_suffix("/values")?;
+            if hidden.iter().any(|h| h == name) {
+                *data = serde_json::Value::Array(Vec::new());
+            }
+        }
+    }
+    serde_json::to_vec(&answer).ok().map(Bytes::from)
 }
 
 /// An error in the Prometheus API's own shape, so Grafana shows the message.
@@ -333,10 +430,102 @@ fn api_error(refusal: Refusal) -> Response<Body> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn pairs(q: &str) -> Vec<(String, String)> {
         parameters(Some(q), None, b"").unwrap()
+    }
+
+    #[test]
+    fn the_cluster_comes_from_the_path_the_header_or_ceems_id_and_must_agree() {
+        let pool = |id: &str| {
+            let urls = ["http://127.0.0.1:1".to_owned()];
+            let p = Pool::new(
+                id,
+                &urls,
+                backend::Strategy::RoundRobin,
+                Duration::from_secs(1),
+            );
+            (id.to_owned(), Arc::new(p.unwrap()))
+        };
+        let one: BTreeMap<_, _> = [pool("a")].into();
+        let two: BTreeMap<_, _> = [pool("a"), pool("b")].into();
+        assert_eq!(
+            split_cluster(&two, "/b/api/v1/query"),
+            (Some("b"), "/api/v1/query")
+        );
+        assert_eq!(
+            split_cluster(&two, "/api/v1/query"),
+            (None, "/api/v1/query")
+        );
+        assert_eq!(
+            split_cluster(&two, "/c/api/v1/query"),
+            (None, "/c/api/v1/query")
+        );
+        let none = BTreeSet::new();
+        let labels = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+        let id = |r: Result<Arc<Pool>, Refusal>| r.map(|p| p.cluster.clone()).map_err(|e| e.status);
+        assert_eq!(id(choose_pool(&one, None, None, &none)), Ok("a".into()));
+        assert_eq!(
+            id(choose_pool(&two, None, None, &none)),
+            Err(StatusCode::BAD_REQUEST)
+        );
+        assert_eq!(
+            id(choose_pool(&two, Some("b"), None, &none)),
+            Ok("b".into())
+        );
+        assert_eq!(
+            id(choose_pool(&two, None, Some("b"), &none)),
+            Ok("b".into())
+        );
+        assert_eq!(
+            id(choose_pool(&two, None, None, &labels(&["b"]))),
+            Ok("b".into())
+        );
+        assert_eq!(
+            id(choose_pool(&two, Some("a"), None, &labels(&["b"]))),
+            Err(StatusCode::BAD_REQUEST)
+        );
+        assert_eq!(
+            id(choose_pool(&two, None, Some("c"), &none)),
+            Err(StatusCode::BAD_REQUEST)
+        );
+    }
+
+    #[test]
+    fn hidden_labels_leave_every_kind_of_answer() {
+        let hidden = ["hostname".to_owned()];
+        let filtered = |path: &str, body: &str| {
+            let out = filter_answer(path, body.as_bytes(), &hidden).unwrap();
+            serde_json::from_slice::<serde_json::Value>(&out).unwrap()["data"].clone()
+        };
+        let q = r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"uuid":"1","hostname":"n1"},"value":[1,"2"]}]}}"#;
+        assert_eq!(
+            filtered("/api/v1/query", q)["result"][0]["metric"],
+            serde_json::json!({"uuid": "1"})
+        );
+        let series = r#"{"status":"success","data":[{"uuid":"1","hostname":"n1"}]}"#;
+        assert_eq!(
+            filtered("/api/v1/series", series),
+            serde_json::json!([{"uuid": "1"}])
+        );
+        let labels = r#"{"status":"success","data":["hostname","uuid"]}"#;
+        assert_eq!(
+            filtered("/api/v1/labels", labels),
+            serde_json::json!(["uuid"])
+        );
+        let values = r#"{"status":"success","data":["n1","n2"]}"#;
+        assert_eq!(
+            filtered("/api/v1/label/hostname/values", values),
+            serde_json::json!([])
+        );
+        assert_eq!(
+            filtered("/api/v1/label/uuid/values", values),
+            serde_json::json!(["n1", "n2"])
+        );
+        assert!(filter_answer("/api/v1/query", b"not json", &hidden).is_none());
     }
 
     #[test]
@@ -368,12 +557,12 @@ mod tests {
             b"query=b%7Buuid%3D%222%22%7D",
         )
         .unwrap();
-        let units = requested_units(Endpoint::Query, &params).unwrap();
+        let units = requested_scope(Endpoint::Query, &params).unwrap().units;
         assert_eq!(units.into_iter().collect::<Vec<_>>(), ["1", "2"]);
         // A smuggled second query that names no unit spoils the request.
         let params = pairs("query=a%7Buuid%3D%221%22%7D&query=b");
         assert_eq!(
-            requested_units(Endpoint::Query, &params)
+            requested_scope(Endpoint::Query, &params)
                 .unwrap_err()
                 .status,
             StatusCode::FORBIDDEN
@@ -400,14 +589,15 @@ mod tests {
             (Endpoint::Series, ""),
             (Endpoint::Series, "match[]=up"),
         ] {
-            let r = requested_units(endpoint, &pairs(q)).unwrap_err();
+            let r = requested_scope(endpoint, &pairs(q)).unwrap_err();
             assert_eq!(r.status, StatusCode::FORBIDDEN, "{q}: {r:?}");
         }
-        let r = requested_units(Endpoint::Query, &pairs("query=sum((")).unwrap_err();
+        let r = requested_scope(Endpoint::Query, &pairs("query=sum((")).unwrap_err();
         assert_eq!(r.status, StatusCode::BAD_REQUEST);
         assert_eq!(
-            requested_units(Endpoint::Series, &pairs("match[]=%7Buuid%3D%227%22%7D"))
+            requested_scope(Endpoint::Series, &pairs("match[]=%7Buuid%3D%227%22%7D"))
                 .unwrap()
+                .units
                 .len(),
             1
         );

@@ -10,6 +10,17 @@ use promql_parser::parser::{self, Expr, VectorSelector};
 /// The label that names a compute unit.
 pub const UNIT_LABEL: &str = "uuid";
 
+/// The label that names a unit's cluster, where the stores keep several.
+pub const CLUSTER_LABEL: &str = "ceems_id";
+
+/// What an expression reads: its units, and the clusters its selectors name with
+/// `ceems_id="…"` (none when they name none).
+#[derive(Debug, Default, PartialEq)]
+pub struct Scope {
+    pub units: BTreeSet<String>,
+    pub clusters: BTreeSet<String>,
+}
+
 /// Longest expression analysed (Grafana's longest, a regex of a few hundred job ids, is a few
 /// KiB); also bounds the parser's and the tree's work.
 pub const MAX_QUERY_BYTES: usize = 64 << 10;
@@ -37,9 +48,9 @@ pub enum ScopeError {
 
 /// The units `query` reads, when every selector in it names its units; an expression with no
 /// selector at all (`time()`) names none.
-pub fn units_of_query(query: &str) -> Result<BTreeSet<String>, ScopeError> {
+pub fn scope_of_query(query: &str) -> Result<Scope, ScopeError> {
     let expr = parse(query)?;
-    let mut units = BTreeSet::new();
+    let mut scope = Scope::default();
     // An explicit stack: the walk costs no call depth whatever the tree.
     let mut stack: Vec<&Expr> = vec![&expr];
     while let Some(e) = stack.pop() {
@@ -56,20 +67,38 @@ pub fn units_of_query(query: &str) -> Result<BTreeSet<String>, ScopeError> {
             Expr::Paren(p) => stack.push(&p.expr),
             Expr::Subquery(s) => stack.push(&s.expr),
             Expr::NumberLiteral(_) | Expr::StringLiteral(_) => {}
-            Expr::VectorSelector(vs) => units.extend(selector_units(vs)?),
-            Expr::MatrixSelector(ms) => units.extend(selector_units(&ms.vs)?),
+            Expr::VectorSelector(vs) => add_selector(&mut scope, vs)?,
+            Expr::MatrixSelector(ms) => add_selector(&mut scope, &ms.vs)?,
             Expr::Call(c) => stack.extend(c.args.args.iter().map(|a| a.as_ref())),
             // The parser never makes one; one we cannot look into is refused.
             Expr::Extension(_) => return Err(ScopeError::NotASelector("an extension".into())),
         }
     }
-    Ok(units)
+    Ok(scope)
+}
+
+fn add_selector(scope: &mut Scope, vs: &VectorSelector) -> Result<(), ScopeError> {
+    scope.units.extend(selector_units(vs)?);
+    let all = vs
+        .matchers
+        .matchers
+        .iter()
+        .chain(vs.matchers.or_matchers.iter().flatten());
+    scope.clusters.extend(
+        all.filter(|m| m.name == CLUSTER_LABEL && m.op == MatchOp::Equal)
+            .map(|m| m.value.clone()),
+    );
+    Ok(())
 }
 
 /// The units a series selector (`match[]` of `/api/v1/series`, `/labels`, label values) reads.
-pub fn units_of_selector(selector: &str) -> Result<BTreeSet<String>, ScopeError> {
+pub fn scope_of_selector(selector: &str) -> Result<Scope, ScopeError> {
     match parse(selector)? {
-        Expr::VectorSelector(vs) => selector_units(&vs),
+        Expr::VectorSelector(vs) => {
+            let mut scope = Scope::default();
+            add_selector(&mut scope, &vs)?;
+            Ok(scope)
+        }
         other => Err(ScopeError::NotASelector(shorten(&other.to_string()))),
     }
 }
@@ -189,10 +218,21 @@ mod tests {
     use super::*;
 
     fn units(q: &str) -> Vec<String> {
-        units_of_query(q)
+        scope_of_query(q)
             .unwrap_or_else(|e| panic!("{q}: {e}"))
+            .units
             .into_iter()
             .collect()
+    }
+
+    fn units_of_query(q: &str) -> Result<BTreeSet<String>, ScopeError> {
+        scope_of_query(q).map(|s| s.units)
+    }
+
+    #[test]
+    fn clusters_named_by_ceems_id() {
+        let scope = scope_of_query(r#"a{uuid="1",ceems_id="slurm-0"} + b{uuid="2"}"#).unwrap();
+        assert_eq!(scope.clusters.into_iter().collect::<Vec<_>>(), ["slurm-0"]);
     }
 
     #[test]
@@ -265,18 +305,19 @@ mod tests {
     #[test]
     fn series_selectors() {
         assert_eq!(
-            units_of_selector(r#"{uuid="7"}"#)
+            scope_of_selector(r#"{uuid="7"}"#)
                 .unwrap()
+                .units
                 .into_iter()
                 .collect::<Vec<_>>(),
             ["7"]
         );
         assert!(matches!(
-            units_of_selector(r#"rate(a{uuid="7"}[1m])"#),
+            scope_of_selector(r#"rate(a{uuid="7"}[1m])"#),
             Err(ScopeError::NotASelector(_))
         ));
         assert!(matches!(
-            units_of_selector("up"),
+            scope_of_selector("up"),
             Err(ScopeError::Unscoped(_))
         ));
     }

@@ -137,6 +137,60 @@ impl Store {
         })
     }
 
+    /// Opens the stats-server's database, SQLite or PostgreSQL as `url` says, for reading
+    /// only: no file is created, no migration run, and PostgreSQL sessions are read-only. Fails
+    /// when the database has no jobs table yet.
+    pub async fn open_read_only(url: &str) -> Result<Store, StoreError> {
+        let store = if is_postgres_url(url) {
+            let open_err = |error| StoreError::Open {
+                path: describe_postgres_url(url),
+                error,
+            };
+            let opts = PgConnectOptions::from_str(url)
+                .map_err(open_err)?
+                .application_name("ceems-lb")
+                .options([("default_transaction_read_only", "on")])
+                .log_slow_statements(SLOW_STATEMENT_LOG, SLOW_STATEMENT);
+            let pool = PgPoolOptions::new()
+                .max_connections(16)
+                .acquire_timeout(Duration::from_secs(5))
+                .test_before_acquire(false)
+                .connect_with(opts)
+                .await
+                .map_err(open_err)?;
+            Store {
+                pool: Pool::Postgres(pool),
+                generation: Default::default(),
+                generation_reads: Default::default(),
+            }
+        } else {
+            let path = url.strip_prefix("sqlite://").unwrap_or(url);
+            let open_err = |error| StoreError::Open {
+                path: path.to_owned(),
+                error,
+            };
+            let opts = SqliteConnectOptions::from_str(&format!("sqlite://{path}"))
+                .map_err(open_err)?
+                .read_only(true)
+                .busy_timeout(Duration::from_secs(10))
+                .log_slow_statements(SLOW_STATEMENT_LOG, SLOW_STATEMENT);
+            let pool = SqlitePoolOptions::new()
+                .max_connections(8)
+                .connect_with(opts)
+                .await
+                .map_err(open_err)?;
+            Store {
+                pool: Pool::Sqlite(pool),
+                generation: Default::default(),
+                generation_reads: Default::default(),
+            }
+        };
+        store
+            .fetch_optional(&crate::store::sql::Sql::new("SELECT 1 FROM units LIMIT 1"))
+            .await?;
+        Ok(store)
+    }
+
     /// Opens a SQLite file or connects to PostgreSQL, as `url` says.
     pub async fn open_url(url: &str) -> Result<Store, StoreError> {
         if is_postgres_url(url) {
