@@ -30,17 +30,23 @@ fn systemd_units_verify_cleanly() {
         "ceems_exporter.service",
         "redfish_proxy.service",
         "ceems_api_server.service",
+        "ceems_lb.service",
     ] {
         let text = std::fs::read_to_string(src.join(name)).unwrap();
         assert!(text.contains("NoNewPrivileges=yes"), "{name}");
         assert!(text.contains("CapabilityBoundingSet="), "{name}");
         assert!(text.contains("User=ceems"), "{name}");
         // verify checks that ExecStart exists: point it at the binary under test.
-        let text = ["ceems_exporter", "redfish_proxy", "ceems_api_server"]
-            .iter()
-            .fold(text, |t, link| {
-                t.replace(&format!("/usr/bin/{link}"), env!("CARGO_BIN_EXE_ceems"))
-            });
+        let text = [
+            "ceems_exporter",
+            "redfish_proxy",
+            "ceems_api_server",
+            "ceems_lb",
+        ]
+        .iter()
+        .fold(text, |t, link| {
+            t.replace(&format!("/usr/bin/{link}"), env!("CARGO_BIN_EXE_ceems"))
+        });
         let path = tmp.path().join(name);
         std::fs::write(&path, text).unwrap();
         units.push(path);
@@ -96,7 +102,7 @@ fn man_pages_and_completions_cover_every_subcommand() {
         exporter.contains("collector.slurm"),
         "exporter man page lacks its flags"
     );
-    for sub in ["stats-server", "redfish-proxy", "check-privileges"] {
+    for sub in ["stats-server", "redfish-proxy", "lb", "check-privileges"] {
         assert!(
             tmp.path().join(format!("man/ceems-{sub}.1")).exists(),
             "{sub}"

@@ -475,3 +475,38 @@ fn stats_server_first_start_as_root_creates_its_directories_for_nobody() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// `check-privileges lb` says whether the user lb runs as can read the stats-server's
+/// database, and how to fix it when it cannot.
+#[test]
+fn check_privileges_lb_tests_the_database_as_the_daemons_user() {
+    if !is_root() {
+        println!("skipped: needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let db = dir.path().join("ceems.db");
+    std::fs::write(&db, b"").unwrap();
+    let check = || {
+        Command::new(env!("CARGO_BIN_EXE_ceems"))
+            .args([
+                "check-privileges",
+                "lb",
+                "--lb.backend=lab=http://127.0.0.1:9090",
+                "--web.listen-address=127.0.0.1:0",
+            ])
+            .arg(format!("--storage.data.path={}", dir.path().display()))
+            .output()
+            .unwrap()
+    };
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = check();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("needs read access"), "{text}");
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = check();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+}

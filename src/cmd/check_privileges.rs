@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use caps::Capability;
 use clap::{Arg, ArgMatches, Command};
 
-use super::{exporter, redfish_proxy, stats_server};
+use super::{exporter, lb, redfish_proxy, stats_server};
 use crate::collect::Paths;
 use crate::config::{self, Layered};
 use crate::registry;
@@ -41,6 +41,7 @@ pub fn command() -> Command {
         .subcommand(exporter::command())
         .subcommand(redfish_proxy::command())
         .subcommand(stats_server::command())
+        .subcommand(lb::command())
 }
 
 /// The listener of a daemon: binding below 1024 needs CAP_NET_BIND_SERVICE unless root. The
@@ -93,6 +94,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         "exporter" => exporter::opts(),
         "redfish-proxy" => redfish_proxy::opts(),
         "stats-server" => stats_server::opts(),
+        "lb" => lb::opts(),
         _ => return Ok(ExitCode::from(2)),
     };
     let settings = config::load(sub, &opts, sub_matches)?;
@@ -205,6 +207,21 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             needs: caps.clone(),
             missing: missing_of(caps),
             test: Some(check::test_run_as(sacct, user, caps)),
+        });
+    }
+    // The lb reads the stats-server's SQLite file: no capability, but the file's mode.
+    if sub == "lb"
+        && settings
+            .get::<String>("storage.database-url")?
+            .trim()
+            .is_empty()
+    {
+        let dir: PathBuf = settings.get("storage.data.path")?;
+        parts.push(PartCheck {
+            part: "the stats-server's database".into(),
+            needs: Vec::new(),
+            missing: Vec::new(),
+            test: Some(lb::test_database_readable(&dir.join("ceems.db"))),
         });
     }
     tracing::debug!(?outcome, "privileges for the checks");

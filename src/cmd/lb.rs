@@ -229,6 +229,37 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Whether this process, privileges dropped as the daemon drops them, can read the database
+/// and its WAL files (`check-privileges lb`).
+pub fn test_database_readable(db: &std::path::Path) -> crate::security::check::OperationTest {
+    use crate::security::check::{OperationTest, TestOutcome};
+    let wal = |suffix: &str| PathBuf::from(format!("{}{suffix}", db.display()));
+    let unreadable = [db.to_owned(), wal("-wal"), wal("-shm")]
+        .into_iter()
+        .filter(|p| p == db || p.exists())
+        .find_map(|p| std::fs::File::open(&p).err().map(|e| (p, e)));
+    let operation = format!("read {}", db.display());
+    match unreadable {
+        None => OperationTest {
+            operation,
+            outcome: TestOutcome::Ok,
+            error: None,
+        },
+        Some((path, e)) => OperationTest {
+            operation,
+            outcome: if e.kind() == std::io::ErrorKind::PermissionDenied {
+                TestOutcome::Denied
+            } else {
+                TestOutcome::Error
+            },
+            error: Some(format!(
+                "{}: {e}; the user lb runs as needs read access to the stats-server's database and its -wal and -shm files (the same user, or its group with mode 0640)",
+                path.display()
+            )),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

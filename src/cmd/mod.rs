@@ -21,6 +21,7 @@ const ARGV0_ALIASES: &[(&str, &str)] = &[
     ("ceems_exporter", "exporter"),
     ("ceems_api_server", "stats-server"),
     ("redfish_proxy", "redfish-proxy"),
+    ("ceems_lb", "lb"),
 ];
 
 /// The git revision, branch and rustc version of this build (`build.rs`; "unknown" where the
@@ -54,7 +55,7 @@ pub fn cli() -> Command {
         .long_about(
             "Compute energy and emissions monitoring for HPC batch jobs.\n\n\
              One binary for the whole stack: run `ceems <subcommand> --help` for each part. \
-             Invoked through a link named ceems_exporter, ceems_api_server or redfish_proxy, \
+             Invoked through a link named ceems_exporter, ceems_api_server, redfish_proxy or ceems_lb, \
              it runs that subcommand directly.",
         )
         .subcommand_required(true)
