@@ -408,6 +408,7 @@ fn example_config_documents_every_key_and_loads() {
         ("exporter", ceems::cmd::exporter::opts()),
         ("redfish-proxy", ceems::cmd::redfish_proxy::opts()),
         ("stats-server", ceems::cmd::stats_server::opts()),
+        ("lb", ceems::cmd::lb::opts()),
     ] {
         for opt in opts {
             if opt.kind == ceems::config::Kind::FileOnly {

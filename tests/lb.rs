@@ -230,6 +230,39 @@ fn users_see_their_own_jobs_only_and_admins_see_all() {
         "{answer}"
     );
 
+    // 1,000 queries at once: each is answered, or refused with 503 beyond the 256 served at
+    // once, and the proxy's memory stays bounded.
+    let url = lb.url(&query(alice_rate));
+    let threads: Vec<_> = (0..1000)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                match ureq::get(&url).set("X-Grafana-User", "alice").call() {
+                    Ok(r) => r.status(),
+                    Err(ureq::Error::Status(code, _)) => code,
+                    Err(e) => panic!("{e}"),
+                }
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 503),
+        "{statuses:?}"
+    );
+    assert!(ok >= 256, "only {ok} of 1,000 answered");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", lb.child.0.id())).unwrap();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    println!(
+        "lb peak resident memory after 1,000 concurrent queries: {peak_kib} KiB ({ok} answered)"
+    );
+    assert!(peak_kib < 200 * 1024, "peak RSS {peak_kib} KiB");
+
     // One Prometheus stopped: every answer still comes, from the other.
     let [first, second] = prometheus;
     drop(first);
@@ -300,4 +333,37 @@ fn without_the_stats_servers_database_it_refuses_to_start_and_says_why() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("--lb.backend"));
+}
+
+/// Every panel of the example "my job" dashboard goes through the gate for the job's owner:
+/// each of its queries names the job, and nothing else.
+#[test]
+fn the_example_dashboard_asks_only_for_the_chosen_job() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/grafana/dashboards/ceems-my-job.json");
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let panels = dashboard["panels"].as_array().unwrap();
+    assert!(panels.len() >= 4);
+    for panel in panels {
+        assert_eq!(
+            panel["datasource"]["uid"], "ceems-lb-lab",
+            "{}",
+            panel["title"]
+        );
+        for target in panel["targets"].as_array().unwrap() {
+            // As Grafana sends it.
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$__rate_interval", "1m")
+                .replace("$job", "4242");
+            let scope = ceems::lb::query::scope_of_query(&expr)
+                .unwrap_or_else(|e| panic!("{}: {expr}: {e}", panel["title"]));
+            assert_eq!(
+                scope.units.into_iter().collect::<Vec<_>>(),
+                ["4242"],
+                "{expr}"
+            );
+        }
+    }
 }

@@ -335,4 +335,48 @@ mod tests {
         let quoted = format!("a{{uuid=\"1\", x=\"{}\"}}", "(".repeat(500));
         assert_eq!(units(&quoted), ["1"]);
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// PromQL wrappers a query can hide a selector in.
+        fn wrap(inner: String, how: u8) -> String {
+            match how % 9 {
+                0 => format!("rate(b{{uuid=\"1\"}}[5m]) + {inner}"),
+                1 => format!("sum by (uuid) ({inner})"),
+                2 => format!("max_over_time(({inner})[10m:1m])"),
+                3 => format!(r#"label_replace({inner}, "x", "$1", "uuid", "(.*)")"#),
+                4 => format!("({inner}) * on(uuid) group_left a{{uuid=\"1\"}}"),
+                5 => format!("topk(2, {inner})"),
+                6 => format!("-({inner})"),
+                7 => format!("{inner} or vector(0)"),
+                _ => format!("clamp_min({inner}, scalar(c{{uuid=\"1\"}} offset 5m))"),
+            }
+        }
+
+        proptest! {
+            /// Whatever it is wrapped in, a selector of another unit is always found.
+            #[test]
+            fn a_foreign_unit_cannot_hide(hows in proptest::collection::vec(any::<u8>(), 0..6), id in 2u32..10_000) {
+                let mut q = format!("a{{uuid=\"{id}\"}}");
+                for how in hows {
+                    q = wrap(q, how);
+                }
+                let scope = scope_of_query(&q);
+                prop_assert!(
+                    scope.as_ref().is_ok_and(|s| s.units.contains(&id.to_string())),
+                    "{q}: {scope:?}"
+                );
+            }
+
+            /// Arbitrary text is an answer or an error, never a panic.
+            #[test]
+            fn any_text_is_analysed_without_panicking(text in ".{0,200}") {
+                let _ = scope_of_query(&text);
+                let _ = scope_of_selector(&text);
+                let _ = literal_alternatives(&text);
+            }
+        }
+    }
 }
