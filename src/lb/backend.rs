@@ -18,7 +18,7 @@ pub const MAX_ANSWER_BYTES: usize = 256 << 20;
 pub enum BackendError {
     #[error("backend URL `{0}`: only http://host:port[/path] is supported")]
     Url(String),
-    #[error("no healthy backend for cluster {0}")]
+    #[error("no store configured for cluster {0}")]
     NoneHealthy(String),
     #[error("{url}: {message}")]
     Failed { url: String, message: String },
@@ -173,10 +173,12 @@ impl Pool {
     fn order(&self) -> Vec<Arc<Backend>> {
         let n = self.backends.len().max(1);
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        let mut order: Vec<Arc<Backend>> = (0..self.backends.len())
+        let all: Vec<Arc<Backend>> = (0..self.backends.len())
             .map(|i| Arc::clone(&self.backends[(start + i) % n]))
-            .filter(|b| b.healthy())
             .collect();
+        let healthy: Vec<Arc<Backend>> = all.iter().filter(|b| b.healthy()).cloned().collect();
+        // With none healthy, every one is tried rather than none: one may be back already.
+        let mut order = if healthy.is_empty() { all } else { healthy };
         if self.strategy == Strategy::LeastConnection {
             // Stable: ties keep the round-robin order.
             order.sort_by_key(|b| b.in_flight.load(Ordering::Relaxed));
@@ -274,6 +276,10 @@ mod tests {
         pool.backends[1].set_healthy(false);
         let picks: Vec<String> = (0..3).map(|_| first(&pool)).collect();
         assert!(!picks.contains(&urls[1]), "{picks:?}");
+        for b in &pool.backends {
+            b.set_healthy(false);
+        }
+        assert_eq!(pool.order().len(), 3, "with none healthy, all are tried");
 
         let pool = Pool::new(
             "c",

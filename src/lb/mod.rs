@@ -53,7 +53,10 @@ pub fn endpoint(path: &str) -> Option<Endpoint> {
             let name = path
                 .strip_prefix("/api/v1/label/")?
                 .strip_suffix("/values")?;
-            (!name.is_empty() && !name.contains('/')).then_some(Endpoint::Series)
+            // A label name, not a path in disguise (`..%2F`).
+            let label = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            label.then_some(Endpoint::Series)
         }
     }
 }
@@ -541,6 +544,8 @@ mod tests {
             "/api/v1/admin/tsdb/delete_series",
             "/api/v1/label//values",
             "/api/v1/label/a/b/values",
+            "/api/v1/label/..%2Fadmin/values",
+            "/api/v1/label/1x/values",
             "/api/v1/status/config",
             "/federate",
             "/api/v1/query/",
