@@ -97,6 +97,17 @@ fn query(q: &str) -> String {
     format!("/api/v1/query?query={}", encode(q))
 }
 
+/// Asserts that `user` gets 200 for `path` with exactly the series of `jobs`; the answer.
+fn assert_gets(lb: &common::Running, user: &str, path: &str, jobs: &[&str]) -> Value {
+    let (status, answer) = ask(lb, Some(user), path, None);
+    assert_eq!(
+        (status, uuids(&answer)),
+        (200, jobs.iter().map(|j| j.to_string()).collect()),
+        "{path}: {answer}"
+    );
+    answer
+}
+
 /// The `uuid` labels of a query answer's series.
 fn uuids(answer: &Value) -> Vec<String> {
     let mut u: Vec<String> = answer["data"]["result"]
@@ -146,27 +157,12 @@ fn users_see_their_own_jobs_only_and_admins_see_all() {
     let lb = start_subcommand("lb", data.path(), &args, &[]);
 
     let alice_rate = r#"rate(ceems_compute_unit_cpu_user_seconds_total{uuid="1"}[1m])"#;
-    let (status, answer) = ask(&lb, Some("alice"), &query(alice_rate), None);
-    assert_eq!(
-        (status, uuids(&answer)),
-        (200, vec!["1".to_owned()]),
-        "{answer}"
-    );
+    let answer = assert_gets(&lb, "alice", &query(alice_rate), &["1"]);
     // The label the site hides from its users is gone.
     let metric = &answer["data"]["result"][0]["metric"];
     assert!(metric.get("manager").is_none(), "{metric}");
     // CEEMS's datasource URL names the cluster in the path.
-    let (status, answer) = ask(
-        &lb,
-        Some("alice"),
-        &format!("/lab{}", query(alice_rate)),
-        None,
-    );
-    assert_eq!(
-        (status, uuids(&answer)),
-        (200, vec!["1".to_owned()]),
-        "{answer}"
-    );
+    assert_gets(&lb, "alice", &format!("/lab{}", query(alice_rate)), &["1"]);
     // The same through a POST form, as Grafana sends long queries.
     let (status, answer) = ask(
         &lb,
@@ -267,12 +263,7 @@ fn users_see_their_own_jobs_only_and_admins_see_all() {
     let [first, second] = prometheus;
     drop(first);
     for _ in 0..6 {
-        let (status, answer) = ask(&lb, Some("alice"), &query(alice_rate), None);
-        assert_eq!(
-            (status, uuids(&answer)),
-            (200, vec!["1".to_owned()]),
-            "{answer}"
-        );
+        assert_gets(&lb, "alice", &query(alice_rate), &["1"]);
     }
 
     // CEEMS's own YAML file, shared with its API server, configures the same.
@@ -293,17 +284,7 @@ fn users_see_their_own_jobs_only_and_admins_see_all() {
         &[&config, "--security.drop-privileges=false"],
         &[],
     );
-    let (status, answer) = ask(
-        &lb,
-        Some("alice"),
-        &format!("/lab{}", query(alice_rate)),
-        None,
-    );
-    assert_eq!(
-        (status, uuids(&answer)),
-        (200, vec!["1".to_owned()]),
-        "{answer}"
-    );
+    assert_gets(&lb, "alice", &format!("/lab{}", query(alice_rate)), &["1"]);
     assert_eq!(ask(&lb, Some("bob"), &query(alice_rate), None).0, 403);
     assert_eq!(ask(&lb, Some("admin"), &query(rate), None).0, 200);
 }

@@ -31,12 +31,7 @@ pub fn opts() -> Vec<Opt> {
             "User whose queries are relayed unchecked (repeatable); the stats-server's admins, read from its database, are admins here too",
         )
         .default(""),
-        Opt::new(
-            "web.user-header-name",
-            Kind::Str,
-            "Request header that names the user (Grafana sends X-Grafana-User)",
-        )
-        .default("X-Grafana-User"),
+        web::user_header_opt(),
         Opt::new(
             "lb.backend",
             Kind::List,

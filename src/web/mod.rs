@@ -160,6 +160,16 @@ pub fn server_opts(default_listen: &str) -> Vec<crate::config::Opt> {
     ]
 }
 
+/// `--web.user-header-name`: the header that names the user, as Grafana sends it.
+pub fn user_header_opt() -> crate::config::Opt {
+    crate::config::Opt::new(
+        "web.user-header-name",
+        crate::config::Kind::Str,
+        "Request header that names the user (Grafana sends X-Grafana-User)",
+    )
+    .default("X-Grafana-User")
+}
+
 /// The client's address, put in every request's extensions.
 #[derive(Debug, Clone, Copy)]
 pub struct PeerAddr(pub SocketAddr);

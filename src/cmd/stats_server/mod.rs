@@ -49,12 +49,7 @@ pub fn opts() -> Vec<Opt> {
             "User who sees every user's jobs and the /admin routes (repeatable)",
         )
         .default(""),
-        Opt::new(
-            "web.user-header-name",
-            Kind::Str,
-            "Request header that names the user (Grafana sends X-Grafana-User)",
-        )
-        .default("X-Grafana-User"),
+        web::user_header_opt(),
         Opt::new(
             "storage.data.path",
             Kind::Str,

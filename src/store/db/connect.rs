@@ -115,18 +115,7 @@ impl Store {
             path: describe_postgres(&opts),
             error,
         };
-        let opts = opts
-            .clone()
-            .application_name("ceems-stats-server")
-            .log_slow_statements(SLOW_STATEMENT_LOG, SLOW_STATEMENT);
-        let pool = PgPoolOptions::new()
-            .max_connections(16)
-            // A database that is down fails a request in seconds instead of holding it.
-            .acquire_timeout(Duration::from_secs(5))
-            // sqlx already pings a connection when it comes back to the pool, which finds a
-            // broken one; pinging it again before handing it out cost each request a round trip.
-            .test_before_acquire(false)
-            .connect_with(opts)
+        let pool = pg_pool(opts.clone().application_name("ceems-stats-server"))
             .await
             .map_err(open_err)?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
@@ -149,15 +138,8 @@ impl Store {
             let opts = PgConnectOptions::from_str(url)
                 .map_err(open_err)?
                 .application_name("ceems-lb")
-                .options([("default_transaction_read_only", "on")])
-                .log_slow_statements(SLOW_STATEMENT_LOG, SLOW_STATEMENT);
-            let pool = PgPoolOptions::new()
-                .max_connections(16)
-                .acquire_timeout(Duration::from_secs(5))
-                .test_before_acquire(false)
-                .connect_with(opts)
-                .await
-                .map_err(open_err)?;
+                .options([("default_transaction_read_only", "on")]);
+            let pool = pg_pool(opts).await.map_err(open_err)?;
             Store {
                 pool: Pool::Postgres(pool),
                 generation: Default::default(),
@@ -200,4 +182,17 @@ impl Store {
             Store::open(Path::new(path)).await
         }
     }
+}
+
+/// A pool of PostgreSQL connections with the server's settings.
+async fn pg_pool(opts: PgConnectOptions) -> Result<sqlx::PgPool, sqlx::Error> {
+    PgPoolOptions::new()
+        .max_connections(16)
+        // A database that is down fails a request in seconds instead of holding it.
+        .acquire_timeout(Duration::from_secs(5))
+        // sqlx already pings a connection when it comes back to the pool, which finds a
+        // broken one; pinging it again before handing it out cost each request a round trip.
+        .test_before_acquire(false)
+        .connect_with(opts.log_slow_statements(SLOW_STATEMENT_LOG, SLOW_STATEMENT))
+        .await
 }
