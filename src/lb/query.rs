@@ -110,7 +110,14 @@ fn parse(query: &str) -> Result<Expr, ScopeError> {
     if nesting(query) > MAX_DEPTH {
         return Err(ScopeError::TooDeep);
     }
-    parser::parse(query).map_err(|e| ScopeError::Parse(shorten(&e)))
+    // promql-parser 0.11 panics on some number literals (a duration too large for
+    // `Duration::from_secs_f64`, found by fuzzing): a query must not take the server down.
+    match std::panic::catch_unwind(|| parser::parse(query)) {
+        Ok(parsed) => parsed.map_err(|e| ScopeError::Parse(shorten(&e))),
+        Err(_) => Err(ScopeError::Parse(
+            "the PromQL parser gave up on this query (a number out of range?)".into(),
+        )),
+    }
 }
 
 /// Deepest bracket nesting outside string literals.
@@ -320,6 +327,13 @@ mod tests {
             scope_of_selector("up"),
             Err(ScopeError::Unscoped(_))
         ));
+    }
+
+    #[test]
+    fn a_parser_panic_is_an_error() {
+        // The fuzzer's find: a range in seconds too long for a Duration.
+        let q = format!("a{{uuid=\"1\"}}[{}]", "6".repeat(70));
+        assert!(matches!(scope_of_query(&q), Err(ScopeError::Parse(_))));
     }
 
     #[test]
