@@ -161,6 +161,66 @@ pub struct Lb {
     store: Arc<Store>,
     user_header: HeaderName,
     admins: BTreeSet<String>,
+    verdicts: Verdicts,
+}
+
+/// How long the database's answers are trusted: a job never changes owner, and the admins
+/// change when the stats-server restarts; a user who leaves a project keeps its jobs this long.
+const VERDICT_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+/// Verdicts kept at most; beyond, they are forgotten at once.
+const MAX_VERDICTS: usize = 100_000;
+
+/// The database's recent answers: whether a user is an admin, and the units a user may read
+/// (only the yeses: a job the stats-server has not ingested yet may be theirs in a minute).
+/// Dashboards ask for the same jobs again and again; each answer saves a query.
+#[derive(Default)]
+struct Verdicts {
+    admins: std::sync::Mutex<std::collections::HashMap<String, (bool, std::time::Instant)>>,
+    readable:
+        std::sync::Mutex<std::collections::HashMap<(String, String, String), std::time::Instant>>,
+}
+
+impl Verdicts {
+    fn admin(&self, user: &str) -> Option<bool> {
+        let admins = self.admins.lock().unwrap_or_else(|p| p.into_inner());
+        admins
+            .get(user)
+            .filter(|(_, at)| at.elapsed() < VERDICT_TTL)
+            .map(|(yes, _)| *yes)
+    }
+
+    fn set_admin(&self, user: &str, yes: bool) {
+        let mut admins = self.admins.lock().unwrap_or_else(|p| p.into_inner());
+        if admins.len() >= MAX_VERDICTS {
+            admins.clear();
+        }
+        admins.insert(user.to_owned(), (yes, std::time::Instant::now()));
+    }
+
+    /// The units of `wanted` known to be readable by `user` on `cluster`.
+    fn readable(&self, cluster: &str, user: &str, wanted: &BTreeSet<String>) -> BTreeSet<String> {
+        let readable = self.readable.lock().unwrap_or_else(|p| p.into_inner());
+        wanted
+            .iter()
+            .filter(|u| {
+                readable
+                    .get(&(cluster.to_owned(), user.to_owned(), (*u).clone()))
+                    .is_some_and(|at| at.elapsed() < VERDICT_TTL)
+            })
+            .cloned()
+            .collect()
+    }
+
+    fn set_readable(&self, cluster: &str, user: &str, units: &BTreeSet<String>) {
+        let mut readable = self.readable.lock().unwrap_or_else(|p| p.into_inner());
+        if readable.len() + units.len() > MAX_VERDICTS {
+            readable.clear();
+        }
+        let now = std::time::Instant::now();
+        for u in units {
+            readable.insert((cluster.to_owned(), user.to_owned(), u.clone()), now);
+        }
+    }
 }
 
 impl Lb {
@@ -175,6 +235,7 @@ impl Lb {
             store,
             user_header,
             admins,
+            verdicts: Verdicts::default(),
         }
     }
 
@@ -236,17 +297,22 @@ impl Lb {
         };
         let pool = choose_pool(&self.pools, path_cluster, header_cluster, &scope.clusters)?;
         if !admin {
-            let wanted: Vec<String> = scope.units.iter().cloned().collect();
-            let readable = self
-                .store
-                .units_readable_by(&pool.cluster, &user, &wanted)
-                .await
-                .map_err(|e| {
-                    Refusal::new(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        format!("ownership check: {e}"),
-                    )
-                })?;
+            let mut readable = self.verdicts.readable(&pool.cluster, &user, &scope.units);
+            let unknown: Vec<String> = scope.units.difference(&readable).cloned().collect();
+            if !unknown.is_empty() {
+                let found = self
+                    .store
+                    .units_readable_by(&pool.cluster, &user, &unknown)
+                    .await
+                    .map_err(|e| {
+                        Refusal::new(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("ownership check: {e}"),
+                        )
+                    })?;
+                self.verdicts.set_readable(&pool.cluster, &user, &found);
+                readable.extend(found);
+            }
             if let Some(other) = scope.units.iter().find(|u| !readable.contains(*u)) {
                 tracing::info!(%user, unit = %other, cluster = %pool.cluster, "query refused");
                 return Err(Refusal::forbidden(format!(
@@ -313,7 +379,22 @@ impl Lb {
     }
 
     async fn is_admin(&self, user: &str) -> bool {
-        self.admins.contains(user) || self.store.is_admin(user).await.unwrap_or(false)
+        if self.admins.contains(user) {
+            return true;
+        }
+        if let Some(yes) = self.verdicts.admin(user) {
+            return yes;
+        }
+        match self.store.is_admin(user).await {
+            Ok(yes) => {
+                self.verdicts.set_admin(user, yes);
+                yes
+            }
+            Err(e) => {
+                tracing::warn!(%user, error = %e, "cannot read the admins; not one");
+                false
+            }
+        }
     }
 }
 
@@ -494,6 +575,23 @@ mod tests {
         assert_eq!(
             id(choose_pool(&two, None, Some("c"), &none)),
             Err(StatusCode::BAD_REQUEST)
+        );
+    }
+
+    #[test]
+    fn verdicts_keep_yeses_per_user_and_cluster() {
+        let v = Verdicts::default();
+        let units: BTreeSet<String> = ["1".to_owned(), "2".to_owned()].into();
+        v.set_readable("lab", "alice", &["1".to_owned()].into());
+        assert_eq!(v.readable("lab", "alice", &units), ["1".to_owned()].into());
+        assert!(v.readable("lab", "bob", &units).is_empty());
+        assert!(v.readable("other", "alice", &units).is_empty());
+        assert_eq!(v.admin("root"), None);
+        v.set_admin("root", true);
+        v.set_admin("alice", false);
+        assert_eq!(
+            (v.admin("root"), v.admin("alice")),
+            (Some(true), Some(false))
         );
     }
 
