@@ -25,6 +25,7 @@ pub static COLLECTORS: &[CollectorSpec] = &[
     infiniband::SPEC,
     crate::manager::slurm::SPEC,
     crate::manager::libvirt::SPEC,
+    crate::manager::lsf::SPEC,
     rapl::SPEC,
     hwmon::SPEC,
     cray_pm_counters::SPEC,

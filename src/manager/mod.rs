@@ -14,6 +14,7 @@ use crate::host::command::CommandError;
 use crate::host::ParseError;
 
 pub mod libvirt;
+pub mod lsf;
 pub mod slurm;
 
 /// The exporter's side of a manager, defined beside the unit collector that uses it.

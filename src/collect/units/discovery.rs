@@ -54,6 +54,11 @@ pub trait ResourceManager: Send + Sync + 'static {
     fn info(&self, _unit: &UnitCgroup) -> Option<UnitInfo> {
         None
     }
+    /// The CPUs the manager gave the unit, when its cpuset cannot say (an LSF job without
+    /// CPU affinity has every CPU in it); None: the cpuset's.
+    fn cpus(&self, _unit: &UnitCgroup) -> Option<u64> {
+        None
+    }
     /// The GPUs each of `units` holds; empty on a node without GPUs.
     fn gpus(&self, _units: &[UnitCgroup]) -> Vec<UnitGpus> {
         Vec::new()

@@ -281,7 +281,7 @@ impl<M: ResourceManager> UnitCollector<M> {
         };
         for unit in units {
             reader.enter_unit(&unit.rel, &unit.dir, unit.dir_ino);
-            let stats = match reader.read_unit(&unit.rel, self.read_opts, &mut faults) {
+            let mut stats = match reader.read_unit(&unit.rel, self.read_opts, &mut faults) {
                 Ok(s) => s,
                 Err(UnitError::Vanished(_)) => {
                     tracing::debug!(manager, unit = %unit.uuid, "unit cgroup vanished during the scrape");
@@ -290,6 +290,9 @@ impl<M: ResourceManager> UnitCollector<M> {
                 }
             };
             count += 1;
+            if let Some(cpus) = self.manager.cpus(unit) {
+                stats.cpus = cpus;
+            }
             let base = [
                 ("cgrouphostname", unit.cgroup_host.as_str()),
                 ("hostname", self.hostname.as_str()),
