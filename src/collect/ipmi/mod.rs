@@ -169,41 +169,30 @@ pub struct IpmiCollector {
     pub names: MetricNames,
 }
 
-/// The families of the current, minimum, maximum and average readings, with their help.
-pub const POWER_NAMES: [(&str, &str); 4] = [
+/// The families of the current, minimum, maximum and average readings, today's and v0.10's
+/// (`--compat.metric-names=v0.10`), each with its help.
+const POWER_NAMES: [(&str, &str, &str, &str); 4] = [
     (
         "ceems_ipmi_dcmi_power_current_watts",
         "Current power consumption reported by DCMI in watts",
-    ),
-    (
-        "ceems_ipmi_dcmi_power_min_watts",
-        "Minimum power consumption reported by DCMI in watts",
-    ),
-    (
-        "ceems_ipmi_dcmi_power_max_watts",
-        "Maximum power consumption reported by DCMI in watts",
-    ),
-    (
-        "ceems_ipmi_dcmi_power_avg_watts",
-        "Average power consumption reported by DCMI in watts",
-    ),
-];
-
-/// The same families as CEEMS v0.10 named them (`--compat.metric-names=v0.10`).
-pub const V010_POWER_NAMES: [(&str, &str); 4] = [
-    (
         "ceems_ipmi_dcmi_current_watts",
         "Current Power consumption in watts",
     ),
     (
+        "ceems_ipmi_dcmi_power_min_watts",
+        "Minimum power consumption reported by DCMI in watts",
         "ceems_ipmi_dcmi_min_watts",
         "Minimum Power consumption in watts",
     ),
     (
+        "ceems_ipmi_dcmi_power_max_watts",
+        "Maximum power consumption reported by DCMI in watts",
         "ceems_ipmi_dcmi_max_watts",
         "Maximum Power consumption in watts",
     ),
     (
+        "ceems_ipmi_dcmi_power_avg_watts",
+        "Average power consumption reported by DCMI in watts",
         "ceems_ipmi_dcmi_avg_watts",
         "Average Power consumption in watts",
     ),
@@ -293,12 +282,8 @@ impl IpmiCollector {
     }
 
     fn emit(&self, out: &mut MetricSet, r: &PowerReading) {
-        for ((now, now_help), (old, old_help), v) in [
-            (POWER_NAMES[0], V010_POWER_NAMES[0], r.current),
-            (POWER_NAMES[1], V010_POWER_NAMES[1], r.min),
-            (POWER_NAMES[2], V010_POWER_NAMES[2], r.max),
-            (POWER_NAMES[3], V010_POWER_NAMES[3], r.avg),
-        ] {
+        let values = [r.current, r.min, r.max, r.avg];
+        for ((now, now_help, old, old_help), v) in POWER_NAMES.into_iter().zip(values) {
             if let Some(v) = v {
                 let (name, help) = self.names.pick((now, now_help), (old, old_help));
                 out.gauge(name, help, self.labels.clone(), v);

@@ -186,9 +186,22 @@ impl<M: ResourceManager> UnitCollector<M> {
     }
 
     /// Exports the families of this CEEMS generation.
-    pub fn with_names(mut self, names: MetricNames) -> UnitCollector<M> {
+    fn with_names(mut self, names: MetricNames) -> UnitCollector<M> {
         self.names = names;
         self
+    }
+
+    /// What every manager's collector takes from its context: the perf and eBPF
+    /// sub-collectors its flags ask for, and the generation of names.
+    pub fn with_context(
+        self,
+        ctx: &super::Context,
+        version: CgroupVersion,
+    ) -> Result<UnitCollector<M>, CollectError> {
+        Ok(self
+            .with_perf(perf::PerfStats::for_collector(ctx, version)?)
+            .with_ebpf(ebpf::EbpfStats::for_collector(ctx, version))
+            .with_names(ctx.names))
     }
 
     /// Also export whether each unit's processes use each of `paths`.
@@ -204,13 +217,13 @@ impl<M: ResourceManager> UnitCollector<M> {
     }
 
     /// Also count the units' IO and traffic with eBPF.
-    pub fn with_ebpf(mut self, ebpf: Option<ebpf::EbpfStats>) -> UnitCollector<M> {
+    fn with_ebpf(mut self, ebpf: Option<ebpf::EbpfStats>) -> UnitCollector<M> {
         self.ebpf = ebpf;
         self
     }
 
     /// Also count the units' perf events.
-    pub fn with_perf(mut self, perf: Option<perf::PerfStats>) -> UnitCollector<M> {
+    fn with_perf(mut self, perf: Option<perf::PerfStats>) -> UnitCollector<M> {
         self.perf = perf;
         self
     }

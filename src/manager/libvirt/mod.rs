@@ -15,8 +15,6 @@ use serde::Deserialize;
 
 use crate::collect::gpu::nvidia_smi::VgpuHost;
 use crate::collect::gpu::{self, GpuDevice, GpuSettings};
-use crate::collect::units::ebpf::EbpfStats;
-use crate::collect::units::perf::PerfStats;
 use crate::collect::units::{cgroup_version, SubCollector, UnitCollector};
 use crate::collect::{Capability, CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
@@ -145,9 +143,7 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
         io: s.blkio_metrics,
         ..DetailOptions::default()
     })
-    .with_perf(PerfStats::for_collector(ctx, version)?)
-    .with_ebpf(EbpfStats::for_collector(ctx, version))
-    .with_names(ctx.names);
+    .with_context(ctx, version)?;
     Ok(Box::new(collector))
 }
 

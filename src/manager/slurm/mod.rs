@@ -14,8 +14,6 @@ use std::sync::Mutex;
 
 use serde::Deserialize;
 
-use crate::collect::units::ebpf::EbpfStats;
-use crate::collect::units::perf::PerfStats;
 use crate::collect::units::rdma::RdmaStats;
 use crate::collect::units::{SubCollector, UnitCollector};
 use crate::collect::{Capability, CollectError, Collector, CollectorSpec, Context};
@@ -188,9 +186,7 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
         &ctx.paths.sysfs,
         ctx.common.timeout,
     ));
-    let collector = collector.with_perf(PerfStats::for_collector(ctx, version)?);
-    let collector = collector.with_ebpf(EbpfStats::for_collector(ctx, version));
-    let collector = collector.with_names(ctx.names);
+    let collector = collector.with_context(ctx, version)?;
     let collector = collector.with_detail(DetailOptions {
         memory: s.memory_detail_metrics,
         per_core: s.per_core_metrics,
