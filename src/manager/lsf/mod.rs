@@ -17,8 +17,6 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use crate::collect::gpu::{self, GpuDevice};
-use crate::collect::units::ebpf::EbpfStats;
-use crate::collect::units::perf::PerfStats;
 use crate::collect::units::{cgroup_version, SubCollector, UnitCollector};
 use crate::collect::{CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
@@ -45,6 +43,9 @@ pub const SPEC: CollectorSpec = CollectorSpec {
 const BJOBS_MAX_AGE: Duration = Duration::from_secs(15 * 60);
 /// Longest `bjobs` may take.
 const BJOBS_TIMEOUT: Duration = Duration::from_secs(5);
+/// After a failed `bjobs`, the same jobs are asked for again only this much later: a broken
+/// or hung `bjobs` must not cost every scrape its timeout.
+const BJOBS_RETRY_AFTER: Duration = Duration::from_secs(60);
 
 fn options() -> Vec<Opt> {
     vec![
@@ -78,6 +79,7 @@ struct Settings {
 struct BjobsCache {
     asked_for: BTreeSet<String>,
     at: Option<Instant>,
+    failed_at: Option<Instant>,
     jobs: HashMap<String, BjobsJob>,
 }
 
@@ -142,9 +144,7 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
         },
         SPEC.capabilities,
     )
-    .with_perf(PerfStats::for_collector(ctx, version)?)
-    .with_ebpf(EbpfStats::for_collector(ctx, version))
-    .with_names(ctx.names);
+    .with_context(ctx, version)?;
     Ok(Box::new(collector))
 }
 
@@ -178,8 +178,12 @@ impl LsfManager {
     fn jobs(&self, units: &[UnitCgroup]) {
         let ids: BTreeSet<String> = units.iter().map(|u| u.uuid.clone()).collect();
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        let fresh = cache.at.is_some_and(|at| at.elapsed() < BJOBS_MAX_AGE);
-        if (cache.asked_for != ids || !fresh) && !ids.is_empty() {
+        let changed = cache.asked_for != ids;
+        let stale = cache.at.is_none_or(|at| at.elapsed() >= BJOBS_MAX_AGE);
+        let backing_off = cache
+            .failed_at
+            .is_some_and(|at| at.elapsed() < BJOBS_RETRY_AFTER);
+        if !ids.is_empty() && (changed || (stale && !backing_off)) {
             let args: Vec<String> = [
                 "-u",
                 "all",
@@ -199,8 +203,11 @@ impl LsfManager {
                     cache.jobs = jobs.into_iter().map(|j| (j.uuid.clone(), j)).collect();
                     cache.asked_for = ids;
                     cache.at = Some(Instant::now());
+                    cache.failed_at = None;
                 }
                 Err(e) => {
+                    cache.asked_for = ids;
+                    cache.failed_at = Some(Instant::now());
                     tracing::warn!(error = %e, "bjobs failed; jobs' CPUs come from their cpusets and their GPUs are not mapped")
                 }
             }
@@ -332,6 +339,39 @@ mod tests {
             dir: PathBuf::new(),
             dir_ino: None,
         }
+    }
+
+    #[test]
+    fn bjobs_is_asked_again_when_the_jobs_change_not_at_every_scrape() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let calls = tmp.path().join("calls");
+        let bjobs = tmp.path().join("bjobs");
+        // Fails, as a broken LSF client does, and counts its calls.
+        std::fs::write(
+            &bjobs,
+            format!("#!/bin/sh\necho x >> '{}'\nexit 1\n", calls.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&bjobs, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let m = LsfManager::new(tmp.path(), CgroupVersion::V2, "cpuacct", &bjobs, "n1");
+        let count = || {
+            std::fs::read_to_string(&calls)
+                .unwrap_or_default()
+                .lines()
+                .count()
+        };
+        m.jobs(&[unit("1")]);
+        m.jobs(&[unit("1")]);
+        assert_eq!(
+            count(),
+            1,
+            "the same jobs after a failure wait for the retry delay"
+        );
+        m.jobs(&[unit("1"), unit("2")]);
+        assert_eq!(count(), 2, "a new job is asked for at once");
+        m.jobs(&[]);
+        assert_eq!(count(), 2, "no job, no bjobs");
     }
 
     #[test]
