@@ -13,6 +13,7 @@ use hyper::{Method, StatusCode};
 use serde::Deserialize;
 
 use crate::config::{self, Kind, Layered, LogConfig, Opt};
+use crate::manager::lsf::accounting::LsfAccounting;
 use crate::manager::slurm::accounting::SlurmAccounting;
 use crate::manager::slurm::rest::{self, RestAccounting};
 use crate::manager::slurm::runner::{self, RunMode, SlurmCommand};
@@ -162,7 +163,7 @@ pub fn opts() -> Vec<Opt> {
         Opt::new(
             "clusters",
             Kind::FileOnly,
-            "Clusters in one database: [[stats-server.clusters]] with id, sacct-path, sacctmgr-path, slurm-cluster-name, prometheus-url",
+            "Clusters in one database: [[stats-server.clusters]] with id, manager (slurm or lsf), sacct-path, sacctmgr-path, slurm-cluster-name, slurmrestd-url, lsf-bin-dir, lsf-env, prometheus-url",
         ),
         Opt::new(
             "prometheus.url",
@@ -253,10 +254,34 @@ pub fn opts() -> Vec<Opt> {
     opts
 }
 
+/// An LSF cluster's accounting: its commands' directory, configured or found on PATH.
+fn lsf_accounting(c: &ClusterSettings) -> anyhow::Result<LsfAccounting> {
+    let bin_dir = match &c.lsf_bin_dir {
+        Some(dir) => dir.clone(),
+        None => LsfAccounting::find_bin_dir().with_context(|| {
+            format!(
+                "clusters: `{}`: no bacct on PATH; set lsf-bin-dir to LSF's bin directory",
+                c.id
+            )
+        })?,
+    };
+    let env = c
+        .lsf_env
+        .iter()
+        .filter_map(|v| v.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    tracing::info!(cluster = %c.id, bin_dir = %bin_dir.display(), "LSF jobs from bacct and bjobs");
+    Ok(LsfAccounting::new(&bin_dir, env, LSF_TIMEOUT))
+}
+
+/// Longest a `bacct` or `bjobs` may take.
+const LSF_TIMEOUT: Duration = Duration::from_secs(300);
+
 pub fn command() -> Command {
     config::build_command(
         Command::new("stats-server")
-            .about("Pull jobs from sacct into SQLite; per-job energy and usage from Prometheus; JSON API for Grafana (:9020)"),
+            .about("Pull jobs from sacct (Slurm) or bacct/bjobs (LSF) into SQLite; per-job energy and usage from Prometheus; JSON API for Grafana (:9020)"),
         &opts(),
     )
 }
@@ -368,8 +393,9 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 .clone()
                 .unwrap_or_else(|| slurm.sacctmgr.path.clone());
             let url = c.prometheus_url.clone().unwrap_or_else(|| prom.url.clone());
-            let accounting: Arc<dyn Accounting> = match &rest {
-                Some(rest) => Arc::new(RestAccounting {
+            let accounting: Arc<dyn Accounting> = match (c.manager.as_str(), &rest) {
+                ("lsf", _) => Arc::new(lsf_accounting(&c)?),
+                (_, Some(rest)) => Arc::new(RestAccounting {
                     endpoint: c
                         .slurmrestd_url
                         .clone()
@@ -377,7 +403,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                     slurm_name: c.slurm_cluster_name.clone(),
                     ..rest.clone()
                 }),
-                None => Arc::new(SlurmAccounting {
+                (_, None) => Arc::new(SlurmAccounting {
                     sacct: command(
                         c.sacct_path
                             .clone()
@@ -387,7 +413,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                     slurm_name: c.slurm_cluster_name.clone(),
                 }),
             };
-            Source {
+            Ok(Source {
                 cluster: Cluster {
                     id: c.id.clone(),
                     accounting,
@@ -395,9 +421,9 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 prometheus: (!url.is_empty())
                     .then(|| Arc::new(HttpPrometheus::new(&url, prom.timeout))),
                 stats: Stats::default(),
-            }
+            })
         })
-        .collect();
+        .collect::<anyhow::Result<_>>()?;
     let sources = Arc::new(sources);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()

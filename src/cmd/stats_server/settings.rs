@@ -118,6 +118,15 @@ pub(super) struct PathSetting {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub(super) struct ClusterSettings {
     pub(super) id: String,
+    /// Whose accounting this cluster's jobs come from: `slurm` or `lsf`.
+    #[serde(default = "slurm_manager")]
+    pub(super) manager: String,
+    /// LSF: the directory of `bacct` and `bjobs` (None: found on PATH).
+    #[serde(default)]
+    pub(super) lsf_bin_dir: Option<PathBuf>,
+    /// LSF: `NAME=value` variables its commands need (`LSF_ENVDIR=/opt/lsf/conf`).
+    #[serde(default)]
+    pub(super) lsf_env: Vec<String>,
     #[serde(default)]
     pub(super) sacct_path: Option<PathBuf>,
     #[serde(default)]
@@ -129,6 +138,10 @@ pub(super) struct ClusterSettings {
     /// This cluster's slurmrestd, with `--slurm.source=slurmrestd`.
     #[serde(default, deserialize_with = "de_endpoint")]
     pub(super) slurmrestd_url: Option<rest::Endpoint>,
+}
+
+fn slurm_manager() -> String {
+    crate::manager::slurm::MANAGER.to_owned()
 }
 
 fn de_endpoint<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<rest::Endpoint>, D::Error> {
@@ -166,6 +179,9 @@ pub(super) fn clusters(
     let list = list.unwrap_or_else(|| {
         vec![ClusterSettings {
             id: slurm.cluster_id.clone(),
+            manager: slurm_manager(),
+            lsf_bin_dir: None,
+            lsf_env: Vec::new(),
             sacct_path: None,
             sacctmgr_path: None,
             slurm_cluster_name: None,
@@ -181,6 +197,32 @@ pub(super) fn clusters(
             "clusters: id `{}` appears twice",
             c.id
         );
+        let slurm_keys = c.sacct_path.is_some()
+            || c.sacctmgr_path.is_some()
+            || c.slurm_cluster_name.is_some()
+            || c.slurmrestd_url.is_some();
+        let lsf_keys = c.lsf_bin_dir.is_some() || !c.lsf_env.is_empty();
+        match c.manager.as_str() {
+            "slurm" => anyhow::ensure!(
+                !lsf_keys,
+                "clusters: `{}` is a Slurm cluster; lsf-bin-dir and lsf-env are for manager = \"lsf\"",
+                c.id
+            ),
+            "lsf" => {
+                anyhow::ensure!(
+                    !slurm_keys,
+                    "clusters: `{}` is an LSF cluster; sacct-path, sacctmgr-path, slurm-cluster-name and slurmrestd-url are for Slurm",
+                    c.id
+                );
+                if let Some(bad) = c.lsf_env.iter().find(|v| !v.contains('=')) {
+                    anyhow::bail!("clusters: `{}`: lsf-env `{bad}` is not NAME=value", c.id);
+                }
+            }
+            other => anyhow::bail!(
+                "clusters: `{}`: manager `{other}` is not one the stats-server reads (slurm, lsf)",
+                c.id
+            ),
+        }
     }
     Ok(list)
 }

@@ -4,9 +4,13 @@
 //! (`bjobs.rs`), asked again when the node's set of jobs changes: a job without CPU affinity
 //! has every CPU in its cpuset, so the cgroup cannot say.
 //!
+//! The stats-server's side is `accounting.rs` (bacct and bjobs, parsed in `bacct.rs`).
+//!
 //! Not yet: MIG instances of a job (LSF names them only in its processes'
-//! `CUDA_VISIBLE_DEVICES`), the Alloy discoverer, and the stats-server's side.
+//! `CUDA_VISIBLE_DEVICES`) and the Alloy discoverer.
 
+pub mod accounting;
+pub mod bacct;
 pub mod bjobs;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
