@@ -38,8 +38,8 @@ pub struct UnitGpus {
     pub manager: &'static str,
     pub uuid: String,
     pub cgroup_host: String,
-    /// `(the manager's index, device, share)`: the device's fraction of its physical GPU
-    /// times the unit's share of the device (shards, MPS).
+    /// `(the manager's index, device, share)`: the unit's share of the device (shards, MPS,
+    /// a GPU held by several jobs); the device's own fraction of its GPU is `device.fraction`.
     pub devices: Vec<(u32, GpuDevice, f64)>,
 }
 

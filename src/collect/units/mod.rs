@@ -413,11 +413,17 @@ fn emit_gpus(out: &mut MetricSet, hostname: &str, held: &[UnitGpus], names: Metr
                 ("manager", unit.manager),
                 ("uuid", &unit.uuid),
             ]);
+            // v0.10 weighs a MIG instance by its share of the GPU; today's CEEMS gives the
+            // unit's share of the instance and says its size in `_sm_count`.
+            let flag = match names {
+                MetricNames::V010 => device.fraction * share,
+                MetricNames::Current => *share,
+            };
             out.gauge(
                 "ceems_compute_unit_gpu_index_flag",
                 "A value > 0 indicates the compute unit using current GPU",
                 labels.clone(),
-                device.fraction * share,
+                flag,
             );
             if let Some(sm) = device.sm_count.filter(|_| names == MetricNames::Current) {
                 out.gauge(
