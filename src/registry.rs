@@ -211,7 +211,7 @@ pub fn needed_capabilities(
     let subs = sub_collectors(&selection);
     let alloy = AlloySettings::read(settings)?;
     let discoverer: &[Capability] = if alloy.enabled() {
-        alloy_manager_capabilities(&alloy.resource_manager)
+        alloy_manager_capabilities(alloy_manager(&alloy, &selection))
     } else {
         &[]
     };
@@ -229,8 +229,20 @@ pub fn needed_capabilities(
 /// that manager's collector's capabilities.
 fn alloy_manager_capabilities(manager: &str) -> &'static [Capability] {
     match manager {
-        "" | manager::slurm::MANAGER => manager::slurm::SPEC.capabilities,
+        manager::slurm::MANAGER => manager::slurm::SPEC.capabilities,
+        manager::lsf::MANAGER => manager::lsf::SPEC.capabilities,
         _ => &[],
+    }
+}
+
+/// The manager whose units the Alloy discoverer lists: the one named, else LSF when its
+/// collector is on and Slurm's is not (as CEEMS picks the enabled one), else Slurm.
+fn alloy_manager(alloy: &AlloySettings, selection: &Selection) -> &'static str {
+    let on = |name: &str| selection.enabled.iter().any(|(spec, _)| spec.name == name);
+    match alloy.resource_manager.as_str() {
+        manager::lsf::MANAGER => manager::lsf::MANAGER,
+        "" if on(manager::lsf::MANAGER) && !on(manager::slurm::MANAGER) => manager::lsf::MANAGER,
+        _ => manager::slurm::MANAGER,
     }
 }
 
@@ -252,26 +264,28 @@ pub fn alloy_targets(settings: &Layered) -> Result<Option<AlloyTargets>, Collect
         return Ok(None);
     }
     let paths: Paths = settings.get("path").map_err(err)?;
-    let common: CommonSettings = select(settings).map_err(err)?.common;
+    let selection = select(settings).map_err(err)?;
+    let manager = alloy_manager(&s, &selection);
+    let common = selection.common;
     let version = cgroup_version_of(common.cgroups.force_version.as_deref(), &paths.cgroupfs)?;
-    // Slurm is the one manager whose processes' symbols resolve from the host (not a VM's).
-    let (units, capabilities): (Box<dyn ResourceManager>, &'static [Capability]) =
-        match s.resource_manager.as_str() {
-            "" | manager::slurm::MANAGER => (
-                Box::new(manager::slurm::SlurmManager::new(
-                    &paths.cgroupfs,
-                    &paths.procfs,
-                    version,
-                    &common.cgroups.active_subsystem,
-                )),
-                alloy_manager_capabilities(manager::slurm::MANAGER),
-            ),
-            other => {
-                return Err(CollectError::Other(format!(
-                    "the Alloy discoverer cannot list the units of {other}"
-                )))
-            }
-        };
+    let units: Box<dyn ResourceManager> = match manager {
+        manager::lsf::MANAGER => Box::new(manager::lsf::LsfManager::new(
+            &paths.cgroupfs,
+            &paths.procfs,
+            version,
+            &common.cgroups.active_subsystem,
+            // Discovery needs only the cgroups: bjobs is not asked.
+            std::path::Path::new(""),
+            "",
+        )),
+        _ => Box::new(manager::slurm::SlurmManager::new(
+            &paths.cgroupfs,
+            &paths.procfs,
+            version,
+            &common.cgroups.active_subsystem,
+        )),
+    };
+    let capabilities = alloy_manager_capabilities(manager);
     Ok(Some(AlloyTargets::new(
         units,
         capabilities,
@@ -490,6 +504,8 @@ mod tests {
         for args in [
             &["--discoverer.alloy-targets"][..],
             &["--discoverer.alloy-targets.resource-manager=slurm"][..],
+            &["--discoverer.alloy-targets", "--collector.lsf"][..],
+            &["--discoverer.alloy-targets.resource-manager=lsf"][..],
         ] {
             let needed = needed_capabilities(&exporter_settings(args)).unwrap();
             for cap in manager::slurm::SPEC.capabilities {

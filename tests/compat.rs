@@ -94,13 +94,17 @@ fn scrape(
 ) -> String {
     let dir = fixtures().join("compat");
     let stubs = tempfile::tempdir().expect("tempdir");
-    let mut args = vec![
-        "--path.sysfs=sys",
-        "--path.cgroupfs=sys/fs/cgroup",
-        "--path.procfs=proc",
-        "--web.disable-exporter-metrics",
-        "--log.level=debug",
-    ];
+    let mut args = vec!["--path.sysfs=sys"];
+    // A scenario of another manager brings trees of its own (see `lsf_trees`).
+    for (flag, pack) in [
+        ("--path.cgroupfs=", "--path.cgroupfs=sys/fs/cgroup"),
+        ("--path.procfs=", "--path.procfs=proc"),
+    ] {
+        if !flags.iter().any(|f| f.starts_with(flag)) {
+            args.push(pack);
+        }
+    }
+    args.extend(["--web.disable-exporter-metrics", "--log.level=debug"]);
     match generation {
         // CEEMS v0.10's command lines, old spellings included; RAPL is on by default there.
         Generation::V010 => args.extend([
@@ -115,7 +119,7 @@ fn scrape(
     if generation == Generation::Current && scenario == "cgroupsv2-nogpu" {
         args.push("--collector.emissions");
     }
-    if !flags.contains(&"--collector.libvirt") {
+    if !flags.contains(&"--collector.libvirt") && !flags.contains(&"--collector.lsf") {
         args.push("--collector.slurm");
     }
     args.extend_from_slice(flags);
@@ -416,7 +420,7 @@ fn collectors(text: &str) -> BTreeSet<String> {
 /// Today's families of the scenario against upstream's newest outputs of the same name:
 /// names, types, help and label names, but for the deviations `docs/compat.md` lists. Values
 /// are not compared: upstream's fixture trees changed since the v0.10 pack.
-fn check_upstream(scenario: &str, flags: &[&str], ipmi: &Ipmi, redfish: bool, gpu: &Gpu) {
+fn check_upstream(scenario: &str, flags: &[&str], ipmi: &Ipmi, redfish: bool, gpu: &Gpu) -> String {
     let expected_text = std::fs::read_to_string(expected_file(scenario, Generation::Current))
         .expect("upstream output");
     let actual_text = scrape(scenario, flags, ipmi, redfish, gpu, Generation::Current);
@@ -462,6 +466,7 @@ fn check_upstream(scenario: &str, flags: &[&str], ipmi: &Ipmi, redfish: bool, gp
         diffs.len(),
         diffs.join("\n")
     );
+    actual_text
 }
 
 /// CEEMS's block IO gauges and the counters that replace them: the one family-level deviation
@@ -746,4 +751,230 @@ fn discoverer_keeps_only_opted_in_processes() {
         !with_job_id.contains(&"56231".to_owned()),
         "{with_job_id:?}"
     );
+}
+
+/// Upstream's LSF jobs: id, cgroup directory name, and the pids its trees put in them.
+const LSF_JOBS: [(&str, &str, &[u32]); 3] = [
+    ("1009248", "job.1009248.35399.1775318419", &[46231, 46281]),
+    ("1009249", "job.1009249.35400.1775318420", &[46235, 46236]),
+    ("1009250", "job.1009250.27224.1775318481", &[26242, 46233]),
+];
+
+/// What LSF sets in the processes of upstream's MIG job: instance 1 of gpu-2 and of gpu-5.
+const LSF_MIG_DEVICES: &str = "MIG-GPU-956348bc-d43d-23ed-53d4-857749fa2b67/1/0,MIG-GPU-feba7e40-d724-01ff-b00f-3a439a28a6c7/1/0";
+
+/// Copies the regular files directly in `from` (not its subdirectories) into `to`.
+fn copy_files(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read_dir").flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_file()) {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy");
+        }
+    }
+}
+
+/// Upstream's LSF trees, built from the paths its expected outputs and SCENARIOS.md name
+/// (`lsf/cluster1/job.<id>.<internal id>.<timestamp>`, v1 per controller with a
+/// `job-mps-service` child, v2 with processes in `leaf`), each job's files taken from the v0.10
+/// pack's Slurm job of the same id; `proc/` is the pack's, the jobs' processes with LSF's
+/// environment.
+fn lsf_trees(version: &str) -> tempfile::TempDir {
+    let pack = fixtures().join("compat");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cgroup = tmp.path().join("cgroup");
+    let root = pack.join("sys/fs/cgroup");
+    copy_files(&root, &cgroup);
+    let procs = |dir: &std::path::Path, pids: &[u32]| {
+        let text: String = pids.iter().map(|p| format!("{p}\n")).collect();
+        std::fs::write(dir.join("cgroup.procs"), text).expect("procs");
+    };
+    if version == "v1" {
+        for entry in std::fs::read_dir(&root).expect("cgroupfs").flatten() {
+            let controller = entry.path();
+            let slurm = controller.join("slurm");
+            // The controllers upstream's trees give LSF's jobs.
+            let used = ["cpu,cpuacct", "memory", "cpuset"].map(std::ffi::OsStr::new);
+            if !slurm.is_dir() || !used.contains(&entry.file_name().as_os_str()) {
+                continue;
+            }
+            let ours = cgroup.join(entry.file_name());
+            copy_files(&controller, &ours);
+            copy_files(&slurm, &ours.join("lsf"));
+            copy_files(&slurm, &ours.join("lsf/cluster1"));
+            for (id, name, pids) in LSF_JOBS {
+                let from = slurm.join(format!("uid_1000/job_{id}"));
+                if !from.is_dir() {
+                    continue;
+                }
+                let job = ours.join("lsf/cluster1").join(name);
+                copy_files(&from, &job);
+                procs(&job, pids);
+                if id == "1009248" {
+                    // LSF's MPS daemon's cgroup, merged into the job.
+                    let mps = job.join("job-mps-service");
+                    std::fs::create_dir_all(&mps).expect("mkdir");
+                    procs(&mps, pids);
+                }
+            }
+        }
+    } else {
+        let slurm = root.join("system.slice/slurmstepd.scope");
+        copy_files(&root.join("system.slice"), &cgroup.join("lsf"));
+        copy_files(&root.join("system.slice"), &cgroup.join("lsf/cluster1"));
+        for (id, name, pids) in LSF_JOBS {
+            let job = cgroup.join("lsf/cluster1").join(name);
+            copy_files(&slurm.join(format!("job_{id}")), &job);
+            procs(&job, &[]);
+            copy_files(&slurm.join(format!("job_{id}")), &job.join("leaf"));
+            procs(&job.join("leaf"), pids);
+            // As upstream's: LSF enables cpu, memory and pids for its jobs, not rdma.
+            for dir in [job.clone(), job.join("leaf")] {
+                std::fs::write(dir.join("cgroup.subtree_control"), "cpu memory pids\n")
+                    .expect("write");
+                for rdma in ["rdma.current", "rdma.max"] {
+                    let _ = std::fs::remove_file(dir.join(rdma));
+                }
+            }
+        }
+    }
+    let proc_dir = tmp.path().join("proc");
+    std::fs::create_dir_all(&proc_dir).expect("mkdir");
+    for entry in std::fs::read_dir(pack.join("proc"))
+        .expect("procfs")
+        .flatten()
+    {
+        let pid: Option<u32> = entry.file_name().to_str().and_then(|n| n.parse().ok());
+        let job = LSF_JOBS
+            .iter()
+            .find(|(_, _, pids)| pid.is_some_and(|p| pids.contains(&p)));
+        let Some((id, _, _)) = job else {
+            std::os::unix::fs::symlink(entry.path(), proc_dir.join(entry.file_name()))
+                .expect("symlink");
+            continue;
+        };
+        let ours = proc_dir.join(entry.file_name());
+        std::fs::create_dir_all(&ours).expect("mkdir");
+        for file in std::fs::read_dir(entry.path()).expect("pid dir").flatten() {
+            if file.file_name() != "environ" {
+                std::os::unix::fs::symlink(file.path(), ours.join(file.file_name()))
+                    .expect("symlink");
+            }
+        }
+        let mut environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        // The pack's captures end in "\0\n".
+        if environ.ends_with(b"\n") {
+            environ.pop();
+        }
+        environ.extend_from_slice(format!("LSB_BATCH_JID={id}\0").as_bytes());
+        if *id == "1009248" {
+            environ
+                .extend_from_slice(format!("CUDA_VISIBLE_DEVICES={LSF_MIG_DEVICES}\0").as_bytes());
+        }
+        std::fs::write(ours.join("environ"), environ).expect("environ");
+    }
+    tmp
+}
+
+/// CEEMS's LSF scenario of `version` on trees built as upstream's: families against its
+/// output, and the series LSF decides (CPUs from bjobs, GPUs whole, shared and MIG) by value.
+fn lsf(version: &str, redfish: bool) {
+    let trees = lsf_trees(version);
+    let bjobs = stub(
+        trees.path(),
+        "bjobs",
+        &fixtures().join("lsf/bjobs-ceems.json"),
+    );
+    let flags = [
+        format!("--collector.cgroups.force-version={version}"),
+        format!("--path.cgroupfs={}", trees.path().join("cgroup").display()),
+        format!("--path.procfs={}", trees.path().join("proc").display()),
+        "--collector.lsf".into(),
+        format!("--collector.lsf.bjobs-path={}", bjobs.display()),
+        "--collector.lsf.swap-memory-metrics".into(),
+        "--collector.lsf.psi-metrics".into(),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let scenario = format!("cgroups{version}-lsf");
+    let ours = check_upstream(
+        &scenario,
+        &flags,
+        &Ipmi::Flag(DOTTED_FLAG, "capmc"),
+        redfish,
+        &Gpu::Nvidia,
+    );
+    let expected = std::fs::read_to_string(expected_file(&scenario, Generation::Current))
+        .expect("upstream output");
+    let decided = |text: &str| -> BTreeMap<String, f64> {
+        parse_series(text)
+            .into_iter()
+            .filter(|(k, _)| {
+                [
+                    "ceems_compute_unit_cpus",
+                    "ceems_compute_unit_gpu_index_flag",
+                    "ceems_compute_units",
+                ]
+                .contains(&name_of(k))
+            })
+            .collect()
+    };
+    assert_eq!(decided(&ours), decided(&expected), "{scenario}");
+}
+
+#[test]
+fn cgroupsv1_lsf() {
+    lsf("v1", false);
+}
+
+#[test]
+fn cgroupsv2_lsf() {
+    lsf("v2", true);
+}
+
+/// CEEMS's LSF discoverer scenario, on the v2 trees and the v1 ones (whose MIG job has its
+/// processes in a `job-mps-service` child too): the same targets, each process once (CEEMS
+/// lists a process once per cgroup of its job that holds it).
+#[test]
+fn discoverer_lsf() {
+    let expected: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join(
+            "ceems-upstream/expected/discoverer/e2e-test-discoverer-cgroupsv2-lsf-output.txt",
+        ))
+        .expect("expected targets"),
+    )
+    .expect("expected JSON");
+    let listed = |v: &serde_json::Value| -> Vec<String> {
+        let mut items: Vec<String> = v
+            .as_array()
+            .expect("an array")
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
+        items.sort();
+        items
+    };
+    let mut want = listed(&expected);
+    want.dedup();
+    for version in ["v2", "v1"] {
+        let trees = lsf_trees(version);
+        let bjobs = stub(
+            trees.path(),
+            "bjobs",
+            &fixtures().join("lsf/bjobs-ceems.json"),
+        );
+        let args = [
+            "--path.sysfs=sys".to_owned(),
+            format!("--path.cgroupfs={}", trees.path().join("cgroup").display()),
+            format!("--path.procfs={}", trees.path().join("proc").display()),
+            "--discoverer.alloy-targets".into(),
+            format!("--collector.cgroups.force-version={version}"),
+            "--collector.lsf".into(),
+            format!("--collector.lsf.bjobs-path={}", bjobs.display()),
+            "--collector.force-hostname=testhost-1".into(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let exporter = start_exporter_env(&fixtures().join("compat"), &args, &[]);
+        let actual: serde_json::Value =
+            serde_json::from_str(&exporter.get("/alloy-targets")).expect("targets are JSON");
+        assert_eq!(listed(&actual), want, "{version}");
+    }
 }

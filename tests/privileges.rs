@@ -510,3 +510,48 @@ fn check_privileges_lb_tests_the_database_as_the_daemons_user() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
 }
+
+/// LSF's collector reads MIG jobs' environments (`CUDA_VISIBLE_DEVICES`, `LSB_BATCH_JID`) of
+/// other users' processes: check-privileges says so for it, and tests the read.
+#[test]
+fn check_privileges_knows_what_the_lsf_collector_needs() {
+    if !is_root() {
+        println!("SKIPPED: needs root");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let _job = foreign_job(&tmp.path().join("cgroup"), "78");
+    let args = [
+        "--collector.lsf",
+        "--collector.lsf.bjobs-path=/bin/true",
+        "--web.listen-address=127.0.0.1:0",
+    ];
+    let part = |report: &serde_json::Value| {
+        report["parts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["part"] == "collector lsf")
+            .unwrap_or_else(|| panic!("no lsf part: {report:#}"))
+            .clone()
+    };
+    let (code, report) = check_privileges(&[], &args);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(part(&report)["test"]["outcome"], "ok", "{report:#}");
+    let nobody = [
+        "setpriv",
+        "--reuid=nobody",
+        "--regid=nogroup",
+        "--clear-groups",
+        "--",
+    ];
+    let (code, report) = check_privileges(&nobody, &args);
+    assert_eq!(code, 1, "{report:#}");
+    let missing = names(&report["missing"]);
+    assert_eq!(
+        missing,
+        ["CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE"],
+        "{report:#}"
+    );
+    assert_ne!(part(&report)["test"]["outcome"], "ok", "{report:#}");
+}

@@ -23,9 +23,9 @@ pub fn options() -> Vec<Opt> {
         Opt::new(
             "discoverer.alloy-targets.resource-manager",
             Kind::Str,
-            "Resource manager whose jobs are targets (only slurm: a VM's symbols cannot be resolved from the host); naming it turns the discoverer on",
+            "Resource manager whose jobs are targets: slurm or lsf (empty: the one whose collector is on; libvirt's VMs cannot be profiled from the host); naming it turns the discoverer on",
         )
-        .possible(&["", "slurm"]),
+        .possible(&["", "slurm", "lsf"]),
         Opt::new(
             "discoverer.alloy-targets.env-var",
             Kind::List,
@@ -45,7 +45,7 @@ pub fn options() -> Vec<Opt> {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct AlloySettings {
     pub enabled: bool,
-    /// Empty unless named; Slurm is the only one.
+    /// Empty unless named: then the enabled manager's.
     #[serde(default)]
     pub resource_manager: String,
     #[serde(default)]

@@ -163,15 +163,7 @@ mod tests {
     use super::*;
 
     /// CEEMS's `testdata/bjobs` document, as its e2e scenarios print it.
-    const CEEMS_BJOBS: &str = r#"{
-  "COMMAND":"bjobs",
-  "JOBS":3,
-  "RECORDS":[
-    {"JOBID":"1009248","JOBINDEX":"","ALLOC_SLOT":"testhost-1.example.com:testhost-1.example.com:testhost-1.example.com:testhost-1.example.com:testhost-1.example.com:testhost-1.example.com","NALLOC_SLOT":"6","GPU_ALLOC":"testhost-1.example.com:2:1\/0,3:1\/0,2:1\/0,3:1\/0,2:1\/0,3:1\/0"},
-    {"JOBID":"1009249","JOBINDEX":"","ALLOC_SLOT":"testhost-1.example.com:testhost-1.example.com:testhost-1.example.com:testhost-1.example.com:testhost-2.example.com:testhost-2.example.com:testhost-2.example.com:testhost-2.example.com","NALLOC_SLOT":"8","GPU_ALLOC":"testhost-1.example.com:0,0,1,1;testhost-2.example.com:0,0,1,1"},
-    {"JOBID":"1009250","JOBINDEX":"","ALLOC_SLOT":"testhost-1.example.com:testhost-1.example.com:testhost-1.example.com:testhost-1.example.com","NALLOC_SLOT":"4","GPU_ALLOC":"testhost-1.example.com:1,4,1,4"}
-  ]
-}"#;
+    const CEEMS_BJOBS: &str = include_str!("../../../tests/fixtures/lsf/bjobs-ceems.json");
 
     #[test]
     fn ceems_fixture_gives_its_expected_cpus_and_gpus() {

@@ -6,12 +6,12 @@
 //!
 //! The stats-server's side is `accounting.rs` (bacct and bjobs, parsed in `bacct.rs`).
 //!
-//! Not yet: MIG instances of a job (LSF names them only in its processes'
-//! `CUDA_VISIBLE_DEVICES`) and the Alloy discoverer.
+//! A job's MIG instances are named only in its processes' `CUDA_VISIBLE_DEVICES` (`mig.rs`).
 
 pub mod accounting;
 pub mod bacct;
 pub mod bjobs;
+pub mod mig;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -22,10 +22,10 @@ use serde::Deserialize;
 
 use crate::collect::gpu::{self, GpuDevice};
 use crate::collect::units::{cgroup_version, SubCollector, UnitCollector};
-use crate::collect::{CollectError, Collector, CollectorSpec, Context};
+use crate::collect::{Capability, CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
 use crate::host::cgroup::{
-    subdirs, CgroupVersion, FileFault, Populated, ReadOptions, V1Controllers,
+    subdirs, subtree, CgroupVersion, FileFault, Populated, ReadOptions, V1Controllers,
 };
 use crate::manager::{ResourceManager, UnitCgroup, UnitGpus};
 
@@ -36,10 +36,13 @@ pub const MANAGER: &str = "lsf";
 pub const SPEC: CollectorSpec = CollectorSpec {
     name: "lsf",
     default_enabled: false,
-    capabilities: &[],
+    // Reading MIG jobs' environments (other users' processes).
+    capabilities: &[Capability::CAP_SYS_PTRACE, Capability::CAP_DAC_READ_SEARCH],
     options,
     build,
-    self_test: None,
+    self_test: Some(|paths, caps| {
+        crate::security::check::test_foreign_environ(&paths.procfs, caps)
+    }),
     sub_collectors: &[SubCollector::Perf, SubCollector::Ebpf],
 };
 
@@ -98,6 +101,9 @@ pub struct LsfManager {
     cache: Mutex<BjobsCache>,
     populated: Mutex<Populated>,
     devices: Vec<GpuDevice>,
+    procfs: PathBuf,
+    /// Jobs' MIG instances, as positions in `devices`.
+    mig: Mutex<HashMap<String, Vec<usize>>>,
 }
 
 /// The `lsf` collector: LSF jobs read and emitted as units.
@@ -124,6 +130,7 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
     };
     let mut manager = LsfManager::new(
         &ctx.paths.cgroupfs,
+        &ctx.paths.procfs,
         version,
         &ctx.common.cgroups.active_subsystem,
         &bjobs,
@@ -155,6 +162,7 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
 impl LsfManager {
     pub fn new(
         cgroupfs: &Path,
+        procfs: &Path,
         version: CgroupVersion,
         active_subsystem: &str,
         bjobs: &Path,
@@ -174,12 +182,17 @@ impl LsfManager {
             cache: Mutex::new(BjobsCache::default()),
             populated: Mutex::new(Populated::default()),
             devices: Vec::new(),
+            procfs: procfs.to_owned(),
+            mig: Mutex::new(HashMap::new()),
         }
     }
 
     /// Asks `bjobs` for `units` again when the set of jobs changed or the last answer is old;
     /// a failing `bjobs` keeps the last answer and says why.
     fn jobs(&self, units: &[UnitCgroup]) {
+        if self.bjobs.as_os_str().is_empty() {
+            return;
+        }
         let ids: BTreeSet<String> = units.iter().map(|u| u.uuid.clone()).collect();
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let changed = cache.asked_for != ids;
@@ -219,43 +232,92 @@ impl LsfManager {
     }
 }
 
-/// The units' shares of the node's full GPUs: a GPU held by n jobs is 1/n of each.
+/// The units' shares of the node's GPUs: whole GPUs by bjobs' minor numbers, MIG instances as
+/// `mig` found them (positions in `devices`); a device held by n jobs is 1/n of each.
 pub fn share_gpus(
     units: &[UnitCgroup],
     jobs: &HashMap<String, BjobsJob>,
+    mig: &HashMap<String, Vec<usize>>,
     devices: &[GpuDevice],
 ) -> Vec<UnitGpus> {
-    let minors_of = |u: &UnitCgroup| match jobs.get(&u.uuid).map(|j| &j.gpus) {
-        Some(JobGpus::Minors(m)) => m.clone(),
-        _ => BTreeSet::new(),
-    };
-    let mut holders: HashMap<u32, usize> = HashMap::new();
-    for u in units {
-        for m in minors_of(u) {
-            *holders.entry(m).or_default() += 1;
-        }
-    }
-    units
-        .iter()
-        .filter_map(|u| {
-            let held: Vec<(u32, GpuDevice, f64)> = minors_of(u)
-                .into_iter()
+    let held_by = |u: &UnitCgroup| -> BTreeSet<usize> {
+        match jobs.get(&u.uuid).map(|j| &j.gpus) {
+            Some(JobGpus::Minors(minors)) => minors
+                .iter()
                 .filter_map(|m| {
-                    let device = devices
+                    devices
                         .iter()
-                        .find(|d| d.minor == m && d.gpu_instance_id.is_none())?;
-                    let share = 1.0 / holders.get(&m).copied().unwrap_or(1).max(1) as f64;
-                    Some((device.index as u32, device.clone(), share))
+                        .position(|d| d.minor == *m && d.gpu_instance_id.is_none())
                 })
-                .collect();
-            (!held.is_empty()).then(|| UnitGpus {
-                manager: MANAGER,
-                uuid: u.uuid.clone(),
-                cgroup_host: String::new(),
-                devices: held,
-            })
+                .collect(),
+            Some(JobGpus::Mig) => mig.get(&u.uuid).into_iter().flatten().copied().collect(),
+            _ => BTreeSet::new(),
+        }
+    };
+    let held: Vec<(&UnitCgroup, BTreeSet<usize>)> = units.iter().map(|u| (u, held_by(u))).collect();
+    let mut holders: HashMap<usize, usize> = HashMap::new();
+    for at in held.iter().flat_map(|(_, h)| h) {
+        *holders.entry(*at).or_default() += 1;
+    }
+    held.into_iter()
+        .filter(|(_, h)| !h.is_empty())
+        .map(|(u, h)| UnitGpus {
+            manager: MANAGER,
+            uuid: u.uuid.clone(),
+            cgroup_host: String::new(),
+            devices: h
+                .into_iter()
+                .map(|at| {
+                    let share = 1.0 / holders.get(&at).copied().unwrap_or(1).max(1) as f64;
+                    (devices[at].index as u32, devices[at].clone(), share)
+                })
+                .collect(),
         })
         .collect()
+}
+
+impl LsfManager {
+    /// The MIG instances of `units` (bjobs' `GPU_ALLOC` gave sizes only), read from their
+    /// processes' environments once per job and kept while it runs.
+    fn mig_instances(&self, units: &[&UnitCgroup]) -> HashMap<String, Vec<usize>> {
+        let mut known = self.mig.lock().unwrap_or_else(|p| p.into_inner());
+        let present: HashSet<&str> = units.iter().map(|u| u.uuid.as_str()).collect();
+        known.retain(|k, _| present.contains(k.as_str()));
+        let mut faults = Vec::new();
+        let to_read: Vec<(String, Vec<u32>)> = units
+            .iter()
+            .filter(|u| !known.contains_key(&u.uuid))
+            .map(|u| (u.uuid.clone(), subtree(&u.dir, &mut faults).0))
+            .collect();
+        if !to_read.is_empty() {
+            let procfs = self.procfs.clone();
+            // Other users' environ files need CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH.
+            let reads = crate::security::privileged(SPEC.capabilities, move || {
+                to_read
+                    .into_iter()
+                    .map(|(uuid, pids)| {
+                        let found = mig::job_instances(&procfs, &uuid, &pids);
+                        (uuid, found)
+                    })
+                    .collect::<Vec<_>>()
+            });
+            for (uuid, found) in reads {
+                match found {
+                    Some(instances) => {
+                        let at = mig::devices_of(&instances, &self.devices)
+                            .iter()
+                            .filter_map(|d| self.devices.iter().position(|x| std::ptr::eq(x, *d)))
+                            .collect();
+                        known.insert(uuid, at);
+                    }
+                    None => {
+                        tracing::debug!(job = %uuid, "no process of the MIG job says its instances (CUDA_VISIBLE_DEVICES with LSB_BATCH_JID) yet, or its environment cannot be read")
+                    }
+                }
+            }
+        }
+        known.clone()
+    }
 }
 
 impl ResourceManager for LsfManager {
@@ -327,7 +389,12 @@ impl ResourceManager for LsfManager {
             return Vec::new();
         }
         let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        share_gpus(units, &cache.jobs, &self.devices)
+        let mig_jobs: Vec<&UnitCgroup> = units
+            .iter()
+            .filter(|u| matches!(cache.jobs.get(&u.uuid).map(|j| &j.gpus), Some(JobGpus::Mig)))
+            .collect();
+        let mig = self.mig_instances(&mig_jobs);
+        share_gpus(units, &cache.jobs, &mig, &self.devices)
     }
 }
 
@@ -358,7 +425,14 @@ mod tests {
         )
         .unwrap();
         std::fs::set_permissions(&bjobs, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let m = LsfManager::new(tmp.path(), CgroupVersion::V2, "cpuacct", &bjobs, "n1");
+        let m = LsfManager::new(
+            tmp.path(),
+            tmp.path(),
+            CgroupVersion::V2,
+            "cpuacct",
+            &bjobs,
+            "n1",
+        );
         let count = || {
             std::fs::read_to_string(&calls)
                 .unwrap_or_default()
@@ -400,7 +474,7 @@ mod tests {
         ]
         .into();
         let units = [unit("1009248"), unit("1009249"), unit("1009250")];
-        let held = share_gpus(&units, &jobs, &devices);
+        let held = share_gpus(&units, &jobs, &HashMap::new(), &devices);
         let shares: Vec<(String, Vec<(u32, f64)>)> = held
             .iter()
             .map(|u| {
