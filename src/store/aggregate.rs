@@ -264,7 +264,28 @@ pub async fn update(
         too_short: store.mark_too_short(cluster, cutoff, now).await?,
         ..Default::default()
     };
-    let targets = store.aggregate_targets(cluster, only, now).await?;
+    // Counted up to or past an end that accounting told only later: nothing is left to ask
+    // Prometheus, the job is done.
+    let (counted, targets): (Vec<AggregateTarget>, Vec<AggregateTarget>) = store
+        .aggregate_targets(cluster, only, now)
+        .await?
+        .into_iter()
+        .partition(|t| t.ended && t.counted_until.is_some() && t.to <= t.from);
+    if !counted.is_empty() {
+        let finished: Vec<AggregateDelta> = counted
+            .iter()
+            .map(|t| AggregateDelta {
+                row: t.row,
+                counted_until: t.counted_until,
+                to: t.from,
+                ended: true,
+                seconds: 0,
+                ..Default::default()
+            })
+            .collect();
+        store.apply_aggregates(&finished, now).await?;
+        report.updated += finished.len();
+    }
     let mut first_error = None;
     for (from, group) in groups(targets) {
         let range = now - from;
@@ -520,6 +541,42 @@ mod tests {
             .unwrap();
         assert_eq!((r.updated, r.queries), (0, 0));
         assert!(fake.asked.lock().unwrap().is_empty());
+    }
+
+    /// Accounting can learn of a job's end after its aggregates were counted past it (slurmdbd
+    /// records the end a moment after slurmctld mails): the job is then done, not left
+    /// `partial` for good.
+    #[tokio::test]
+    async fn a_job_whose_end_is_learned_after_counting_past_it_is_done() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = crate::store::db::testing::store(tmp.path()).await;
+        let running = "1|debug|normal|physics|alice|2001|alice|2001|990|1000|Unknown|00:00:00|0|0:0|RUNNING|billing=2,cpu=2,mem=1G,node=1|localhost|/tmp|60|a\n";
+        let (jobs, _) = sacct::parse_output(running);
+        store.ingest("lab", &jobs, 0, 1000).await.unwrap();
+        let fake = Arc::new(FakePrometheus::default());
+        let (limits, q) = (Limits::default(), Queries::default());
+        update(&store, fake.clone(), &q, &limits, "lab", None, 1600)
+            .await
+            .unwrap();
+        // It had ended at 1590, which accounting says only now.
+        let ended = running.replace(
+            "Unknown|00:00:00|0|0:0|RUNNING",
+            "1590|00:09:50|590|0:0|COMPLETED",
+        );
+        let (jobs, _) = sacct::parse_output(&ended);
+        store.ingest("lab", &jobs, 0, 1602).await.unwrap();
+        update(&store, fake.clone(), &q, &limits, "lab", None, 1602)
+            .await
+            .unwrap();
+        let r = store
+            .fetch_one(&Sql::new(
+                "SELECT aggregates_status, cpu_seconds FROM units WHERE uuid = '1'",
+            ))
+            .await
+            .unwrap();
+        let (status, cpu): (String, f64) = (r.get(0).unwrap(), r.get(1).unwrap());
+        assert_eq!(status, "done");
+        assert_eq!(cpu, 2.0 * 600.0, "nothing counted twice");
     }
 
     #[tokio::test]
