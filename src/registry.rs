@@ -26,6 +26,7 @@ pub static COLLECTORS: &[CollectorSpec] = &[
     crate::manager::slurm::SPEC,
     crate::manager::libvirt::SPEC,
     crate::manager::lsf::SPEC,
+    crate::manager::k8s::SPEC,
     rapl::SPEC,
     hwmon::SPEC,
     cray_pm_counters::SPEC,

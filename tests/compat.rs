@@ -119,7 +119,8 @@ fn scrape(
     if generation == Generation::Current && scenario == "cgroupsv2-nogpu" {
         args.push("--collector.emissions");
     }
-    if !flags.contains(&"--collector.libvirt") && !flags.contains(&"--collector.lsf") {
+    let other_manager = ["--collector.libvirt", "--collector.lsf", "--collector.k8s"];
+    if !other_manager.iter().any(|m| flags.contains(m)) {
         args.push("--collector.slurm");
     }
     args.extend_from_slice(flags);
@@ -977,4 +978,111 @@ fn discoverer_lsf() {
             serde_json::from_str(&exporter.get("/alloy-targets")).expect("targets are JSON");
         assert_eq!(listed(&actual), want, "{version}");
     }
+}
+
+/// `ceems_compute_unit_cpus` of each pod of an upstream k8s output: uid → CPUs.
+fn pod_cpus(expected: &str) -> BTreeMap<String, f64> {
+    parse_series(expected)
+        .into_iter()
+        .filter(|(k, _)| name_of(k) == "ceems_compute_unit_cpus")
+        .filter_map(|(k, v)| Some((common::label_of(&k, "uuid")?.to_owned(), v)))
+        .collect()
+}
+
+/// Upstream's k8s trees, built from its expected output's pods and the paths SCENARIOS.md
+/// names (cgroupfs driver: Guaranteed pods directly under `kubepods`, the others under their
+/// QoS class, a container below each pod), each pod's files taken from one of the v0.10 pack's
+/// Slurm jobs, and `cpu.shares` (v1) or `cpu.weight` (v2) the kubelet would write for the
+/// pod's CPUs.
+fn k8s_trees(version: &str, pods: &BTreeMap<String, f64>) -> tempfile::TempDir {
+    let pack = fixtures().join("compat");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cgroup = tmp.path().join("cgroup");
+    let root = pack.join("sys/fs/cgroup");
+    copy_files(&root, &cgroup);
+    let jobs = ["1009248", "1009249", "1009250"];
+    let millicores = |cpus: f64| (cpus * 1000.0).round() as u64;
+    // The shares the kubelet writes for these millicores, and the weight runc makes of them.
+    let shares = |cpus: f64| (millicores(cpus) * 1024).div_ceil(1000).max(2);
+    let weight = |cpus: f64| {
+        (1..=10_000u64)
+            .find(|w| {
+                let s = 2 + (w - 1) * 262_142 / 9_999;
+                s * 1000 / 1024 >= millicores(cpus)
+            })
+            .unwrap_or(1)
+    };
+    for (i, (uid, cpus)) in pods.iter().enumerate() {
+        let qos = match (*cpus, uid.as_str()) {
+            (
+                _,
+                "6c22124f-e9a7-450b-8915-9bf3e0716d78" | "7a303ecc-ce90-4d0c-bb56-49d6bdad19f7",
+            ) => "",
+            (c, _) if c <= 0.001 => "besteffort/",
+            _ => "burstable/",
+        };
+        let rel = format!("kubepods/{qos}pod{uid}");
+        let job = jobs[i % jobs.len()];
+        if version == "v1" {
+            for controller in ["cpu,cpuacct", "memory", "cpuset"] {
+                let from = root
+                    .join(controller)
+                    .join(format!("slurm/uid_1000/job_{job}"));
+                if !from.is_dir() {
+                    continue;
+                }
+                let pod = cgroup.join(controller).join(&rel);
+                copy_files(&from, &pod);
+                copy_files(&from, &pod.join("f92b308ade447d0f"));
+                if controller == "cpu,cpuacct" {
+                    std::fs::write(pod.join("cpu.shares"), format!("{}\n", shares(*cpus)))
+                        .expect("shares");
+                }
+            }
+        } else {
+            let from = root.join(format!("system.slice/slurmstepd.scope/job_{job}"));
+            let pod = cgroup.join(&rel);
+            copy_files(&from, &pod);
+            copy_files(&from, &pod.join("f92b308ade447d0f"));
+            std::fs::write(pod.join("cpu.weight"), format!("{}\n", weight(*cpus))).expect("weight");
+            // The pack's Slurm jobs have no block IO; its VMs' io.stat has the kernel's shape.
+            let vm_io = root
+                .join("machine.slice/machine-qemu\\x2d1\\x2dinstance\\x2d00000002.scope/io.stat");
+            std::fs::copy(vm_io, pod.join("io.stat")).expect("io.stat");
+            for dir in [pod.clone(), pod.join("f92b308ade447d0f")] {
+                for rdma in ["rdma.current", "rdma.max"] {
+                    let _ = std::fs::remove_file(dir.join(rdma));
+                }
+            }
+        }
+    }
+    tmp
+}
+
+/// CEEMS's k8s scenario without GPUs (its default, absent, pod-resources socket): families
+/// against its output, and the pods and their CPUs by value.
+#[test]
+fn cgroupsv2_k8s_nogpu() {
+    let scenario = "cgroupsv2-k8s-nogpu";
+    let expected = std::fs::read_to_string(expected_file(scenario, Generation::Current))
+        .expect("upstream output");
+    let pods = pod_cpus(&expected);
+    assert_eq!(pods.len(), 10);
+    let trees = k8s_trees("v2", &pods);
+    let flags = [
+        "--collector.cgroups.force-version=v2".to_owned(),
+        format!("--path.cgroupfs={}", trees.path().join("cgroup").display()),
+        "--collector.k8s".into(),
+        // As upstream's script writes it: the old spelling.
+        "--collector.k8s.kube-config-file=fixtures/k8s/kubeconfig.yml".into(),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let ours = check_upstream(
+        scenario,
+        &flags,
+        &Ipmi::Flag(DOTTED_FLAG, "capmc"),
+        false,
+        &Gpu::None,
+    );
+    assert_eq!(pod_cpus(&ours), pods);
 }

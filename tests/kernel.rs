@@ -335,7 +335,7 @@ fn kept_descriptors_follow_the_kernel() {
     fs::write(memory.join("memory.limit_in_bytes"), "67108864").expect("limit");
     let first = scrape(&mut reader).expect("job readable");
     assert_eq!(first.memory_total_bytes, 67_108_864.0);
-    assert_eq!(first.cpus, 0);
+    assert_eq!(first.cpus, 0.0);
     assert!(reader.kept_descriptors() >= 5, "files were not kept open");
 
     fs::write(memory.join("memory.limit_in_bytes"), "33554432").expect("limit");
@@ -347,7 +347,10 @@ fn kept_descriptors_follow_the_kernel() {
     let second = scrape(&mut reader).expect("job readable");
     assert_eq!(second.memory_total_bytes, 33_554_432.0);
     if has_cpuset {
-        assert!(second.cpus >= 1, "the CPUs given to the job were not seen");
+        assert!(
+            second.cpus >= 1.0,
+            "the CPUs given to the job were not seen"
+        );
     }
 
     // The kernel fails reads through a removed cgroup's descriptors, and a job made again

@@ -55,8 +55,8 @@ pub trait ResourceManager: Send + Sync + 'static {
         None
     }
     /// The CPUs the manager gave the unit, when its cpuset cannot say (an LSF job without
-    /// CPU affinity has every CPU in it); None: the cpuset's.
-    fn cpus(&self, _unit: &UnitCgroup) -> Option<u64> {
+    /// CPU affinity has every CPU in it; a Kubernetes pod gets a share); None: the cpuset's.
+    fn cpus(&self, _unit: &UnitCgroup) -> Option<f64> {
         None
     }
     /// The GPUs each of `units` holds; empty on a node without GPUs.

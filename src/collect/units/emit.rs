@@ -38,7 +38,7 @@ pub fn emit_unit(out: &mut MetricSet, labels: &Labels, s: &UnitStats, opts: Read
         out,
         "ceems_compute_unit_cpus",
         "Total number of job CPUs",
-        s.cpus as f64,
+        s.cpus,
     );
     g(
         out,

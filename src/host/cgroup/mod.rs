@@ -72,7 +72,9 @@ pub struct FileFault {
 pub struct UnitStats {
     pub cpu_user_seconds: f64,
     pub cpu_system_seconds: f64,
-    pub cpus: u64,
+    /// CPUs of the unit: its cpuset's, or what its manager says (a Kubernetes pod's may be a
+    /// fraction).
+    pub cpus: f64,
     pub cpu_psi_seconds: f64,
     pub memory_rss_bytes: f64,
     pub memory_cache_bytes: f64,

@@ -214,7 +214,7 @@ impl CgroupReader {
         s.cpus = self
             .scratch
             .read(cpuset, rel, "cpuset.cpus", faults, parse::cpuset_count)
-            .unwrap_or(0);
+            .unwrap_or(0) as f64;
 
         if let Some([rss, cache]) = self.scratch.read(memory, rel, "memory.stat", faults, |t| {
             parse::keyed_values(t, ["total_rss", "total_cache"])
@@ -320,7 +320,7 @@ impl CgroupReader {
                 faults,
                 parse::cpuset_count,
             )
-            .unwrap_or(0);
+            .unwrap_or(0) as f64;
         s.memory_used_bytes = self
             .scratch
             .read(root, rel, "memory.current", faults, parse::single_u64)
@@ -456,7 +456,7 @@ mod tests {
         assert!(faults.is_empty(), "{faults:?}");
         assert_eq!(s.cpu_user_seconds, 2.0);
         assert_eq!(s.cpu_system_seconds, 1.0);
-        assert_eq!(s.cpus, 4);
+        assert_eq!(s.cpus, 4.0);
         assert_eq!(s.memory_total_bytes, 1000.0);
         assert_eq!(s.memsw_total_bytes, 1000.0);
         assert_eq!(s.memory_fail_count, 1.0);

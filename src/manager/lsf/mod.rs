@@ -375,13 +375,13 @@ impl ResourceManager for LsfManager {
         Ok(units)
     }
 
-    fn cpus(&self, unit: &UnitCgroup) -> Option<u64> {
+    fn cpus(&self, unit: &UnitCgroup) -> Option<f64> {
         let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         cache
             .jobs
             .get(&unit.uuid)
-            .map(|j| u64::from(j.cpus))
-            .filter(|n| *n > 0)
+            .map(|j| f64::from(j.cpus))
+            .filter(|n| *n > 0.0)
     }
 
     fn gpus(&self, units: &[UnitCgroup]) -> Vec<UnitGpus> {

@@ -1,0 +1,360 @@
+//! Kubernetes pods as compute units (`--collector.k8s`). The kubelet puts a pod's containers
+//! in one cgroup per pod, under its QoS class: with the cgroupfs driver
+//! `kubepods/[burstable|besteffort/]pod<uid>/<container>`, with the systemd driver
+//! `kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid_with_underscores>.slice/cri-containerd-<id>.scope`
+//! (a Guaranteed pod sits directly under `kubepods`), in each v1 controller or in the v2
+//! hierarchy. A pod's directory counts all its containers. Its CPUs are the share the kubelet
+//! gave it (`cpu.shares`, or v2's `cpu.weight`), as millicores.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::Deserialize;
+
+use crate::collect::units::{cgroup_version, SubCollector, UnitCollector};
+use crate::collect::{CollectError, Collector, CollectorSpec, Context};
+use crate::config::{Kind, Opt};
+use crate::host::cgroup::detail::DetailOptions;
+use crate::host::cgroup::{
+    subdirs, CgroupVersion, FileFault, Populated, ReadOptions, V1Controllers,
+};
+use crate::manager::{ResourceManager, UnitCgroup};
+
+pub const MANAGER: &str = "k8s";
+
+pub const SPEC: CollectorSpec = CollectorSpec {
+    name: "k8s",
+    default_enabled: false,
+    // The pod-resources socket is a file: its mode grants access, not a capability.
+    capabilities: &[],
+    options,
+    build,
+    self_test: None,
+    sub_collectors: &[SubCollector::Perf, SubCollector::Ebpf],
+};
+
+/// The kubelet's parent cgroups of its pods, per cgroup driver.
+const SLICES: [&str; 2] = ["kubepods", "kubepods.slice"];
+
+fn options() -> Vec<Opt> {
+    vec![
+        Opt::new(
+            "collector.k8s.kubeconfig.file",
+            Kind::Str,
+            "kubeconfig of the Kubernetes API server, to name the pods the kubelet's pod-resources API lists (empty: the in-cluster service account)",
+        )
+        .default("")
+        .renamed_from("collector.k8s.kube-config-file"),
+        Opt::new(
+            "collector.k8s.kubelet-podresources-socket.file",
+            Kind::Str,
+            "The kubelet's pod-resources socket, which says which GPUs each pod holds",
+        )
+        .default("/var/lib/kubelet/pod-resources/kubelet.sock")
+        .renamed_from("collector.k8s.kubelet-socket-file"),
+        Opt::flag(
+            "collector.k8s.psi-metrics",
+            "Export pressure stall information of pods (cgroups v2 only)",
+        ),
+    ]
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct Settings {
+    kubeconfig: FileSetting,
+    kubelet_podresources_socket: FileSetting,
+    psi_metrics: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSetting {
+    file: String,
+}
+
+/// The `k8s` collector: pods read and emitted as units.
+pub type K8sCollector = UnitCollector<K8sManager>;
+
+fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
+    let s: Settings = ctx.settings()?;
+    let version = cgroup_version(ctx)?;
+    let manager = K8sManager::new(
+        &ctx.paths.cgroupfs,
+        version,
+        &ctx.common.cgroups.active_subsystem,
+    );
+    let found: Vec<String> = manager
+        .slices()
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    if found.len() > 1 {
+        tracing::warn!(slices = ?found, "pods under both kubepods and kubepods.slice: the kubelet's cgroup driver changed without a reboot");
+    }
+    tracing::info!(version = ?version, root = %manager.root.display(), slices = ?found, socket = %s.kubelet_podresources_socket.file, kubeconfig = %s.kubeconfig.file, "k8s collector discovers pods");
+    let collector = UnitCollector::new(
+        manager,
+        &ctx.paths.cgroupfs,
+        &ctx.paths.procfs,
+        version,
+        &ctx.hostname,
+        // Swap is always read for pods, as CEEMS does.
+        ReadOptions {
+            swap: true,
+            psi: s.psi_metrics,
+        },
+        SPEC.capabilities,
+    )
+    // Block IO too, always, as CEEMS reads it for pods.
+    .with_detail(DetailOptions {
+        io: true,
+        ..DetailOptions::default()
+    })
+    .with_context(ctx, version)?;
+    Ok(Box::new(collector))
+}
+
+/// The pod UID of a pod cgroup's name: `pod<uid>` (cgroupfs) or
+/// `kubepods-<qos>-pod<uid_with_underscores>.slice` (systemd). Static pods' UIDs are hashes
+/// without dashes.
+pub fn pod_of_cgroup(name: &str) -> Option<String> {
+    let name = name.strip_suffix(".slice").unwrap_or(name);
+    let at = name.rfind("pod")?;
+    let before = &name[..at];
+    // `pod` starts the name or follows the slice's `-`.
+    if !(before.is_empty() || before.ends_with('-')) {
+        return None;
+    }
+    let uid = &name[at + 3..];
+    let ok = !uid.is_empty()
+        && uid.len() <= 64
+        && uid
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() || b == b'-' || b == b'_');
+    ok.then(|| uid.replace('_', "-").to_ascii_lowercase())
+}
+
+/// Whether a child of a `kubepods` slice holds pods of a QoS class rather than being a pod.
+fn is_qos_dir(name: &str) -> bool {
+    let name = name.strip_suffix(".slice").unwrap_or(name);
+    ["burstable", "besteffort"]
+        .iter()
+        .any(|q| name == *q || name.ends_with(&format!("-{q}")))
+}
+
+/// CPUs of a v1 `cpu.shares` value: the kubelet writes 1024 per CPU (at least 2), so the
+/// millicores are `shares * 1000 / 1024`, rounded down as the kubelet rounds up.
+pub fn cpus_of_shares(shares: u64) -> f64 {
+    (shares.saturating_mul(1000) / 1024) as f64 / 1000.0
+}
+
+/// CPUs of a v2 `cpu.weight`: the kubelet maps shares [2, 262144] onto weights [1, 10000];
+/// the shares are found back the way runc converts them.
+pub fn cpus_of_weight(weight: u64) -> f64 {
+    let shares = 2 + (weight.clamp(1, 10_000) - 1) * 262_142 / 9_999;
+    cpus_of_shares(shares)
+}
+
+/// Kubernetes as a resource manager: its pods.
+pub struct K8sManager {
+    version: CgroupVersion,
+    /// The v1 controller or v2 root that holds the kubelet's slices.
+    root: PathBuf,
+    /// Where `cpu.shares` is on v1: the `cpu` controller's hierarchy.
+    cpu_root: PathBuf,
+    populated: Mutex<Populated>,
+}
+
+impl K8sManager {
+    pub fn new(cgroupfs: &Path, version: CgroupVersion, active_subsystem: &str) -> K8sManager {
+        let controllers = V1Controllers::resolve(cgroupfs);
+        let (root, cpu_root) = match version {
+            CgroupVersion::V1 => (
+                controllers.subsystem_dir(cgroupfs, active_subsystem),
+                // `cpu` may be mounted apart from `cpuacct` (Debian does).
+                ["cpu,cpuacct", "cpuacct,cpu", "cpu"]
+                    .iter()
+                    .map(|c| cgroupfs.join(c))
+                    .find(|p| p.is_dir())
+                    .unwrap_or_else(|| controllers.subsystem_dir(cgroupfs, "cpu")),
+            ),
+            CgroupVersion::V2 => (cgroupfs.to_owned(), cgroupfs.to_owned()),
+        };
+        K8sManager {
+            version,
+            root,
+            cpu_root,
+            populated: Mutex::new(Populated::default()),
+        }
+    }
+
+    /// The kubelet's slices present under the root.
+    fn slices(&self) -> Vec<PathBuf> {
+        SLICES
+            .iter()
+            .map(|s| self.root.join(s))
+            .filter(|p| p.is_dir())
+            .collect()
+    }
+
+    /// Every pod directory: `(uid, dir, inode)`.
+    fn pods(&self) -> Vec<(String, PathBuf, u64)> {
+        let mut found = Vec::new();
+        for slice in self.slices() {
+            for child in subdirs(&slice) {
+                let Some(name) = child.name.to_str() else {
+                    continue;
+                };
+                if let Some(uid) = pod_of_cgroup(name) {
+                    found.push((uid, child.path, child.ino));
+                } else if is_qos_dir(name) {
+                    for pod in subdirs(&child.path) {
+                        if let Some(uid) = pod.name.to_str().and_then(pod_of_cgroup) {
+                            found.push((uid, pod.path, pod.ino));
+                        }
+                    }
+                }
+            }
+        }
+        found
+    }
+}
+
+impl ResourceManager for K8sManager {
+    fn name(&self) -> &'static str {
+        MANAGER
+    }
+
+    fn discover(&self, faults: &mut Vec<FileFault>) -> Result<Vec<UnitCgroup>, CollectError> {
+        if !self.root.is_dir() {
+            return Err(CollectError::Absent(format!(
+                "no cgroup hierarchy at {}",
+                self.root.display()
+            )));
+        }
+        let found = self.pods();
+        let mut populated = self.populated.lock().unwrap_or_else(|p| p.into_inner());
+        let present: HashSet<&Path> = found.iter().map(|(_, d, _)| d.as_path()).collect();
+        populated.retain(|k| present.contains(k));
+        let mut units = Vec::new();
+        let mut seen = HashSet::new();
+        for (uid, dir, ino) in &found {
+            // The same pod under both drivers' slices: the first found.
+            if !seen.insert(uid.clone()) || !populated.check(self.version, dir, Some(*ino), faults)
+            {
+                continue;
+            }
+            units.push(UnitCgroup {
+                uuid: uid.clone(),
+                cgroup_host: String::new(),
+                rel: dir.strip_prefix(&self.root).unwrap_or(dir).to_path_buf(),
+                dir: dir.clone(),
+                dir_ino: Some(*ino),
+            });
+        }
+        Ok(units)
+    }
+
+    fn cpus(&self, unit: &UnitCgroup) -> Option<f64> {
+        let read = |path: PathBuf| -> Option<u64> {
+            std::fs::read_to_string(path).ok()?.trim().parse().ok()
+        };
+        match self.version {
+            CgroupVersion::V1 => {
+                read(self.cpu_root.join(&unit.rel).join("cpu.shares")).map(cpus_of_shares)
+            }
+            CgroupVersion::V2 => read(unit.dir.join("cpu.weight")).map(cpus_of_weight),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_uids_of_both_drivers_and_qos_classes() {
+        for (name, uid) in [
+            (
+                "pod483168fc-b347-4aa2-a9fa-9e3d220ba4c5",
+                "483168fc-b347-4aa2-a9fa-9e3d220ba4c5",
+            ),
+            (
+                "kubepods-burstable-pod483168fc_b347_4aa2_a9fa_9e3d220ba4c5.slice",
+                "483168fc-b347-4aa2-a9fa-9e3d220ba4c5",
+            ),
+            (
+                "kubepods-pod6c22124f_e9a7_450b_8915_9bf3e0716d78.slice",
+                "6c22124f-e9a7-450b-8915-9bf3e0716d78",
+            ),
+            // A static pod: its UID is the hash of its manifest.
+            (
+                "pod5bd8b8f0e7ea4b1b8a3d2c1e0f9a8b7c",
+                "5bd8b8f0e7ea4b1b8a3d2c1e0f9a8b7c",
+            ),
+        ] {
+            assert_eq!(pod_of_cgroup(name).as_deref(), Some(uid), "{name}");
+        }
+        for name in [
+            "burstable",
+            "kubepods-besteffort.slice",
+            "cri-containerd-f92b308ade447d0f.scope",
+            "f92b308ade447d0f99dc4a689267891422f9cdc6db5f0e7ef4772cc5a2f1ccb7",
+            "pod",
+            "podzz",
+            "mypod123",
+            "pod1/2",
+        ] {
+            assert_eq!(pod_of_cgroup(name), None, "{name}");
+        }
+        assert!(is_qos_dir("burstable") && is_qos_dir("kubepods-besteffort.slice"));
+        assert!(!is_qos_dir("pod1234"));
+    }
+
+    #[test]
+    fn cpus_are_the_kubelets_millicores() {
+        // CEEMS's expected outputs: weights 1, 10, 20 and shares 51, 256.
+        assert_eq!(cpus_of_weight(1), 0.001);
+        assert_eq!(cpus_of_weight(10), 0.231);
+        assert_eq!(cpus_of_weight(20), 0.488);
+        assert_eq!(cpus_of_shares(51), 0.049);
+        assert_eq!(cpus_of_shares(256), 0.25);
+        // Two CPUs as the kubelet writes them: v2's weight loses two millicores on the way.
+        assert_eq!(cpus_of_shares(2048), 2.0);
+        assert_eq!(cpus_of_weight(79), 1.998);
+        assert_eq!(cpus_of_weight(u64::MAX), cpus_of_weight(10_000));
+    }
+
+    #[test]
+    fn pods_of_both_drivers_are_found_once_each_with_their_qos_layouts() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let pods = [
+            "kubepods/pod11111111-0000-0000-0000-000000000001",
+            "kubepods/burstable/pod11111111-0000-0000-0000-000000000002",
+            "kubepods/besteffort/pod11111111-0000-0000-0000-000000000003/abc123",
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod22222222_0000_0000_0000_000000000001.slice/cri-containerd-abc.scope",
+            // Moved to the systemd driver without a reboot: the same pod twice.
+            "kubepods.slice/kubepods-pod11111111_0000_0000_0000_000000000001.slice",
+        ];
+        for p in pods {
+            std::fs::create_dir_all(root.join(p)).unwrap();
+        }
+        std::fs::create_dir_all(root.join("kubepods/burstable/not-a-pod")).unwrap();
+        let m = K8sManager::new(root, CgroupVersion::V2, "cpu");
+        let mut uids: Vec<String> = m.pods().into_iter().map(|(u, _, _)| u).collect();
+        uids.sort();
+        uids.dedup();
+        assert_eq!(
+            uids,
+            [
+                "11111111-0000-0000-0000-000000000001",
+                "11111111-0000-0000-0000-000000000002",
+                "11111111-0000-0000-0000-000000000003",
+                "22222222-0000-0000-0000-000000000001",
+            ]
+        );
+    }
+}
