@@ -1086,3 +1086,129 @@ fn cgroupsv2_k8s_nogpu() {
     );
     assert_eq!(pod_cpus(&ours), pods);
 }
+
+/// `ceems_compute_unit_gpu_index_flag` series of whole GPUs (MIG instances left out).
+fn whole_gpu_flags(text: &str) -> BTreeMap<String, f64> {
+    parse_series(text)
+        .into_iter()
+        .filter(|(k, _)| {
+            name_of(k) == "ceems_compute_unit_gpu_index_flag"
+                && common::label_of(k, "gpuiid") == Some("")
+        })
+        .collect()
+}
+
+/// CEEMS's k8s scenario with NVIDIA GPUs (v1). The kubelet's pod-resources API is a gRPC
+/// stand-in on a unix socket, allocating each pod the GPUs upstream's output gives it (a
+/// shared GPU as time-slicing replicas, `GPU-…::n`); the API server is an HTTPS stand-in that
+/// names the pods, behind a kubeconfig with a CA and a token. Families against upstream's, the
+/// pods' CPUs and their whole GPUs with their shares by value. MIG instances are not compared:
+/// the device plugin names them by MIG UUID, which the v0.10 pack's nvidia-smi capture lacks.
+#[test]
+fn cgroupsv1_k8s() {
+    use base64::Engine;
+    use ceems::manager::k8s::podresources::{
+        ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
+    };
+    let scenario = "cgroupsv1-k8s";
+    let expected = std::fs::read_to_string(expected_file(scenario, Generation::Current))
+        .expect("upstream output");
+    let pods = pod_cpus(&expected);
+    let trees = k8s_trees("v1", &pods);
+    let name_of_pod = |uid: &str| format!("pod-{}", &uid[..8]);
+    // Each pod's devices: a share s of a GPU is 4s of its replicas.
+    let mut replicas: BTreeMap<String, u32> = BTreeMap::new();
+    let mut devices: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let want = whole_gpu_flags(&expected);
+    assert!(want.len() >= 5, "{want:?}");
+    for (series, share) in &want {
+        let uid = common::label_of(series, "uuid").expect("uuid").to_owned();
+        let gpu = common::label_of(series, "gpuuuid")
+            .expect("gpuuuid")
+            .to_owned();
+        for _ in 0..(share * 4.0).round() as u32 {
+            let n = replicas.entry(gpu.clone()).or_default();
+            *n += 1;
+            devices
+                .entry(uid.clone())
+                .or_default()
+                .push(format!("{gpu}::{n}"));
+        }
+    }
+    let answer = ListPodResourcesResponse {
+        pod_resources: devices
+            .iter()
+            .map(|(uid, ids)| PodResources {
+                name: name_of_pod(uid),
+                namespace: "ml".into(),
+                containers: vec![ContainerResources {
+                    name: "main".into(),
+                    devices: vec![ContainerDevices {
+                        resource_name: "nvidia.com/gpu".into(),
+                        device_ids: ids.clone(),
+                    }],
+                }],
+            })
+            .collect(),
+    };
+    let socket = trees.path().join("kubelet.sock");
+    common::kubelet::serve(&socket, std::sync::Arc::new(std::sync::Mutex::new(answer)));
+    // The exporter drops to nobody: as an operator's ACL would, let it reach the socket.
+    std::fs::set_permissions(trees.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let items: Vec<serde_json::Value> = pods
+        .keys()
+        .map(|uid| serde_json::json!({"metadata": {"name": name_of_pod(uid), "namespace": "ml", "uid": uid}}))
+        .collect();
+    let api = common::http::TestServer::start(
+        true,
+        std::sync::Arc::new(move |req: &common::http::Request| {
+            if req.path() != "/api/v1/pods" || req.header("authorization") != Some("Bearer t0ken") {
+                return common::http::Response::json(
+                    401,
+                    serde_json::json!({"kind": "Status", "code": 401}),
+                );
+            }
+            common::http::Response::json(
+                200,
+                serde_json::json!({"kind": "PodList", "items": items}),
+            )
+        }),
+    );
+    let kubeconfig = trees.path().join("kubeconfig.yml");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {}\n    certificate-authority-data: {}\ncontexts:\n- name: lab\n  context: {{cluster: lab, user: exporter}}\ncurrent-context: lab\nusers:\n- name: exporter\n  user: {{token: t0ken}}\n",
+            api.url(),
+            base64::engine::general_purpose::STANDARD.encode(&api.cert_pem)
+        ),
+    )
+    .expect("kubeconfig");
+    let flags = [
+        "--collector.cgroups.force-version=v1".to_owned(),
+        format!("--path.cgroupfs={}", trees.path().join("cgroup").display()),
+        "--collector.k8s".into(),
+        // As upstream's script writes them: the old spellings.
+        format!("--collector.k8s.kube-config-file={}", kubeconfig.display()),
+        format!("--collector.k8s.kubelet-socket-file={}", socket.display()),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let ours = check_upstream(
+        scenario,
+        &flags,
+        &Ipmi::Flag(DOTTED_FLAG, "capmc"),
+        false,
+        &Gpu::Nvidia,
+    );
+    assert_eq!(pod_cpus(&ours), pods);
+    // Upstream's output also flags GPUs of a pod with no cgroup on the node (6c22124f, which
+    // only its kubelet mock lists); a pod that is not here has no series here.
+    let here: BTreeMap<String, f64> = want
+        .into_iter()
+        .filter(|(k, _)| common::label_of(k, "uuid").is_some_and(|u| pods.contains_key(u)))
+        .collect();
+    assert!(here.len() >= 4, "{here:?}");
+    assert_eq!(whole_gpu_flags(&ours), here);
+    assert!(!api.seen().is_empty(), "the API server was not asked");
+}

@@ -555,3 +555,56 @@ fn check_privileges_knows_what_the_lsf_collector_needs() {
     );
     assert_ne!(part(&report)["test"]["outcome"], "ok", "{report:#}");
 }
+
+/// The k8s collector reaches the kubelet's pod-resources socket through its file mode, not a
+/// capability: check-privileges connects as the daemon would, and a refusal says which ACLs
+/// let the daemon's user in.
+#[test]
+fn check_privileges_tests_the_kubelet_socket_and_says_how_to_grant_it() {
+    if !is_root() {
+        println!("SKIPPED: needs root");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("pod-resources");
+    std::fs::create_dir(&dir).unwrap();
+    let socket = dir.join("kubelet.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let flag = format!(
+        "--collector.k8s.kubelet-podresources-socket.file={}",
+        socket.display()
+    );
+    let args = ["--collector.k8s", &flag, "--web.listen-address=127.0.0.1:0"];
+    let test_of = |report: &serde_json::Value| {
+        report["parts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["part"] == "k8s pod-resources socket")
+            .unwrap_or_else(|| panic!("no socket part: {report:#}"))["test"]
+            .clone()
+    };
+    // Root that keeps its privileges reaches it; root that drops to nobody, as the exporter
+    // does by default, does not.
+    let kept = [&args[..], &["--security.drop-privileges=false"]].concat();
+    let (_, report) = check_privileges(&[], &kept);
+    assert_eq!(test_of(&report)["outcome"], "ok", "{report:#}");
+    let (_, report) = check_privileges(&[], &args);
+    assert_eq!(test_of(&report)["outcome"], "denied", "{report:#}");
+    let nobody = [
+        "setpriv",
+        "--reuid=nobody",
+        "--regid=nogroup",
+        "--clear-groups",
+        "--",
+    ];
+    let (_, report) = check_privileges(&nobody, &args);
+    let test = test_of(&report);
+    assert_eq!(test["outcome"], "denied", "{report:#}");
+    let error = test["error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!("setfacl -m u:nobody:rw {}", socket.display())),
+        "{error}"
+    );
+}

@@ -176,7 +176,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let paths: Option<Paths> = (sub == "exporter")
         .then(|| settings.get("path"))
         .transpose()?;
-    for spec in collectors {
+    for spec in &collectors {
         let caps = spec.capabilities;
         let test = paths
             .as_ref()
@@ -187,6 +187,20 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             needs: caps.to_vec(),
             missing: missing_of(caps),
             test,
+        });
+    }
+    // The k8s collector's GPUs come through the kubelet's socket: a file mode, not a capability.
+    if paths.is_some()
+        && collectors
+            .iter()
+            .any(|s| s.name == crate::manager::k8s::MANAGER)
+    {
+        let socket: PathBuf = settings.get("collector.k8s.kubelet-podresources-socket.file")?;
+        parts.push(PartCheck {
+            part: "k8s pod-resources socket".into(),
+            needs: Vec::new(),
+            missing: Vec::new(),
+            test: Some(check::test_unix_socket(&socket)),
         });
     }
     for (part, caps) in &subs {

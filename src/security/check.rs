@@ -200,6 +200,29 @@ fn foreign_process(procfs: &Path) -> Option<(u32, u32)> {
         .copied()
 }
 
+/// Connects to a unix socket as the daemon would (the kubelet's pod-resources socket); a
+/// refusal says how to let this user in without root.
+pub fn test_unix_socket(socket: &Path) -> OperationTest {
+    let mut test = OperationTest::from_io(
+        format!("connect to {}", socket.display()),
+        std::os::unix::net::UnixStream::connect(socket).map(drop),
+    );
+    if test.outcome == TestOutcome::Denied {
+        let user = nix::unistd::User::from_uid(nix::unistd::geteuid())
+            .ok()
+            .flatten()
+            .map_or_else(|| nix::unistd::geteuid().to_string(), |u| u.name);
+        let dir = socket.parent().unwrap_or(Path::new("/"));
+        test.error = Some(format!(
+            "{}; let {user} in with ACLs, kept when the kubelet makes the socket again: setfacl -m u:{user}:x on each directory above {dir}, setfacl -m u:{user}:rwx,d:u:{user}:rw {dir}, setfacl -m u:{user}:rw {socket}",
+            test.error.unwrap_or_default(),
+            dir = dir.display(),
+            socket = socket.display(),
+        ));
+    }
+    test
+}
+
 /// Reads another user's `/proc/<pid>/environ`, as the slurm collector does for job ids.
 pub fn test_foreign_environ(procfs: &Path, caps: &[Capability]) -> OperationTest {
     match foreign_process(procfs) {

@@ -110,3 +110,61 @@ pub fn agent_builder(
         .tls_config(tls_config(insecure_skip_verify)?)
         .user_agent(concat!("ceems/", env!("CARGO_PKG_VERSION"))))
 }
+
+/// TLS of a client that trusts given roots and may prove itself with a certificate: the
+/// Kubernetes API server's CA and a kubeconfig's client certificate, say.
+#[derive(Debug, Clone, Default)]
+pub struct ClientTls {
+    /// PEM roots; empty: the public ones.
+    pub roots_pem: Vec<u8>,
+    /// PEM certificate chain and key of this client.
+    pub identity_pem: Option<(Vec<u8>, Vec<u8>)>,
+    pub insecure_skip_verify: bool,
+}
+
+/// A client with these timeouts and this TLS (see [`agent`]).
+pub fn agent_with_tls(timeouts: Timeouts, tls: &ClientTls) -> Result<ureq::Agent, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::PrivateKeyDer;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    let builder = if tls.insecure_skip_verify {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(provider)))
+    } else if tls.roots_pem.is_empty() {
+        builder.with_root_certificates(rustls::RootCertStore::from_iter(
+            webpki_roots::TLS_SERVER_ROOTS.iter().cloned(),
+        ))
+    } else {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(&tls.roots_pem) {
+            let cert = cert.map_err(|e| format!("certificate authority: {e}"))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("certificate authority: {e}"))?;
+        }
+        builder.with_root_certificates(roots)
+    };
+    let config = match &tls.identity_pem {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let chain = CertificateDer::pem_slice_iter(cert)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("client certificate: {e}"))?;
+            let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| format!("client key: {e}"))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| format!("client certificate: {e}"))?
+        }
+    };
+    Ok(ureq::AgentBuilder::new()
+        .timeout_connect(timeouts.connect)
+        .timeout(timeouts.total)
+        .redirects(0)
+        .tls_config(Arc::new(config))
+        .user_agent(concat!("ceems/", env!("CARGO_PKG_VERSION")))
+        .build())
+}

@@ -66,6 +66,8 @@ pub type Handler = Arc<dyn Fn(&Request) -> Response + Send + Sync>;
 pub struct TestServer {
     pub port: u16,
     pub tls: bool,
+    /// The server's self-signed certificate (PEM), for clients that check it.
+    pub cert_pem: String,
     stop: Arc<AtomicBool>,
     delay: Arc<Mutex<Duration>>,
     seen: Arc<Mutex<Vec<Request>>>,
@@ -86,7 +88,10 @@ impl TestServer {
         let stop = Arc::new(AtomicBool::new(false));
         let delay = Arc::new(Mutex::new(Duration::ZERO));
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let tls_config = tls.then(self_signed);
+        let (tls_config, cert_pem) = match tls.then(self_signed) {
+            Some((config, pem)) => (Some(config), pem),
+            None => (None, String::new()),
+        };
         let (stop2, delay2, seen2) = (Arc::clone(&stop), Arc::clone(&delay), Arc::clone(&seen));
         std::thread::spawn(move || {
             for conn in listener.incoming() {
@@ -128,6 +133,7 @@ impl TestServer {
         TestServer {
             port,
             tls,
+            cert_pem,
             stop,
             delay,
             seen,
@@ -152,9 +158,10 @@ impl TestServer {
 pub trait ReadWrite: Read + Write {}
 impl<T: Read + Write> ReadWrite for T {}
 
-fn self_signed() -> Arc<rustls::ServerConfig> {
+fn self_signed() -> (Arc<rustls::ServerConfig>, String) {
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
         .expect("self-signed certificate");
+    let pem = cert.cert.pem();
     let der = cert.cert.der().clone();
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into());
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -164,7 +171,7 @@ fn self_signed() -> Arc<rustls::ServerConfig> {
         .with_no_client_auth()
         .with_single_cert(vec![der], key)
         .expect("server certificate");
-    Arc::new(cfg)
+    (Arc::new(cfg), pem)
 }
 
 fn read_request(stream: &mut dyn ReadWrite) -> Option<Request> {

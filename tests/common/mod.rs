@@ -5,6 +5,7 @@ pub mod bmc;
 pub mod browser;
 pub mod cgroup;
 pub mod http;
+pub mod kubelet;
 pub mod lab;
 pub mod mail;
 
@@ -155,8 +156,14 @@ pub fn name_of(series: &str) -> &str {
 
 /// The value of `label` in a series key.
 pub fn label_of<'a>(series: &'a str, label: &str) -> Option<&'a str> {
-    let pat = format!("{label}=\"");
-    let start = series.find(&pat)? + pat.len();
+    // The whole label name: `uuid` is not the end of `gpuuuid`.
+    let start = ['{', ',']
+        .iter()
+        .filter_map(|sep| {
+            let pat = format!("{sep}{label}=\"");
+            series.find(&pat).map(|at| at + pat.len())
+        })
+        .min()?;
     let rest = &series[start..];
     Some(&rest[..rest.find('"')?])
 }

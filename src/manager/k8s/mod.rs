@@ -6,12 +6,17 @@
 //! hierarchy. A pod's directory counts all its containers. Its CPUs are the share the kubelet
 //! gave it (`cpu.shares`, or v2's `cpu.weight`), as millicores.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+pub mod api;
+pub mod podresources;
+
+use crate::collect::gpu::{self, GpuDevice};
 use crate::collect::units::{cgroup_version, SubCollector, UnitCollector};
 use crate::collect::{CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
@@ -19,7 +24,9 @@ use crate::host::cgroup::detail::DetailOptions;
 use crate::host::cgroup::{
     subdirs, CgroupVersion, FileFault, Populated, ReadOptions, V1Controllers,
 };
-use crate::manager::{ResourceManager, UnitCgroup};
+use crate::manager::{ResourceManager, UnitCgroup, UnitGpus};
+
+use api::KubeClient;
 
 pub const MANAGER: &str = "k8s";
 
@@ -33,6 +40,13 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     self_test: None,
     sub_collectors: &[SubCollector::Perf, SubCollector::Ebpf],
 };
+
+/// Which GPUs pods hold is asked again at least this often, even when the pods stay the same.
+const GPUS_MAX_AGE: Duration = Duration::from_secs(15 * 60);
+/// After a failed lookup, the same pods are asked for again only this much later.
+const GPUS_RETRY_AFTER: Duration = Duration::from_secs(60);
+/// Longest the API server or the kubelet may take to answer.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The kubelet's parent cgroups of its pods, per cgroup driver.
 const SLICES: [&str; 2] = ["kubepods", "kubepods.slice"];
@@ -80,11 +94,40 @@ pub type K8sCollector = UnitCollector<K8sManager>;
 fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
     let s: Settings = ctx.settings()?;
     let version = cgroup_version(ctx)?;
-    let manager = K8sManager::new(
+    let mut manager = K8sManager::new(
         &ctx.paths.cgroupfs,
         version,
         &ctx.common.cgroups.active_subsystem,
     );
+    match gpu::discover(&ctx.common.gpu, &ctx.paths.sysfs) {
+        Ok(devices) => manager.devices = devices,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot list the node's GPUs; pods get no GPU series")
+        }
+    }
+    let socket = PathBuf::from(&s.kubelet_podresources_socket.file);
+    if !manager.devices.is_empty() {
+        if !socket.exists() {
+            tracing::warn!(socket = %socket.display(), "no kubelet pod-resources socket: which GPUs pods hold is not known");
+        } else {
+            let kube = match s.kubeconfig.file.trim() {
+                "" => KubeClient::in_cluster(Path::new(api::SERVICE_ACCOUNT_DIR), CALL_TIMEOUT),
+                file => KubeClient::from_kubeconfig(Path::new(file), CALL_TIMEOUT),
+            };
+            match kube {
+                Ok(kube) => {
+                    manager.lookup = Some(GpuLookup {
+                        socket,
+                        kube,
+                        node: std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()),
+                    })
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot reach the Kubernetes API server; which GPUs pods hold is not known")
+                }
+            }
+        }
+    }
     let found: Vec<String> = manager
         .slices()
         .iter()
@@ -165,6 +208,72 @@ pub struct K8sManager {
     /// Where `cpu.shares` is on v1: the `cpu` controller's hierarchy.
     cpu_root: PathBuf,
     populated: Mutex<Populated>,
+    devices: Vec<GpuDevice>,
+    /// How pods' GPUs are found; None without GPUs, socket or API server.
+    lookup: Option<GpuLookup>,
+    held: Mutex<HeldGpus>,
+}
+
+/// Where the pods' devices come from: the kubelet's pod-resources API names pods by
+/// namespace and name, the API server gives their UIDs.
+pub struct GpuLookup {
+    pub socket: PathBuf,
+    pub kube: KubeClient,
+    /// `NODE_NAME`: only this node's pods are listed.
+    pub node: Option<String>,
+}
+
+/// The last answer: each pod's devices (positions in `devices`) with how many of the
+/// device's allocations are the pod's.
+#[derive(Default)]
+struct HeldGpus {
+    asked_for: BTreeSet<String>,
+    at: Option<Instant>,
+    failed_at: Option<Instant>,
+    pods: HashMap<String, Vec<(usize, f64)>>,
+}
+
+/// Each pod's share of each device it holds: a device allocated n times (time-slicing
+/// replicas `GPU-…::1`, `::2`) is split by how many of them each pod has.
+pub fn share_devices(
+    pods: &[podresources::PodDevices],
+    uid_of: &HashMap<(String, String), String>,
+    devices: &[GpuDevice],
+) -> HashMap<String, Vec<(usize, f64)>> {
+    let position = |id: &str| {
+        let key = podresources::device_key(id);
+        devices
+            .iter()
+            .position(|d| d.gpu_instance_id.is_none() && d.uuid.to_ascii_lowercase() == key)
+    };
+    let mut counts: HashMap<String, HashMap<usize, u32>> = HashMap::new();
+    let mut totals: HashMap<usize, u32> = HashMap::new();
+    for pod in pods {
+        let Some(uid) = uid_of.get(&(pod.namespace.clone(), pod.name.clone())) else {
+            continue;
+        };
+        for (_, id) in &pod.devices {
+            if let Some(at) = position(id) {
+                *counts
+                    .entry(uid.clone())
+                    .or_default()
+                    .entry(at)
+                    .or_default() += 1;
+                *totals.entry(at).or_default() += 1;
+            }
+        }
+    }
+    counts
+        .into_iter()
+        .map(|(uid, held)| {
+            let mut held: Vec<(usize, f64)> = held
+                .into_iter()
+                .map(|(at, n)| (at, f64::from(n) / f64::from(totals[&at].max(1))))
+                .collect();
+            held.sort_by_key(|(at, _)| *at);
+            (uid, held)
+        })
+        .collect()
 }
 
 impl K8sManager {
@@ -187,6 +296,61 @@ impl K8sManager {
             root,
             cpu_root,
             populated: Mutex::new(Populated::default()),
+            devices: Vec::new(),
+            lookup: None,
+            held: Mutex::new(HeldGpus::default()),
+        }
+    }
+
+    /// Also map pods to these GPUs through `lookup`.
+    pub fn with_gpus(mut self, devices: Vec<GpuDevice>, lookup: GpuLookup) -> K8sManager {
+        self.devices = devices;
+        self.lookup = Some(lookup);
+        self
+    }
+
+    /// Asks the API server and the kubelet again when the pods changed or the last answer is
+    /// old; a failure keeps the last answer and says why.
+    fn refresh_gpus(&self, lookup: &GpuLookup, units: &[UnitCgroup]) {
+        let ids: BTreeSet<String> = units.iter().map(|u| u.uuid.clone()).collect();
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let changed = held.asked_for != ids;
+        let stale = held.at.is_none_or(|at| at.elapsed() >= GPUS_MAX_AGE);
+        let backing_off = held
+            .failed_at
+            .is_some_and(|at| at.elapsed() < GPUS_RETRY_AFTER);
+        if ids.is_empty() || !(changed || (stale && !backing_off)) {
+            return;
+        }
+        held.asked_for = ids;
+        let answer = lookup
+            .kube
+            .pods(lookup.node.as_deref())
+            .map_err(|e| e.to_string())
+            .and_then(|pods| {
+                let listed =
+                    podresources::list(&lookup.socket, CALL_TIMEOUT).map_err(|e| e.to_string())?;
+                let uid_of = pods
+                    .into_iter()
+                    .map(|p| ((p.namespace, p.name), p.uid))
+                    .collect();
+                Ok(share_devices(
+                    &podresources::pod_devices(&listed),
+                    &uid_of,
+                    &self.devices,
+                ))
+            });
+        match answer {
+            Ok(pods) => {
+                tracing::debug!(pods_with_gpus = pods.len(), "pods' GPUs looked up");
+                held.pods = pods;
+                held.at = Some(Instant::now());
+                held.failed_at = None;
+            }
+            Err(e) => {
+                held.failed_at = Some(Instant::now());
+                tracing::warn!(error = %e, "cannot tell which GPUs pods hold; the last answer is kept");
+            }
         }
     }
 
@@ -255,6 +419,34 @@ impl ResourceManager for K8sManager {
             });
         }
         Ok(units)
+    }
+
+    fn gpus(&self, units: &[UnitCgroup]) -> Vec<UnitGpus> {
+        let Some(lookup) = &self.lookup else {
+            return Vec::new();
+        };
+        self.refresh_gpus(lookup, units);
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        units
+            .iter()
+            .filter_map(|u| {
+                let devices: Vec<(u32, GpuDevice, f64)> = held
+                    .pods
+                    .get(&u.uuid)?
+                    .iter()
+                    .filter_map(|(at, share)| {
+                        let d = self.devices.get(*at)?;
+                        Some((d.index as u32, d.clone(), *share))
+                    })
+                    .collect();
+                (!devices.is_empty()).then(|| UnitGpus {
+                    manager: MANAGER,
+                    uuid: u.uuid.clone(),
+                    cgroup_host: String::new(),
+                    devices,
+                })
+            })
+            .collect()
     }
 
     fn cpus(&self, unit: &UnitCgroup) -> Option<f64> {
