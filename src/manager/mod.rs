@@ -13,6 +13,7 @@
 use crate::host::command::CommandError;
 use crate::host::ParseError;
 
+pub mod civil;
 pub mod k8s;
 pub mod libvirt;
 pub mod lsf;

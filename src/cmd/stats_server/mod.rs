@@ -13,6 +13,9 @@ use hyper::{Method, StatusCode};
 use serde::Deserialize;
 
 use crate::config::{self, Kind, Layered, LogConfig, Opt};
+use crate::manager::k8s::accounting::{self as k8s_accounting, K8sAccounting};
+use crate::manager::k8s::api::{self as k8s_api, KubeClient};
+use crate::manager::k8s::pod::PodPolicy;
 use crate::manager::lsf::accounting::LsfAccounting;
 use crate::manager::slurm::accounting::SlurmAccounting;
 use crate::manager::slurm::rest::{self, RestAccounting};
@@ -163,7 +166,7 @@ pub fn opts() -> Vec<Opt> {
         Opt::new(
             "clusters",
             Kind::FileOnly,
-            "Clusters in one database: [[stats-server.clusters]] with id, manager (slurm or lsf), sacct-path, sacctmgr-path, slurm-cluster-name, slurmrestd-url, lsf-bin-dir, lsf-env, prometheus-url",
+            "Clusters in one database: [[stats-server.clusters]] with id, manager (slurm, lsf or k8s), sacct-path, sacctmgr-path, slurm-cluster-name, slurmrestd-url, lsf-bin-dir, lsf-env, kubeconfig, k8s-user-annotations, k8s-project-annotations, k8s-gpu-resources, prometheus-url",
         ),
         Opt::new(
             "prometheus.url",
@@ -275,13 +278,43 @@ fn lsf_accounting(c: &ClusterSettings) -> anyhow::Result<LsfAccounting> {
     Ok(LsfAccounting::new(&bin_dir, env, LSF_TIMEOUT))
 }
 
+/// A Kubernetes cluster's accounting: its pods followed from the API server.
+fn k8s_accounting(c: &ClusterSettings) -> anyhow::Result<K8sAccounting> {
+    let client = |timeout: Duration| match &c.kubeconfig {
+        Some(path) => KubeClient::from_kubeconfig(path, timeout),
+        None => KubeClient::in_cluster(std::path::Path::new(k8s_api::SERVICE_ACCOUNT_DIR), timeout),
+    };
+    let lists = client(Duration::from_secs(60))
+        .with_context(|| format!("clusters: `{}`: the Kubernetes API server", c.id))?;
+    // A watch is held open by the server for WATCH_SECONDS.
+    let watches = client(Duration::from_secs(k8s_accounting::WATCH_SECONDS + 30))
+        .with_context(|| format!("clusters: `{}`: the Kubernetes API server", c.id))?;
+    let defaults = PodPolicy::default();
+    let policy = PodPolicy {
+        user_annotations: c
+            .k8s_user_annotations
+            .clone()
+            .unwrap_or(defaults.user_annotations),
+        project_annotations: c
+            .k8s_project_annotations
+            .clone()
+            .unwrap_or(defaults.project_annotations),
+        gpu_resources: c
+            .k8s_gpu_resources
+            .clone()
+            .unwrap_or(defaults.gpu_resources),
+    };
+    tracing::info!(cluster = %c.id, kubeconfig = ?c.kubeconfig, "pods followed from the Kubernetes API server");
+    Ok(K8sAccounting::start(lists, watches, policy, &c.id))
+}
+
 /// Longest a `bacct` or `bjobs` may take.
 const LSF_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub fn command() -> Command {
     config::build_command(
         Command::new("stats-server")
-            .about("Pull jobs from sacct (Slurm) or bacct/bjobs (LSF) into SQLite; per-job energy and usage from Prometheus; JSON API for Grafana (:9020)"),
+            .about("Pull jobs from sacct (Slurm), bacct/bjobs (LSF) or the Kubernetes API (pods) into SQLite; per-job energy and usage from Prometheus; JSON API for Grafana (:9020)"),
         &opts(),
     )
 }
@@ -395,6 +428,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             let url = c.prometheus_url.clone().unwrap_or_else(|| prom.url.clone());
             let accounting: Arc<dyn Accounting> = match (c.manager.as_str(), &rest) {
                 ("lsf", _) => Arc::new(lsf_accounting(&c)?),
+                ("k8s", _) => Arc::new(k8s_accounting(&c)?),
                 (_, Some(rest)) => Arc::new(RestAccounting {
                     endpoint: c
                         .slurmrestd_url

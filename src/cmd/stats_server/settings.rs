@@ -127,6 +127,18 @@ pub(super) struct ClusterSettings {
     /// LSF: `NAME=value` variables its commands need (`LSF_ENVDIR=/opt/lsf/conf`).
     #[serde(default)]
     pub(super) lsf_env: Vec<String>,
+    /// Kubernetes: the API server's kubeconfig (None: the in-cluster service account).
+    #[serde(default)]
+    pub(super) kubeconfig: Option<PathBuf>,
+    /// Kubernetes: annotations naming a pod's user (default `ceems.io/created-by`).
+    #[serde(default)]
+    pub(super) k8s_user_annotations: Option<Vec<String>>,
+    /// Kubernetes: annotations naming a pod's project (default: none, the namespace).
+    #[serde(default)]
+    pub(super) k8s_project_annotations: Option<Vec<String>>,
+    /// Kubernetes: extended resources that are GPUs (default `nvidia.com/gpu`, `amd.com/gpu`).
+    #[serde(default)]
+    pub(super) k8s_gpu_resources: Option<Vec<String>>,
     #[serde(default)]
     pub(super) sacct_path: Option<PathBuf>,
     #[serde(default)]
@@ -182,6 +194,10 @@ pub(super) fn clusters(
             manager: slurm_manager(),
             lsf_bin_dir: None,
             lsf_env: Vec::new(),
+            kubeconfig: None,
+            k8s_user_annotations: None,
+            k8s_project_annotations: None,
+            k8s_gpu_resources: None,
             sacct_path: None,
             sacctmgr_path: None,
             slurm_cluster_name: None,
@@ -202,15 +218,24 @@ pub(super) fn clusters(
             || c.slurm_cluster_name.is_some()
             || c.slurmrestd_url.is_some();
         let lsf_keys = c.lsf_bin_dir.is_some() || !c.lsf_env.is_empty();
+        let k8s_keys = c.kubeconfig.is_some()
+            || c.k8s_user_annotations.is_some()
+            || c.k8s_project_annotations.is_some()
+            || c.k8s_gpu_resources.is_some();
         match c.manager.as_str() {
             "slurm" => anyhow::ensure!(
-                !lsf_keys,
-                "clusters: `{}` is a Slurm cluster; lsf-bin-dir and lsf-env are for manager = \"lsf\"",
+                !lsf_keys && !k8s_keys,
+                "clusters: `{}` is a Slurm cluster; lsf-* keys are for manager = \"lsf\", kubeconfig and k8s-* for manager = \"k8s\"",
+                c.id
+            ),
+            "k8s" => anyhow::ensure!(
+                !slurm_keys && !lsf_keys,
+                "clusters: `{}` is a Kubernetes cluster; sacct-path, sacctmgr-path, slurm-cluster-name, slurmrestd-url and lsf-* are not its keys",
                 c.id
             ),
             "lsf" => {
                 anyhow::ensure!(
-                    !slurm_keys,
+                    !slurm_keys && !k8s_keys,
                     "clusters: `{}` is an LSF cluster; sacct-path, sacctmgr-path, slurm-cluster-name and slurmrestd-url are for Slurm",
                     c.id
                 );
@@ -219,7 +244,7 @@ pub(super) fn clusters(
                 }
             }
             other => anyhow::bail!(
-                "clusters: `{}`: manager `{other}` is not one the stats-server reads (slurm, lsf)",
+                "clusters: `{}`: manager `{other}` is not one the stats-server reads (slurm, lsf, k8s)",
                 c.id
             ),
         }

@@ -209,8 +209,8 @@ impl KubeClient {
         })
     }
 
-    /// The body of `GET <server><path>`.
-    pub fn get(&self, path: &str) -> Result<String, KubeError> {
+    /// The answer to `GET <server><path>`, with the bearer token.
+    fn call(&self, path: &str) -> Result<ureq::Response, KubeError> {
         let url = format!("{}{path}", self.server);
         let failed = |message: String| KubeError::Request {
             url: url.clone(),
@@ -231,13 +231,28 @@ impl KubeClient {
             request = request.set("Authorization", &format!("Bearer {t}"));
         }
         match request.call() {
-            Ok(r) => r.into_string().map_err(|e| failed(e.to_string())),
+            Ok(r) => Ok(r),
             Err(ureq::Error::Status(code, r)) => Err(failed(format!(
                 "{code}: {}",
                 r.into_string().unwrap_or_default().trim()
             ))),
             Err(e) => Err(failed(e.to_string())),
         }
+    }
+
+    /// The body of `GET <server><path>`.
+    pub fn get(&self, path: &str) -> Result<String, KubeError> {
+        self.call(path)?
+            .into_string()
+            .map_err(|e| KubeError::Request {
+                url: format!("{}{path}", self.server),
+                message: e.to_string(),
+            })
+    }
+
+    /// The body of `GET <server><path>` as it arrives: a watch's events, one JSON per line.
+    pub fn stream(&self, path: &str) -> Result<Box<dyn std::io::Read + Send + Sync>, KubeError> {
+        Ok(self.call(path)?.into_reader())
     }
 
     /// The pods of node `node` (every pod without one).

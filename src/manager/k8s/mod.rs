@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+pub mod accounting;
 pub mod api;
+pub mod pod;
 pub mod podresources;
 
 use crate::collect::gpu::{self, GpuDevice};

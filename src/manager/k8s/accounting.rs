@@ -1,0 +1,466 @@
+//! The stats-server's side of Kubernetes: pods from the API server, listed once and then
+//! followed with a watch from the list's resource version. A watch that ends (the server's
+//! timeout, a dropped connection) is resumed from the last version seen; `410 Gone` (that
+//! version is too old) forces a new list. Pods that end are kept a week, so that the
+//! stats-server's windows see them end. Users' projects are the namespaces RoleBindings give them.
+
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::api::KubeClient;
+use super::pod::{record, Pod, PodPolicy};
+use crate::host::ParseError;
+use crate::manager::{Accounting, AccountingError, Associations, UnitRecords};
+
+/// How long ended pods are kept.
+const KEEP_ENDED: i64 = 7 * 86_400;
+/// What a watch asks the server to hold it open for.
+pub const WATCH_SECONDS: u64 = 300;
+
+/// A pod as the store holds it.
+#[derive(Debug)]
+struct Held {
+    pod: Pod,
+    /// When the watch saw it deleted.
+    deleted: Option<i64>,
+    /// When the store learned its latest change: a pod that ended long before a list found
+    /// it ended is still reported once.
+    changed: i64,
+}
+
+/// The pods the watch knows.
+#[derive(Debug, Default)]
+pub struct PodStore {
+    pods: HashMap<String, Held>,
+    /// The last resource version seen; None: list again.
+    pub version: Option<String>,
+    /// Lists and watches begun, for the logs and tests.
+    pub lists: u64,
+    pub watches: u64,
+}
+
+#[derive(Deserialize)]
+struct PodList {
+    #[serde(default)]
+    metadata: ListMeta,
+    #[serde(default)]
+    items: Vec<Pod>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListMeta {
+    #[serde(default)]
+    resource_version: String,
+}
+
+#[derive(Deserialize)]
+struct WatchEvent {
+    #[serde(rename = "type")]
+    kind: String,
+    object: serde_json::Value,
+}
+
+impl PodStore {
+    /// Takes a list: pods it lacks that the store had alive are gone (deleted while no watch
+    /// ran).
+    pub fn apply_list(&mut self, json: &str, now: i64) -> Result<(), String> {
+        let list: PodList = serde_json::from_str(json).map_err(|e| format!("pod list: {e}"))?;
+        let listed: HashMap<String, Pod> = list
+            .items
+            .into_iter()
+            .filter(|p| !p.metadata.uid.is_empty())
+            .map(|p| (p.metadata.uid.clone(), p))
+            .collect();
+        for (uid, held) in self.pods.iter_mut() {
+            if !listed.contains_key(uid) && held.deleted.is_none() {
+                held.deleted = Some(now);
+                held.changed = now;
+            }
+        }
+        for (uid, pod) in listed {
+            let same = self.pods.get(&uid).is_some_and(|h| {
+                h.deleted.is_none()
+                    && h.pod.metadata.resource_version == pod.metadata.resource_version
+            });
+            if !same {
+                self.pods.insert(
+                    uid,
+                    Held {
+                        pod,
+                        deleted: None,
+                        changed: now,
+                    },
+                );
+            }
+        }
+        self.version = Some(list.metadata.resource_version).filter(|v| !v.is_empty());
+        self.lists += 1;
+        Ok(())
+    }
+
+    /// Takes one watch event line. Ok(false): the version is gone, list again.
+    pub fn apply_event(&mut self, line: &str, now: i64) -> Result<bool, String> {
+        let event: WatchEvent =
+            serde_json::from_str(line).map_err(|e| format!("watch event: {e}"))?;
+        if event.kind == "ERROR" {
+            let code = event.object.get("code").and_then(|c| c.as_i64());
+            return match code {
+                Some(410) => Ok(false),
+                _ => Err(format!("watch error: {}", event.object)),
+            };
+        }
+        let pod: Pod =
+            serde_json::from_value(event.object).map_err(|e| format!("watch event object: {e}"))?;
+        if !pod.metadata.resource_version.is_empty() {
+            self.version = Some(pod.metadata.resource_version.clone());
+        }
+        let deleted = match event.kind.as_str() {
+            "ADDED" | "MODIFIED" => None,
+            "DELETED" => Some(now),
+            // BOOKMARK: only its version.
+            _ => return Ok(true),
+        };
+        if !pod.metadata.uid.is_empty() {
+            self.pods.insert(
+                pod.metadata.uid.clone(),
+                Held {
+                    pod,
+                    deleted,
+                    changed: now,
+                },
+            );
+        }
+        Ok(true)
+    }
+
+    /// Forgets pods that ended long ago.
+    pub fn prune(&mut self, policy: &PodPolicy, now: i64) {
+        self.pods.retain(|_, h| {
+            record(&h.pod, policy, h.deleted, now)
+                .end
+                .is_none_or(|end| now - end.max(h.changed) < KEEP_ENDED)
+        });
+    }
+
+    /// Records of the pods alive, or that ended or changed in the last `seconds_ago` seconds.
+    pub fn records(&self, policy: &PodPolicy, seconds_ago: i64, now: i64) -> UnitRecords {
+        let since = now.saturating_sub(seconds_ago);
+        let records: Vec<_> = self
+            .pods
+            .values()
+            .filter_map(|h| {
+                let r = record(&h.pod, policy, h.deleted, now);
+                (r.end.is_none_or(|end| end >= since) || h.changed >= since).then_some(Ok(r))
+            })
+            .collect();
+        Box::new(records.into_iter())
+    }
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// One cluster's pods, followed by a thread of its own.
+pub struct K8sAccounting {
+    store: Arc<Mutex<PodStore>>,
+    policy: PodPolicy,
+    client: Arc<KubeClient>,
+}
+
+impl K8sAccounting {
+    /// Starts following the pods: `client` for lists, `watcher` (whose timeout outlasts a
+    /// watch) for watches.
+    pub fn start(
+        client: KubeClient,
+        watcher: KubeClient,
+        policy: PodPolicy,
+        cluster: &str,
+    ) -> K8sAccounting {
+        let store = Arc::new(Mutex::new(PodStore::default()));
+        let client = Arc::new(client);
+        let (s, c, p) = (Arc::clone(&store), Arc::clone(&client), policy.clone());
+        let cluster = cluster.to_owned();
+        let spawned = std::thread::Builder::new()
+            .name("ceems-k8s-watch".into())
+            .spawn(move || follow(&s, &c, &watcher, &p, &cluster));
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the pod watch");
+        }
+        K8sAccounting {
+            store,
+            policy,
+            client,
+        }
+    }
+
+    pub fn store(&self) -> Arc<Mutex<PodStore>> {
+        Arc::clone(&self.store)
+    }
+}
+
+/// Lists, then watches from the list's version, for ever.
+fn follow(
+    store: &Mutex<PodStore>,
+    client: &KubeClient,
+    watcher: &KubeClient,
+    policy: &PodPolicy,
+    cluster: &str,
+) {
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let version = store
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .version
+            .clone();
+        let began = std::time::Instant::now();
+        let watching = version.is_some();
+        let result = match version {
+            None => client
+                .get("/api/v1/pods")
+                .map_err(|e| e.to_string())
+                .and_then(|body| {
+                    let mut s = store.lock().unwrap_or_else(|p| p.into_inner());
+                    s.apply_list(&body, now())?;
+                    s.prune(policy, now());
+                    tracing::info!(cluster, version = ?s.version, "pods listed");
+                    Ok(())
+                }),
+            Some(v) => watch(store, watcher, &v),
+        };
+        match result {
+            Ok(()) => {
+                backoff = Duration::from_secs(1);
+                // A server that ends watches at once must not be asked in a tight loop.
+                if watching && began.elapsed() < Duration::from_secs(1) {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+            Err(e) => {
+                tracing::warn!(cluster, error = %e, retry_in = ?backoff, "pod list or watch failed");
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(60));
+            }
+        }
+    }
+}
+
+/// One watch from `version` until the server ends it.
+fn watch(store: &Mutex<PodStore>, watcher: &KubeClient, version: &str) -> Result<(), String> {
+    let path = format!(
+        "/api/v1/pods?watch=1&allowWatchBookmarks=true&timeoutSeconds={WATCH_SECONDS}&resourceVersion={}",
+        form_urlencoded::byte_serialize(version.as_bytes()).collect::<String>()
+    );
+    store.lock().unwrap_or_else(|p| p.into_inner()).watches += 1;
+    let body = watcher.stream(&path).map_err(|e| e.to_string())?;
+    // A line is one event.
+    for line in std::io::BufReader::new(body).lines() {
+        let line = line.map_err(|e| format!("watch stream: {e}"))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let mut s = store.lock().unwrap_or_else(|p| p.into_inner());
+        match s.apply_event(&line, now()) {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::info!(version, "watch version expired (410 Gone): listing again");
+                s.version = None;
+                return Ok(());
+            }
+            Err(e) => tracing::warn!(error = %e, "skipping a watch event"),
+        }
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+struct BindingList {
+    #[serde(default)]
+    items: Vec<Binding>,
+}
+
+#[derive(Deserialize)]
+struct Binding {
+    #[serde(default)]
+    metadata: super::pod::Metadata,
+    #[serde(default)]
+    subjects: Vec<Subject>,
+}
+
+#[derive(Deserialize)]
+struct Subject {
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    name: String,
+}
+
+/// Users and their namespaces from a `RoleBindingList`: subjects of kind `User`.
+pub fn parse_bindings(json: &str) -> Result<Associations, String> {
+    let list: BindingList =
+        serde_json::from_str(json).map_err(|e| format!("role bindings: {e}"))?;
+    let mut a = Associations::default();
+    for b in list.items {
+        let ns = b.metadata.namespace;
+        if ns.is_empty() {
+            continue;
+        }
+        if !a.projects.contains(&ns) {
+            a.projects.push(ns.clone());
+        }
+        for s in b
+            .subjects
+            .into_iter()
+            .filter(|s| s.kind == "User" && !s.name.is_empty())
+        {
+            let pair = (s.name, ns.clone());
+            if !a.members.contains(&pair) {
+                a.members.push(pair);
+            }
+        }
+    }
+    Ok(a)
+}
+
+impl Accounting for K8sAccounting {
+    fn manager(&self) -> &'static str {
+        super::MANAGER
+    }
+
+    fn units_since(&self, seconds_ago: i64) -> Result<UnitRecords, AccountingError> {
+        let store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        if store.lists == 0 {
+            return Err(AccountingError::Other(
+                "the pods have not been listed yet".into(),
+            ));
+        }
+        Ok(store.records(&self.policy, seconds_ago.max(0), now()))
+    }
+
+    fn unit(&self, id: &str) -> Result<UnitRecords, AccountingError> {
+        let store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        let records: Vec<_> = store
+            .records(&self.policy, i64::MAX / 4, now())
+            .filter(|r| r.as_ref().is_ok_and(|r| r.uuid == id))
+            .collect();
+        Ok(Box::new(records.into_iter()))
+    }
+
+    fn associations(&self) -> Option<Result<(Associations, Vec<ParseError>), AccountingError>> {
+        Some(
+            self.client
+                .get("/apis/rbac.authorization.k8s.io/v1/rolebindings")
+                .map_err(|e| AccountingError::Other(e.to_string()))
+                .and_then(|body| parse_bindings(&body).map_err(AccountingError::Other))
+                .map(|a| (a, Vec::new())),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(uid: &str, phase: &str, version: &str) -> String {
+        format!(
+            r#"{{"metadata":{{"name":"p-{uid}","namespace":"ml","uid":"{uid}","resourceVersion":"{version}","creationTimestamp":"2026-11-25T10:00:00Z","annotations":{{"ceems.io/created-by":"alice"}}}},"spec":{{"nodeName":"n1"}},"status":{{"phase":"{phase}","startTime":"2026-11-25T10:00:10Z"}}}}"#
+        )
+    }
+
+    #[test]
+    fn list_then_events_then_gone_then_list_again() {
+        let mut s = PodStore::default();
+        let now = crate::manager::civil::parse_rfc3339("2026-11-25T11:00:00Z").unwrap();
+        let list = format!(
+            r#"{{"metadata":{{"resourceVersion":"100"}},"items":[{},{}]}}"#,
+            pod("a", "Running", "90"),
+            pod("b", "Pending", "95")
+        );
+        s.apply_list(&list, now).unwrap();
+        assert_eq!(s.version.as_deref(), Some("100"));
+        assert!(s
+            .apply_event(
+                &format!(
+                    r#"{{"type":"MODIFIED","object":{}}}"#,
+                    pod("b", "Running", "101")
+                ),
+                now
+            )
+            .unwrap());
+        assert!(s
+            .apply_event(
+                &format!(
+                    r#"{{"type":"DELETED","object":{}}}"#,
+                    pod("a", "Running", "102")
+                ),
+                now
+            )
+            .unwrap());
+        assert!(s.apply_event(r#"{"type":"BOOKMARK","object":{"kind":"Pod","metadata":{"resourceVersion":"105"}}}"#, now).unwrap());
+        assert_eq!(s.version.as_deref(), Some("105"));
+        let policy = PodPolicy::default();
+        let mut got: Vec<(String, String)> = s
+            .records(&policy, 3600, now)
+            .map(|r| r.unwrap())
+            .map(|r| (r.uuid, r.state))
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                ("a".into(), "CANCELLED".into()),
+                ("b".into(), "RUNNING".into())
+            ]
+        );
+        assert!(!s
+            .apply_event(
+                r#"{"type":"ERROR","object":{"kind":"Status","code":410,"reason":"Expired"}}"#,
+                now
+            )
+            .unwrap());
+        assert!(s.apply_event("{not json", now).is_err());
+        // Listed again without b: it ended while nobody watched.
+        let list = format!(
+            r#"{{"metadata":{{"resourceVersion":"200"}},"items":[{}]}}"#,
+            pod("c", "Running", "150")
+        );
+        s.apply_list(&list, now + 60).unwrap();
+        let b = s
+            .records(&policy, 3600, now + 60)
+            .map(|r| r.unwrap())
+            .find(|r| r.uuid == "b")
+            .unwrap();
+        assert_eq!((b.state.as_str(), b.end), ("CANCELLED", Some(now + 60)));
+        // A week later the ended pods are forgotten.
+        s.prune(&policy, now + KEEP_ENDED + 120);
+        assert_eq!(s.records(&policy, i64::MAX / 4, now).count(), 1);
+    }
+
+    #[test]
+    fn role_bindings_give_users_their_namespaces() {
+        let doc = r#"{"items":[
+          {"metadata":{"name":"edit","namespace":"ml"},"subjects":[{"kind":"User","name":"alice"},{"kind":"ServiceAccount","name":"ci"},{"kind":"Group","name":"devs"}]},
+          {"metadata":{"name":"view","namespace":"web"},"subjects":[{"kind":"User","name":"alice"},{"kind":"User","name":"bob"}]}
+        ]}"#;
+        let a = parse_bindings(doc).unwrap();
+        assert_eq!(a.projects, ["ml", "web"]);
+        assert_eq!(
+            a.members,
+            [
+                ("alice".into(), "ml".into()),
+                ("alice".into(), "web".into()),
+                ("bob".into(), "web".into())
+            ]
+        );
+        assert!(parse_bindings("[").is_err());
+    }
+}

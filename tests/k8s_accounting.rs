@@ -1,0 +1,250 @@
+//! The stats-server on a Kubernetes cluster: a stand-in API server over real HTTPS on
+//! 127.0.0.1 (behind a kubeconfig with its CA and a token) serves a pod list, then watches
+//! shaped like the real API's (events one JSON per line; one watch that ends and is resumed
+//! from its last version; one answered `410 Gone`, which forces a new list), and RoleBindings.
+//! The pods reach `/units` with `resource_manager = "k8s"`, their owner, project, allocation
+//! and end; a user sees their own pods, and their projects are the namespaces RoleBindings
+//! give them.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use common::http::{Request, Response, TestServer};
+use serde_json::{json, Value};
+
+fn pod(uid: &str, ns: &str, owner: Option<&str>, phase: &str, version: &str) -> Value {
+    let mut annotations = serde_json::Map::new();
+    if let Some(o) = owner {
+        annotations.insert("ceems.io/created-by".into(), json!(o));
+    }
+    let mut status =
+        json!({"phase": phase, "qosClass": "Burstable", "startTime": "2026-11-25T10:00:10Z"});
+    if phase == "Succeeded" {
+        status["containerStatuses"] = json!([{"state": {"terminated": {"exitCode": 0, "finishedAt": "2026-11-25T10:30:10Z"}}}]);
+    }
+    json!({
+        "kind": "Pod",
+        "metadata": {"name": format!("pod-{uid}"), "namespace": ns, "uid": uid, "resourceVersion": version,
+                     "creationTimestamp": "2026-11-25T10:00:00Z", "annotations": annotations},
+        "spec": {"nodeName": "gpu-01", "serviceAccountName": "trainer", "containers": [
+            {"resources": {"limits": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "1"}}}]},
+        "status": status
+    })
+}
+
+fn lines(events: &[(&str, Value)]) -> Vec<u8> {
+    events
+        .iter()
+        .map(|(kind, object)| format!("{}\n", json!({"type": kind, "object": object})))
+        .collect::<String>()
+        .into_bytes()
+}
+
+fn units(server: &common::Running, path: &str, user: &str) -> Vec<Value> {
+    let body = ureq::get(&server.url(path))
+        .set("X-Grafana-User", user)
+        .call()
+        .unwrap_or_else(|e| panic!("GET {path} as {user}: {e}"))
+        .into_string()
+        .unwrap();
+    let v: Value = serde_json::from_str(&body).unwrap();
+    v["data"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn pods_are_listed_watched_resumed_and_listed_again_after_410() {
+    const A: &str = "aaaaaaaa-0000-4000-8000-000000000001";
+    const B: &str = "bbbbbbbb-0000-4000-8000-000000000002";
+    const C: &str = "cccccccc-0000-4000-8000-000000000003";
+    let lists = Arc::new(AtomicUsize::new(0));
+    let l = Arc::clone(&lists);
+    let api = TestServer::start(
+        true,
+        Arc::new(move |req: &Request| {
+            if req.header("authorization") != Some("Bearer s3cret") {
+                return Response::json(401, json!({"kind": "Status", "code": 401}));
+            }
+            let q = req.target.as_str();
+            match req.path() {
+                "/apis/rbac.authorization.k8s.io/v1/rolebindings" => Response::json(
+                    200,
+                    json!({"items": [
+                        {"metadata": {"name": "edit", "namespace": "ml"}, "subjects": [{"kind": "User", "name": "alice"}]}
+                    ]}),
+                ),
+                "/api/v1/pods" if !q.contains("watch=1") => {
+                    let items = match l.fetch_add(1, Ordering::SeqCst) {
+                        0 => (
+                            json!([
+                                pod(A, "ml", Some("alice"), "Running", "90"),
+                                pod(B, "web", None, "Pending", "95")
+                            ]),
+                            "100",
+                        ),
+                        // B was deleted while no watch ran.
+                        _ => (
+                            json!([
+                                pod(A, "ml", Some("alice"), "Succeeded", "190"),
+                                pod(C, "ml", Some("bob"), "Running", "150")
+                            ]),
+                            "200",
+                        ),
+                    };
+                    Response::json(
+                        200,
+                        json!({"kind": "PodList", "metadata": {"resourceVersion": items.1}, "items": items.0}),
+                    )
+                }
+                "/api/v1/pods" if q.contains("resourceVersion=100") => Response::raw(
+                    200,
+                    lines(&[
+                        ("MODIFIED", pod(B, "web", None, "Running", "101")),
+                        ("ADDED", pod(C, "ml", Some("bob"), "Running", "102")),
+                    ]),
+                ),
+                "/api/v1/pods" if q.contains("resourceVersion=102") => Response::raw(
+                    200,
+                    lines(&[(
+                        "ERROR",
+                        json!({"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version: 102 (180)"}),
+                    )]),
+                ),
+                // Later watches end without news.
+                "/api/v1/pods" => Response::raw(200, Vec::new()),
+                _ => Response::json(404, json!({"kind": "Status", "code": 404})),
+            }
+        }),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // The server drops to nobody when started as root.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let kubeconfig = dir.join("kubeconfig.yml");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nclusters:\n- name: lab\n  cluster:\n    server: {}\n    certificate-authority-data: {}\ncontexts:\n- name: lab\n  context: {{cluster: lab, user: ceems}}\ncurrent-context: lab\nusers:\n- name: ceems\n  user: {{token: s3cret}}\n",
+            api.url(),
+            base64::engine::general_purpose::STANDARD.encode(&api.cert_pem)
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&kubeconfig, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let config = dir.join("ceems.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[stats-server.web]\nadmin-users = [\"root\"]\n\n[[stats-server.clusters]]\nid = \"kube\"\nmanager = \"k8s\"\nkubeconfig = \"{}\"\n",
+            kubeconfig.display()
+        ),
+    )
+    .unwrap();
+    let server = common::start_subcommand(
+        "stats-server",
+        dir,
+        &[
+            &format!("--config.file={}", config.display()),
+            &format!("--storage.data.path={}", dir.join("data").display()),
+            "--storage.update-interval=1s",
+        ],
+        &[],
+    );
+    let all = "/api/v1/units/admin?from=0&field=uuid&field=user&field=project&field=qos&field=state&field=exit_code&field=alloc_cpus&field=alloc_gpus&field=alloc_mem_bytes&field=ended_at_ts&field=resource_manager";
+    let start = Instant::now();
+    let admin = loop {
+        let got = units(&server, all, "root");
+        let state = |uid: &str| {
+            got.iter()
+                .find(|u| u["uuid"] == uid)
+                .map(|u| u["state"].as_str().unwrap_or("").to_owned())
+        };
+        if state(A).as_deref() == Some("COMPLETED")
+            && state(B).as_deref() == Some("CANCELLED")
+            && state(C).as_deref() == Some("RUNNING")
+        {
+            break got;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "not followed: {got:#?}\nasked: {:?}",
+            api.seen()
+                .iter()
+                .map(|r| r.target.clone())
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let of = |uid: &str| admin.iter().find(|u| u["uuid"] == uid).unwrap().clone();
+    let a = of(A);
+    assert_eq!(
+        (a["user"].as_str(), a["project"].as_str()),
+        (Some("alice"), Some("ml"))
+    );
+    assert_eq!(
+        (a["alloc_cpus"].as_u64(), a["alloc_gpus"].as_u64()),
+        (Some(2), Some(1))
+    );
+    assert_eq!(a["alloc_mem_bytes"].as_u64(), Some(4 << 30));
+    assert_eq!(a["resource_manager"], "k8s");
+    assert!(a["ended_at_ts"].as_i64().is_some(), "{a}");
+    let b = of(B);
+    assert_eq!(b["user"], "system:serviceaccount:web:trainer");
+    assert!(b["ended_at_ts"].as_i64().is_some(), "{b}");
+    assert_eq!(of(C)["user"], "bob");
+
+    // The order of what was asked: list, watch from it, the resumed watch, 410, list again.
+    let asked: Vec<String> = api
+        .seen()
+        .iter()
+        .map(|r| r.target.clone())
+        .filter(|t| t.starts_with("/api/v1/pods"))
+        .collect();
+    let at = |needle: &str| {
+        asked
+            .iter()
+            .position(|t| t.contains(needle))
+            .unwrap_or_else(|| panic!("never asked for {needle}: {asked:?}"))
+    };
+    assert_eq!(asked[0], "/api/v1/pods");
+    assert!(
+        at("resourceVersion=100") < at("resourceVersion=102"),
+        "{asked:?}"
+    );
+    assert!(
+        at("resourceVersion=102") < at("resourceVersion=200"),
+        "{asked:?}"
+    );
+    assert!(
+        asked[1..at("resourceVersion=200")].contains(&"/api/v1/pods".to_owned()),
+        "{asked:?}"
+    );
+    assert!(
+        asked
+            .iter()
+            .all(|t| t == "/api/v1/pods" || t.contains("watch=1&allowWatchBookmarks=true")),
+        "{asked:?}"
+    );
+
+    // Each user's units are their own pods; alice's projects are her RoleBindings' namespaces.
+    let mine = "/api/v1/units?from=0&field=uuid";
+    let ids = |user: &str| {
+        let mut v: Vec<String> = units(&server, mine, user)
+            .iter()
+            .filter_map(|u| u["uuid"].as_str().map(str::to_owned))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(ids("alice"), [A]);
+    assert_eq!(ids("bob"), [C]);
+    assert!(ids("mallory").is_empty());
+    let projects = units(&server, "/api/v1/projects", "alice");
+    let names: Vec<&str> = projects.iter().filter_map(|p| p["name"].as_str()).collect();
+    assert_eq!(names, ["ml"], "{projects:?}");
+    assert!(units(&server, "/api/v1/projects", "bob").is_empty());
+}
