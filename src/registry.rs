@@ -232,18 +232,26 @@ fn alloy_manager_capabilities(manager: &str) -> &'static [Capability] {
     match manager {
         manager::slurm::MANAGER => manager::slurm::SPEC.capabilities,
         manager::lsf::MANAGER => manager::lsf::SPEC.capabilities,
+        // Pods' processes run as any user: their environments (--discoverer.alloy-targets.env-var).
+        manager::k8s::MANAGER => &[Capability::CAP_SYS_PTRACE, Capability::CAP_DAC_READ_SEARCH],
         _ => &[],
     }
 }
 
-/// The manager whose units the Alloy discoverer lists: the one named, else LSF when its
-/// collector is on and Slurm's is not (as CEEMS picks the enabled one), else Slurm.
+/// The manager whose units the Alloy discoverer lists: the one named, else the one whose
+/// collector is on when Slurm's is not (as CEEMS picks the enabled one), else Slurm.
 fn alloy_manager(alloy: &AlloySettings, selection: &Selection) -> &'static str {
     let on = |name: &str| selection.enabled.iter().any(|(spec, _)| spec.name == name);
+    let others = [manager::lsf::MANAGER, manager::k8s::MANAGER];
     match alloy.resource_manager.as_str() {
-        manager::lsf::MANAGER => manager::lsf::MANAGER,
-        "" if on(manager::lsf::MANAGER) && !on(manager::slurm::MANAGER) => manager::lsf::MANAGER,
-        _ => manager::slurm::MANAGER,
+        "" if !on(manager::slurm::MANAGER) => others
+            .into_iter()
+            .find(|m| on(m))
+            .unwrap_or(manager::slurm::MANAGER),
+        named => others
+            .into_iter()
+            .find(|m| *m == named)
+            .unwrap_or(manager::slurm::MANAGER),
     }
 }
 
@@ -278,6 +286,11 @@ pub fn alloy_targets(settings: &Layered) -> Result<Option<AlloyTargets>, Collect
             // Discovery needs only the cgroups: bjobs is not asked.
             std::path::Path::new(""),
             "",
+        )),
+        manager::k8s::MANAGER => Box::new(manager::k8s::K8sManager::new(
+            &paths.cgroupfs,
+            version,
+            &common.cgroups.active_subsystem,
         )),
         _ => Box::new(manager::slurm::SlurmManager::new(
             &paths.cgroupfs,
@@ -507,6 +520,7 @@ mod tests {
             &["--discoverer.alloy-targets.resource-manager=slurm"][..],
             &["--discoverer.alloy-targets", "--collector.lsf"][..],
             &["--discoverer.alloy-targets.resource-manager=lsf"][..],
+            &["--discoverer.alloy-targets", "--collector.k8s"][..],
         ] {
             let needed = needed_capabilities(&exporter_settings(args)).unwrap();
             for cap in manager::slurm::SPEC.capabilities {

@@ -1012,7 +1012,12 @@ fn k8s_trees(version: &str, pods: &BTreeMap<String, f64>) -> tempfile::TempDir {
             })
             .unwrap_or(1)
     };
+    // One of the pack's processes in each pod's container.
+    let pids = [
+        46231, 46281, 46235, 46236, 46233, 26242, 26231, 26232, 26233, 26235,
+    ];
     for (i, (uid, cpus)) in pods.iter().enumerate() {
+        let pid = pids[i % pids.len()];
         let qos = match (*cpus, uid.as_str()) {
             (
                 _,
@@ -1034,6 +1039,11 @@ fn k8s_trees(version: &str, pods: &BTreeMap<String, f64>) -> tempfile::TempDir {
                 let pod = cgroup.join(controller).join(&rel);
                 copy_files(&from, &pod);
                 copy_files(&from, &pod.join("f92b308ade447d0f"));
+                std::fs::write(
+                    pod.join("f92b308ade447d0f/cgroup.procs"),
+                    format!("{pid}\n"),
+                )
+                .expect("procs");
                 if controller == "cpu,cpuacct" {
                     std::fs::write(pod.join("cpu.shares"), format!("{}\n", shares(*cpus)))
                         .expect("shares");
@@ -1044,6 +1054,11 @@ fn k8s_trees(version: &str, pods: &BTreeMap<String, f64>) -> tempfile::TempDir {
             let pod = cgroup.join(&rel);
             copy_files(&from, &pod);
             copy_files(&from, &pod.join("f92b308ade447d0f"));
+            std::fs::write(
+                pod.join("f92b308ade447d0f/cgroup.procs"),
+                format!("{pid}\n"),
+            )
+            .expect("procs");
             std::fs::write(pod.join("cpu.weight"), format!("{}\n", weight(*cpus))).expect("weight");
             // The pack's Slurm jobs have no block IO; its VMs' io.stat has the kernel's shape.
             let vm_io = root
@@ -1211,4 +1226,61 @@ fn cgroupsv1_k8s() {
     assert!(here.len() >= 4, "{here:?}");
     assert_eq!(whole_gpu_flags(&ours), here);
     assert!(!api.seen().is_empty(), "the API server was not asked");
+}
+
+/// The Alloy discoverer on the k8s trees, picked because the k8s collector is on: one target
+/// per process of each pod (its containers' included), named by the pod UID.
+#[test]
+fn discoverer_k8s() {
+    let expected =
+        std::fs::read_to_string(expected_file("cgroupsv2-k8s-nogpu", Generation::Current))
+            .expect("upstream output");
+    let pods = pod_cpus(&expected);
+    let trees = k8s_trees("v2", &pods);
+    // What the trees put in each pod: every cgroup.procs below it.
+    let mut want = BTreeSet::new();
+    for uid in pods.keys() {
+        let qos = ["", "burstable/", "besteffort/"]
+            .iter()
+            .map(|q| trees.path().join(format!("cgroup/kubepods/{q}pod{uid}")))
+            .find(|p| p.is_dir())
+            .expect("pod dir");
+        for dir in [qos.clone(), qos.join("f92b308ade447d0f")] {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.split_whitespace() {
+                want.insert((uid.clone(), pid.to_owned()));
+            }
+        }
+    }
+    assert!(!want.is_empty());
+    let args = [
+        "--path.sysfs=sys".to_owned(),
+        format!("--path.cgroupfs={}", trees.path().join("cgroup").display()),
+        "--path.procfs=proc".into(),
+        "--discoverer.alloy-targets".into(),
+        "--collector.cgroups.force-version=v2".into(),
+        "--collector.k8s".into(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let exporter = start_exporter_env(&fixtures().join("compat"), &args, &[]);
+    let actual: serde_json::Value =
+        serde_json::from_str(&exporter.get("/alloy-targets")).expect("targets are JSON");
+    let got: BTreeSet<(String, String)> = actual
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|t| {
+            (
+                t["labels"]["service_name"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned(),
+                t["labels"]["__process_pid__"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(got, want);
 }
