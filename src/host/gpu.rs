@@ -14,6 +14,9 @@ pub struct GpuDevice {
     pub uuid: String,
     /// The MIG GPU instance id; None for a full GPU.
     pub gpu_instance_id: Option<u32>,
+    /// A MIG instance's own UUID (`MIG-…`), as Kubernetes' device plugin names it; None where
+    /// the tool does not say (nvidia-smi) or for a full GPU.
+    pub instance_uuid: Option<String>,
     /// Streaming multiprocessors of the device, when known.
     pub sm_count: Option<u32>,
     /// The share of the physical GPU: 1 for a full GPU, the instance's SMs over all
@@ -36,6 +39,7 @@ impl GpuDevice {
             minor,
             uuid: format!("GPU-{minor}"),
             gpu_instance_id,
+            instance_uuid: None,
             sm_count: None,
             fraction,
             model: "NVIDIA H100 80GB HBM3".into(),

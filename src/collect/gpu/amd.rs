@@ -51,6 +51,7 @@ pub fn parse_rocm_smi_csv(text: &str) -> Result<Vec<GpuDevice>, GpuError> {
             minor,
             uuid: uuid.to_owned(),
             gpu_instance_id: None,
+            instance_uuid: None,
             sm_count: model.and_then(cell).and_then(compute_units),
             fraction: 1.0,
             model: model.and_then(cell).unwrap_or_default().to_owned(),
@@ -109,6 +110,7 @@ pub fn parse_amd_smi_json(text: &str) -> Result<Vec<GpuDevice>, GpuError> {
                 g.uuid
             },
             gpu_instance_id: None,
+            instance_uuid: None,
             sm_count: None,
             fraction: 1.0,
             model: String::new(),

@@ -211,6 +211,7 @@ impl Collector for NvidiaCollector {
             if !physical.iter().any(|p| p.minor == d.minor) {
                 physical.push(GpuDevice {
                     gpu_instance_id: None,
+                    instance_uuid: None,
                     ..d.clone()
                 });
             }

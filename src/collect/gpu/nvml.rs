@@ -270,7 +270,7 @@ impl Nvml for RealNvml {
                         continue;
                     };
                     let sm = dev.attributes().ok().map(|a| a.multiprocessor_count);
-                    instances.push((gi, sm));
+                    instances.push((gi, sm, dev.uuid().ok()));
                 }
             }
             if instances.is_empty() {
@@ -279,6 +279,7 @@ impl Nvml for RealNvml {
                     minor,
                     uuid,
                     gpu_instance_id: None,
+                    instance_uuid: None,
                     sm_count: full_gpu_sm_count(&model),
                     fraction: 1.0,
                     model,
@@ -286,12 +287,13 @@ impl Nvml for RealNvml {
                     vgpu,
                 });
             } else {
-                for (gi, sm) in instances {
+                for (gi, sm, instance_uuid) in instances {
                     list.push(GpuDevice {
                         index: 0,
                         minor,
                         uuid: uuid.clone(),
                         gpu_instance_id: Some(gi),
+                        instance_uuid,
                         sm_count: sm,
                         fraction: 1.0,
                         model: model.clone(),

@@ -242,11 +242,13 @@ pub fn share_devices(
     uid_of: &HashMap<(String, String), String>,
     devices: &[GpuDevice],
 ) -> HashMap<String, Vec<(usize, f64)>> {
+    // A whole GPU by its UUID (`GPU-…`), a MIG instance by its own (`MIG-…`).
     let position = |id: &str| {
         let key = podresources::device_key(id);
-        devices
-            .iter()
-            .position(|d| d.gpu_instance_id.is_none() && d.uuid.to_ascii_lowercase() == key)
+        devices.iter().position(|d| match &d.instance_uuid {
+            Some(mig) => mig.to_ascii_lowercase() == key,
+            None => d.gpu_instance_id.is_none() && d.uuid.to_ascii_lowercase() == key,
+        })
     };
     let mut counts: HashMap<String, HashMap<usize, u32>> = HashMap::new();
     let mut totals: HashMap<usize, u32> = HashMap::new();
@@ -519,6 +521,40 @@ mod tests {
         assert_eq!(cpus_of_shares(2048), 2.0);
         assert_eq!(cpus_of_weight(79), 1.998);
         assert_eq!(cpus_of_weight(u64::MAX), cpus_of_weight(10_000));
+    }
+
+    #[test]
+    fn pods_share_whole_gpus_replicas_and_mig_instances() {
+        let mut devices: Vec<GpuDevice> = vec![
+            GpuDevice::for_test(0, 0, None, 1.0),
+            GpuDevice::for_test(1, 1, Some(1), 0.5),
+            GpuDevice::for_test(2, 1, Some(2), 0.5),
+        ];
+        devices[1].instance_uuid = Some("MIG-aaaa".into());
+        devices[2].instance_uuid = Some("MIG-bbbb".into());
+        let pod = |name: &str, ids: &[&str]| podresources::PodDevices {
+            namespace: "ml".into(),
+            name: name.into(),
+            devices: ids
+                .iter()
+                .map(|i| ("nvidia.com/gpu".to_owned(), (*i).to_owned()))
+                .collect(),
+        };
+        let pods = [
+            pod("a", &["GPU-0::1", "GPU-0::2", "GPU-0::3", "MIG-AAAA"]),
+            pod("b", &["gpu-0::4", "MIG-bbbb::1", "MIG-bbbb::2"]),
+            pod("c", &["MIG-bbbb::3", "GPU-unknown"]),
+            pod("not-listed", &["GPU-0::5"]),
+        ];
+        let uid_of: HashMap<(String, String), String> = ["a", "b", "c"]
+            .iter()
+            .map(|n| (("ml".to_owned(), (*n).to_owned()), format!("uid-{n}")))
+            .collect();
+        let held = share_devices(&pods, &uid_of, &devices);
+        assert_eq!(held["uid-a"], [(0, 0.75), (1, 1.0)]);
+        assert_eq!(held["uid-b"], [(0, 0.25), (2, 2.0 / 3.0)]);
+        assert_eq!(held["uid-c"], [(2, 1.0 / 3.0)]);
+        assert_eq!(held.len(), 3);
     }
 
     #[test]
