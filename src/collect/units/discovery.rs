@@ -3,10 +3,10 @@
 //! [`ResourceManager`]; this layer never names one.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::collect::CollectError;
-use crate::host::cgroup::FileFault;
+use crate::host::cgroup::{CgroupVersion, FileFault, Populated};
 use crate::host::gpu::GpuDevice;
 
 /// A unit's cgroup, as its manager's discovery found it.
@@ -65,4 +65,28 @@ pub trait ResourceManager: Send + Sync + 'static {
     }
     /// Forgets what it keeps of units that are gone.
     fn retain(&self, _present: &HashSet<&str>) {}
+}
+
+/// The units of `found` (uuid, directory, inode) whose directories hold a process, with
+/// their paths relative to `root`; `populated` forgets the directories no longer found.
+pub fn populated_units(
+    populated: &mut Populated,
+    version: CgroupVersion,
+    root: &Path,
+    found: &[(String, PathBuf, u64)],
+    faults: &mut Vec<FileFault>,
+) -> Vec<UnitCgroup> {
+    let present: HashSet<&Path> = found.iter().map(|(_, d, _)| d.as_path()).collect();
+    populated.retain(|k| present.contains(k));
+    found
+        .iter()
+        .filter(|(_, dir, ino)| populated.check(version, dir, Some(*ino), faults))
+        .map(|(uuid, dir, ino)| UnitCgroup {
+            uuid: uuid.clone(),
+            cgroup_host: String::new(),
+            rel: dir.strip_prefix(root).unwrap_or(dir).to_path_buf(),
+            dir: dir.clone(),
+            dir_ino: Some(*ino),
+        })
+        .collect()
 }

@@ -19,6 +19,7 @@ pub mod pod;
 pub mod podresources;
 
 use crate::collect::gpu::{self, GpuDevice};
+use crate::collect::units::discovery::populated_units;
 use crate::collect::units::{cgroup_version, SubCollector, UnitCollector};
 use crate::collect::{CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
@@ -404,24 +405,10 @@ impl ResourceManager for K8sManager {
         }
         let found = self.pods();
         let mut populated = self.populated.lock().unwrap_or_else(|p| p.into_inner());
-        let present: HashSet<&Path> = found.iter().map(|(_, d, _)| d.as_path()).collect();
-        populated.retain(|k| present.contains(k));
-        let mut units = Vec::new();
+        let mut units = populated_units(&mut populated, self.version, &self.root, &found, faults);
+        // The same pod under both drivers' slices: the first that holds a process.
         let mut seen = HashSet::new();
-        for (uid, dir, ino) in &found {
-            // The same pod under both drivers' slices: the first found.
-            if !seen.insert(uid.clone()) || !populated.check(self.version, dir, Some(*ino), faults)
-            {
-                continue;
-            }
-            units.push(UnitCgroup {
-                uuid: uid.clone(),
-                cgroup_host: String::new(),
-                rel: dir.strip_prefix(&self.root).unwrap_or(dir).to_path_buf(),
-                dir: dir.clone(),
-                dir_ino: Some(*ino),
-            });
-        }
+        units.retain(|u| seen.insert(u.uuid.clone()));
         Ok(units)
     }
 

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use crate::collect::gpu::{self, GpuDevice};
+use crate::collect::units::discovery::populated_units;
 use crate::collect::units::{cgroup_version, SubCollector, UnitCollector};
 use crate::collect::{Capability, CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
@@ -354,21 +355,7 @@ impl ResourceManager for LsfManager {
             }
         }
         let mut populated = self.populated.lock().unwrap_or_else(|p| p.into_inner());
-        let present: HashSet<&Path> = found.iter().map(|(_, d, _)| d.as_path()).collect();
-        populated.retain(|k| present.contains(k));
-        let mut units = Vec::new();
-        for (uuid, dir, ino) in &found {
-            if !populated.check(self.version, dir, Some(*ino), faults) {
-                continue;
-            }
-            units.push(UnitCgroup {
-                uuid: uuid.clone(),
-                cgroup_host: String::new(),
-                rel: dir.strip_prefix(&self.root).unwrap_or(dir).to_path_buf(),
-                dir: dir.clone(),
-                dir_ino: Some(*ino),
-            });
-        }
+        let units = populated_units(&mut populated, self.version, &self.root, &found, faults);
         drop(populated);
         // Before the units are read: their CPUs come from this answer.
         self.jobs(&units);
