@@ -354,7 +354,12 @@ impl K8sManager {
             }
             Err(e) => {
                 held.failed_at = Some(Instant::now());
-                tracing::warn!(error = %e, "cannot tell which GPUs pods hold; the last answer is kept");
+                let hint = if e.contains("Permission denied") {
+                    "; `ceems check-privileges exporter --collector.k8s` says how to let this user reach the socket"
+                } else {
+                    ""
+                };
+                tracing::warn!(error = %e, "cannot tell which GPUs pods hold; the last answer is kept{hint}");
             }
         }
     }
