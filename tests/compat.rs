@@ -1113,34 +1113,48 @@ fn whole_gpu_flags(text: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
-/// CEEMS's k8s scenario with NVIDIA GPUs (v1). The kubelet's pod-resources API is a gRPC
-/// stand-in on a unix socket, allocating each pod the GPUs upstream's output gives it (a
-/// shared GPU as time-slicing replicas, `GPU-…::n`); the API server is an HTTPS stand-in that
-/// names the pods, behind a kubeconfig with a CA and a token. Families against upstream's, the
-/// pods' CPUs and their whole GPUs with their shares by value. MIG instances are not compared:
-/// the device plugin names them by MIG UUID, which the v0.10 pack's nvidia-smi capture lacks.
-#[test]
-fn cgroupsv1_k8s() {
+/// `(pod, GPU, share)` of whole GPUs' flags: what a pod holds, whatever the device's index.
+fn held_gpus(text: &str) -> BTreeSet<(String, String, String)> {
+    whole_gpu_flags(text)
+        .into_iter()
+        .filter(|(k, _)| common::label_of(k, "index") != Some(""))
+        .filter_map(|(k, v)| {
+            let pod = common::label_of(&k, "uuid")?.to_owned();
+            let gpu = common::label_of(&k, "gpuuuid")?.to_owned();
+            Some((pod, gpu, format!("{v:.4}")))
+        })
+        .collect()
+}
+
+/// CEEMS's k8s scenarios with GPUs. The kubelet's pod-resources API is a gRPC stand-in on a
+/// unix socket, allocating each pod the whole GPUs upstream's output gives it (a shared GPU as
+/// time-slicing replicas, `<id>::n`); the API server is an HTTPS stand-in that names the pods,
+/// behind a kubeconfig with a CA and a token. Families against upstream's, the pods' CPUs, and
+/// which whole GPUs each pod holds with its share by value. MIG instances and AMD partitions
+/// are not compared: the device plugins name them by ids the v0.10 pack's GPU captures lack.
+fn k8s_with_gpus(version: &str, gpu: Gpu, redfish: bool) {
     use base64::Engine;
     use ceems::manager::k8s::podresources::{
         ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
     };
-    let scenario = "cgroupsv1-k8s";
-    let expected = std::fs::read_to_string(expected_file(scenario, Generation::Current))
+    let scenario = format!("cgroups{version}-k8s");
+    let expected = std::fs::read_to_string(expected_file(&scenario, Generation::Current))
         .expect("upstream output");
     let pods = pod_cpus(&expected);
-    let trees = k8s_trees("v1", &pods);
+    let trees = k8s_trees(version, &pods);
     let name_of_pod = |uid: &str| format!("pod-{}", &uid[..8]);
+    // Upstream also flags GPUs of a pod with no cgroup on the node (v1's 6c22124f, which only
+    // its kubelet mock lists); a pod that is not here has no series here.
+    let want: BTreeSet<(String, String, String)> = held_gpus(&expected)
+        .into_iter()
+        .filter(|(pod, _, _)| pods.contains_key(pod))
+        .collect();
+    assert!(want.len() >= 2, "{want:?}");
     // Each pod's devices: a share s of a GPU is 4s of its replicas.
     let mut replicas: BTreeMap<String, u32> = BTreeMap::new();
     let mut devices: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let want = whole_gpu_flags(&expected);
-    assert!(want.len() >= 5, "{want:?}");
-    for (series, share) in &want {
-        let uid = common::label_of(series, "uuid").expect("uuid").to_owned();
-        let gpu = common::label_of(series, "gpuuuid")
-            .expect("gpuuuid")
-            .to_owned();
+    for (uid, gpu, share) in &want {
+        let share: f64 = share.parse().expect("share");
         for _ in 0..(share * 4.0).round() as u32 {
             let n = replicas.entry(gpu.clone()).or_default();
             *n += 1;
@@ -1201,7 +1215,7 @@ fn cgroupsv1_k8s() {
     )
     .expect("kubeconfig");
     let flags = [
-        "--collector.cgroups.force-version=v1".to_owned(),
+        format!("--collector.cgroups.force-version={version}"),
         format!("--path.cgroupfs={}", trees.path().join("cgroup").display()),
         "--collector.k8s".into(),
         // As upstream's script writes them: the old spellings.
@@ -1210,22 +1224,27 @@ fn cgroupsv1_k8s() {
     ];
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let ours = check_upstream(
-        scenario,
+        &scenario,
         &flags,
         &Ipmi::Flag(DOTTED_FLAG, "capmc"),
-        false,
-        &Gpu::Nvidia,
+        redfish,
+        &gpu,
     );
     assert_eq!(pod_cpus(&ours), pods);
-    // Upstream's output also flags GPUs of a pod with no cgroup on the node (6c22124f, which
-    // only its kubelet mock lists); a pod that is not here has no series here.
-    let here: BTreeMap<String, f64> = want
-        .into_iter()
-        .filter(|(k, _)| common::label_of(k, "uuid").is_some_and(|u| pods.contains_key(u)))
-        .collect();
-    assert!(here.len() >= 4, "{here:?}");
-    assert_eq!(whole_gpu_flags(&ours), here);
+    assert_eq!(held_gpus(&ours), want);
     assert!(!api.seen().is_empty(), "the API server was not asked");
+}
+
+#[test]
+fn cgroupsv1_k8s() {
+    k8s_with_gpus("v1", Gpu::Nvidia, false);
+}
+
+/// Upstream reads AMD GPUs with amd-smi, partitions included; here the pack's rocm-smi
+/// capture of the same GPUs (serial numbers) gives the whole ones.
+#[test]
+fn cgroupsv2_k8s() {
+    k8s_with_gpus("v2", Gpu::Amd, true);
 }
 
 /// The Alloy discoverer on the k8s trees, picked because the k8s collector is on: one target
