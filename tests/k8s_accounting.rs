@@ -247,4 +247,19 @@ fn pods_are_listed_watched_resumed_and_listed_again_after_410() {
     let names: Vec<&str> = projects.iter().filter_map(|p| p["name"].as_str()).collect();
     assert_eq!(names, ["ml"], "{projects:?}");
     assert!(units(&server, "/api/v1/projects", "bob").is_empty());
+    // Reports as for Slurm jobs: the owner gets the pod's, another user does not.
+    // The status and body of a report as `user`.
+    let report = |pod: &str, user: &str| -> (u16, String) {
+        match ureq::get(&server.url(&format!("/report/kube/{pod}.json")))
+            .set("X-Grafana-User", user)
+            .call()
+        {
+            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let body: Value = serde_json::from_str(&report(A, "alice").1).unwrap();
+    assert_eq!(body["data"]["job"]["state"], "COMPLETED", "{body}");
+    assert_eq!(report(A, "bob").0, 403, "bob read alice's pod");
 }

@@ -158,6 +158,22 @@ fn lsf_jobs_reach_the_api_with_their_owner_state_and_allocation() {
     assert_eq!(bob[0]["uuid"], "7002[3]");
     assert!(units(&server, mine, "mallory").is_empty());
 
+    // Reports as for Slurm jobs: the owner gets the job's, another user does not.
+    // The status and body of a report as `user`.
+    let report = |job: &str, user: &str| -> (u16, String) {
+        match ureq::get(&server.url(&format!("/report/lsf1/{job}.json")))
+            .set("X-Grafana-User", user)
+            .call()
+        {
+            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let body: serde_json::Value = serde_json::from_str(&report("7002[3]", "bob").1).unwrap();
+    assert_eq!(body["data"]["job"]["state"], "TIMEOUT", "{body}");
+    assert_eq!(report("7002[3]", "alice").0, 403, "alice read bob's job");
+
     // bacct was asked for a window of whole minutes; bjobs for every user's jobs.
     let args = std::fs::read_to_string(bin.join("bacct.args")).unwrap();
     let first = args.lines().next().unwrap();

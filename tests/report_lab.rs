@@ -195,7 +195,7 @@ fn a_sleeping_job_gets_the_cpu_finding_and_its_report_renders_in_a_browser() {
     let page = format!("/report/lab/{sleeper}");
     assert_eq!(get(&server, &page, Some("bob")).0, 403);
     assert_eq!(get(&server, &page, None).0, 401);
-    assert_eq!(get(&server, "/report/lab/12ab", Some("alice")).0, 400);
+    assert_eq!(get(&server, "/report/lab/12%20ab", Some("alice")).0, 400);
     let (status, json) = get(&server, &format!("{page}.json"), Some("alice"));
     assert_eq!(status, 200, "{json}");
     let report: serde_json::Value = serde_json::from_str(&json).unwrap();

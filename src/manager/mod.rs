@@ -22,6 +22,16 @@ pub mod slurm;
 /// The exporter's side of a manager, defined beside the unit collector that uses it.
 pub use crate::collect::units::discovery::{ResourceManager, UnitCgroup, UnitGpus, UnitInfo};
 
+/// Whether `id` can be a unit's id under any manager: a Slurm job (`42`), an LSF array element
+/// (`42[3]`), a pod UID, a VM UUID. Nothing else reaches a manager's command or the database.
+pub fn is_unit_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'[' | b']'))
+        && !id.starts_with('-')
+}
+
 /// What an accounting source says of one unit: a row of the stats-server's `units` table.
 /// Fields a manager does not know stay empty.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -70,6 +80,24 @@ pub struct Associations {
     pub projects: Vec<String>,
     /// (user, project)
     pub members: Vec<(String, String)>,
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn unit_ids_of_every_manager_and_nothing_else() {
+        for id in [
+            "42",
+            "42[3]",
+            "483168fc-b347-4aa2-a9fa-9e3d220ba4c5",
+            "instance-0000_1.a",
+        ] {
+            assert!(super::is_unit_id(id), "{id}");
+        }
+        for id in ["", "--help", "1;rm", "a b", "../x", "é", &"9".repeat(129)] {
+            assert!(!super::is_unit_id(id), "{id}");
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

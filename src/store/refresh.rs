@@ -71,8 +71,8 @@ impl JobRefresh {
         let Some(source) = self.sources.get(cluster) else {
             return Refreshed::default();
         };
-        // Digits only: nothing else reaches sacct's command line.
-        if job.is_empty() || job.len() > 20 || !job.bytes().all(|b| b.is_ascii_digit()) {
+        // Nothing but a unit id reaches a manager's command (an argument, never a shell's).
+        if !crate::manager::is_unit_id(job) {
             return Refreshed::default();
         }
         match self.state(cluster, job).await {

@@ -11,8 +11,8 @@ impl Api {
         job: &str,
         user: &str,
     ) -> Result<i64, ApiError> {
-        if job.is_empty() || !job.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(ApiError::bad(format!("job id `{job}` is not a number")));
+        if !crate::manager::is_unit_id(job) {
+            return Err(ApiError::bad(format!("`{job}` is not a job id")));
         }
         let q = Sql::new(
             "SELECT id, usr FROM units WHERE cluster_id = $1 AND uuid = $2

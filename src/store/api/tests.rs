@@ -170,7 +170,7 @@ async fn findings_of_a_job_for_its_owner_and_admins_and_per_project_for_admins()
             StatusCode::UNAUTHORIZED,
         ),
         (
-            "/api/v1/units/lab/x1/findings",
+            "/api/v1/units/lab/1;x/findings",
             Some("alice"),
             StatusCode::BAD_REQUEST,
         ),

@@ -394,7 +394,7 @@ mod tests {
             ("/report/lab/1", Some("bob"), StatusCode::FORBIDDEN),
             ("/report/lab/1", None, StatusCode::UNAUTHORIZED),
             ("/report/lab/1", Some(" "), StatusCode::UNAUTHORIZED),
-            ("/report/lab/1x", Some("alice"), StatusCode::BAD_REQUEST),
+            ("/report/lab/1;x", Some("alice"), StatusCode::BAD_REQUEST),
             ("/report/lab/..%2f1", Some("root"), StatusCode::BAD_REQUEST),
             ("/report/lab/99", Some("root"), StatusCode::NOT_FOUND),
             ("/report/other/1", Some("root"), StatusCode::NOT_FOUND),
