@@ -45,15 +45,12 @@ fn lines(events: &[(&str, Value)]) -> Vec<u8> {
         .into_bytes()
 }
 
+/// The `data` rows of an API answer.
 fn units(server: &common::Running, path: &str, user: &str) -> Vec<Value> {
-    let body = ureq::get(&server.url(path))
-        .set("X-Grafana-User", user)
-        .call()
-        .unwrap_or_else(|e| panic!("GET {path} as {user}: {e}"))
-        .into_string()
-        .unwrap();
-    let v: Value = serde_json::from_str(&body).unwrap();
-    v["data"].as_array().cloned().unwrap_or_default()
+    common::api_get(server, path, user)["data"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
 }
 
 #[test]

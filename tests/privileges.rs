@@ -240,6 +240,17 @@ fn check_privileges_of(sub: &str, prefix: &[&str], args: &[&str]) -> (i32, serde
     (out.status.code().unwrap_or(-1), json)
 }
 
+/// The part of a check-privileges report named `name`.
+fn part(report: &serde_json::Value, name: &str) -> serde_json::Value {
+    report["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["part"] == name)
+        .unwrap_or_else(|| panic!("no part `{name}`: {report:#}"))
+        .clone()
+}
+
 fn names(v: &serde_json::Value) -> Vec<String> {
     v.as_array()
         .unwrap()
@@ -262,13 +273,7 @@ fn check_privileges_as_root_as_bare_nobody_and_as_nobody_with_ambient_capabiliti
     let (code, report) = check_privileges(&[], &args);
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(report["ok"], true);
-    let slurm = report["parts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["part"] == "collector slurm")
-        .unwrap()
-        .clone();
+    let slurm = part(&report, "collector slurm");
     assert_eq!(slurm["test"]["outcome"], "ok", "{slurm:#}");
 
     let nobody = [
@@ -340,20 +345,15 @@ fn check_privileges_of_the_stats_server_runs_sacct_as_another_user() {
         sacct_flag.as_str(),
         "--web.listen-address=127.0.0.1:0",
     ];
-    let part = |report: &serde_json::Value| {
-        report["parts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["part"] == "slurm commands as daemon")
-            .unwrap_or_else(|| panic!("no slurm part: {report:#}"))
-            .clone()
-    };
 
     // Root: dropped to nobody keeping CAP_SETUID/CAP_SETGID, the stand-in runs as daemon.
     let (code, report) = check_privileges_of("stats-server", &[], &args);
     assert_eq!(code, 0, "{report:#}");
-    assert_eq!(part(&report)["test"]["outcome"], "ok", "{report:#}");
+    assert_eq!(
+        part(&report, "slurm commands as daemon")["test"]["outcome"],
+        "ok",
+        "{report:#}"
+    );
 
     let nobody = [
         "setpriv",
@@ -365,7 +365,11 @@ fn check_privileges_of_the_stats_server_runs_sacct_as_another_user() {
     let (code, report) = check_privileges_of("stats-server", &nobody, &args);
     assert_eq!(code, 1, "{report:#}");
     assert_eq!(names(&report["missing"]), ["CAP_SETGID", "CAP_SETUID"]);
-    assert_eq!(part(&report)["test"]["outcome"], "denied", "{report:#}");
+    assert_eq!(
+        part(&report, "slurm commands as daemon")["test"]["outcome"],
+        "denied",
+        "{report:#}"
+    );
     let sudoers = report["fix"]["sudoers"][0].as_str().unwrap();
     assert!(sudoers.ends_with(&sacct.display().to_string()), "{sudoers}");
 
@@ -380,7 +384,11 @@ fn check_privileges_of_the_stats_server_runs_sacct_as_another_user() {
     ];
     let (code, report) = check_privileges_of("stats-server", &with_caps, &args);
     assert_eq!(code, 0, "{report:#}");
-    assert_eq!(part(&report)["test"]["outcome"], "ok", "{report:#}");
+    assert_eq!(
+        part(&report, "slurm commands as daemon")["test"]["outcome"],
+        "ok",
+        "{report:#}"
+    );
 
     // With slurmrestd as the source no command runs: nothing to test or to need, as nobody.
     let rest = [
@@ -526,18 +534,13 @@ fn check_privileges_knows_what_the_lsf_collector_needs() {
         "--collector.lsf.bjobs-path=/bin/true",
         "--web.listen-address=127.0.0.1:0",
     ];
-    let part = |report: &serde_json::Value| {
-        report["parts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["part"] == "collector lsf")
-            .unwrap_or_else(|| panic!("no lsf part: {report:#}"))
-            .clone()
-    };
     let (code, report) = check_privileges(&[], &args);
     assert_eq!(code, 0, "{report:#}");
-    assert_eq!(part(&report)["test"]["outcome"], "ok", "{report:#}");
+    assert_eq!(
+        part(&report, "collector lsf")["test"]["outcome"],
+        "ok",
+        "{report:#}"
+    );
     let nobody = [
         "setpriv",
         "--reuid=nobody",
@@ -553,7 +556,11 @@ fn check_privileges_knows_what_the_lsf_collector_needs() {
         ["CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE"],
         "{report:#}"
     );
-    assert_ne!(part(&report)["test"]["outcome"], "ok", "{report:#}");
+    assert_ne!(
+        part(&report, "collector lsf")["test"]["outcome"],
+        "ok",
+        "{report:#}"
+    );
 }
 
 /// The k8s collector reaches the kubelet's pod-resources socket through its file mode, not a
@@ -576,22 +583,21 @@ fn check_privileges_tests_the_kubelet_socket_and_says_how_to_grant_it() {
         socket.display()
     );
     let args = ["--collector.k8s", &flag, "--web.listen-address=127.0.0.1:0"];
-    let test_of = |report: &serde_json::Value| {
-        report["parts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["part"] == "k8s pod-resources socket")
-            .unwrap_or_else(|| panic!("no socket part: {report:#}"))["test"]
-            .clone()
-    };
     // Root that keeps its privileges reaches it; root that drops to nobody, as the exporter
     // does by default, does not.
     let kept = [&args[..], &["--security.drop-privileges=false"]].concat();
     let (_, report) = check_privileges(&[], &kept);
-    assert_eq!(test_of(&report)["outcome"], "ok", "{report:#}");
+    assert_eq!(
+        part(&report, "k8s pod-resources socket")["test"]["outcome"],
+        "ok",
+        "{report:#}"
+    );
     let (_, report) = check_privileges(&[], &args);
-    assert_eq!(test_of(&report)["outcome"], "denied", "{report:#}");
+    assert_eq!(
+        part(&report, "k8s pod-resources socket")["test"]["outcome"],
+        "denied",
+        "{report:#}"
+    );
     let nobody = [
         "setpriv",
         "--reuid=nobody",
@@ -600,7 +606,7 @@ fn check_privileges_tests_the_kubelet_socket_and_says_how_to_grant_it() {
         "--",
     ];
     let (_, report) = check_privileges(&nobody, &args);
-    let test = test_of(&report);
+    let test = part(&report, "k8s pod-resources socket")["test"].clone();
     assert_eq!(test["outcome"], "denied", "{report:#}");
     let error = test["error"].as_str().unwrap();
     assert!(

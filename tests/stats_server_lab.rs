@@ -15,16 +15,6 @@ use common::lab::{
 };
 use common::{runnable, start_exporter};
 
-fn api(server: &common::Running, path: &str, user: &str) -> serde_json::Value {
-    let body = ureq::get(&server.url(path))
-        .set("X-Grafana-User", user)
-        .call()
-        .unwrap_or_else(|e| panic!("GET {path} as {user}: {e}"))
-        .into_string()
-        .unwrap();
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {body}"))
-}
-
 fn job<'a>(units: &'a serde_json::Value, id: &str) -> Option<&'a serde_json::Value> {
     units["data"].as_array()?.iter().find(|u| u["uuid"] == id)
 }
@@ -64,7 +54,7 @@ fn real_jobs_get_cpu_usage_from_prometheus_and_each_user_sees_only_their_own() {
         "aggregates of alice's jobs",
         Duration::from_secs(60),
         || {
-            units = api(&server, window, "alice");
+            units = common::api_get(&server, window, "alice");
             [&a1, &a2]
                 .iter()
                 .all(|id| job(&units, id).is_some_and(|u| u["aggregates_status"] == "done"))
@@ -87,7 +77,7 @@ fn real_jobs_get_cpu_usage_from_prometheus_and_each_user_sees_only_their_own() {
 
     let mut bobs = serde_json::Value::Null;
     wait_until("aggregates of bob's job", Duration::from_secs(30), || {
-        bobs = api(&server, window, "bob");
+        bobs = common::api_get(&server, window, "bob");
         job(&bobs, &b1).is_some_and(|u| u["aggregates_status"] == "done")
     });
     assert!(
@@ -98,22 +88,22 @@ fn real_jobs_get_cpu_usage_from_prometheus_and_each_user_sees_only_their_own() {
     );
     assert!(job(&bobs, &a1).is_none() && job(&bobs, &a2).is_none());
     // bob asking for alice's job by id gets nothing.
-    let other = api(&server, &format!("/api/v1/units?from=0&uuid={a1}"), "bob");
+    let other = common::api_get(&server, &format!("/api/v1/units?from=0&uuid={a1}"), "bob");
     assert_eq!(other["data"], serde_json::json!([]));
 
     // Users and projects come from the real sacctmgr, run as the slurm user.
-    let users = api(&server, "/api/v1/users", "alice");
+    let users = common::api_get(&server, "/api/v1/users", "alice");
     assert_eq!(
         users["data"],
         serde_json::json!([{"cluster_id": "lab", "name": "alice", "projects": ["physics"]}])
     );
-    let admin = api(
+    let admin = common::api_get(
         &server,
         &format!("/api/v1/units/admin?from=0&uuid={b1}"),
         "root",
     );
     assert_eq!(job(&admin, &b1).unwrap()["user"], "bob");
-    let usage = api(&server, "/api/v1/usage/global", "alice");
+    let usage = common::api_get(&server, "/api/v1/usage/global", "alice");
     assert!(
         usage["data"][0]["total_cpu_seconds"].as_f64().unwrap() > 10.0,
         "{usage}"

@@ -69,6 +69,17 @@ impl Running {
     }
 }
 
+/// The JSON answer to `GET path` as `user` (in Grafana's user header); any error panics.
+pub fn api_get(server: &Running, path: &str, user: &str) -> serde_json::Value {
+    let body = ureq::get(&server.url(path))
+        .set("X-Grafana-User", user)
+        .call()
+        .unwrap_or_else(|e| panic!("GET {path} as {user}: {e}"))
+        .into_string()
+        .expect("body is not text");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {body}"))
+}
+
 /// Starts the exporter in `cwd` with `args` on a free port and waits until it answers.
 pub fn start_exporter(cwd: &Path, args: &[&str]) -> Running {
     start_exporter_env(cwd, args, &[])
