@@ -27,6 +27,7 @@ pub static COLLECTORS: &[CollectorSpec] = &[
     crate::manager::libvirt::SPEC,
     crate::manager::lsf::SPEC,
     crate::manager::k8s::SPEC,
+    crate::manager::openpbs::SPEC,
     rapl::SPEC,
     hwmon::SPEC,
     cray_pm_counters::SPEC,
@@ -234,6 +235,7 @@ fn alloy_manager_capabilities(manager: &str) -> &'static [Capability] {
         manager::lsf::MANAGER => manager::lsf::SPEC.capabilities,
         // Pods' processes run as any user: their environments (--discoverer.alloy-targets.env-var).
         manager::k8s::MANAGER => &[Capability::CAP_SYS_PTRACE, Capability::CAP_DAC_READ_SEARCH],
+        manager::openpbs::MANAGER => manager::openpbs::SPEC.capabilities,
         _ => &[],
     }
 }
@@ -242,7 +244,11 @@ fn alloy_manager_capabilities(manager: &str) -> &'static [Capability] {
 /// collector is on when Slurm's is not (as CEEMS picks the enabled one), else Slurm.
 fn alloy_manager(alloy: &AlloySettings, selection: &Selection) -> &'static str {
     let on = |name: &str| selection.enabled.iter().any(|(spec, _)| spec.name == name);
-    let others = [manager::lsf::MANAGER, manager::k8s::MANAGER];
+    let others = [
+        manager::lsf::MANAGER,
+        manager::k8s::MANAGER,
+        manager::openpbs::MANAGER,
+    ];
     match alloy.resource_manager.as_str() {
         "" if !on(manager::slurm::MANAGER) => others
             .into_iter()
@@ -286,6 +292,12 @@ pub fn alloy_targets(settings: &Layered) -> Result<Option<AlloyTargets>, Collect
             // Discovery needs only the cgroups: bjobs is not asked.
             std::path::Path::new(""),
             "",
+        )),
+        manager::openpbs::MANAGER => Box::new(manager::openpbs::OpenPbsManager::new(
+            &paths.cgroupfs,
+            &paths.procfs,
+            version,
+            &common.cgroups.active_subsystem,
         )),
         manager::k8s::MANAGER => Box::new(manager::k8s::K8sManager::new(
             &paths.cgroupfs,
@@ -521,6 +533,7 @@ mod tests {
             &["--discoverer.alloy-targets", "--collector.lsf"][..],
             &["--discoverer.alloy-targets.resource-manager=lsf"][..],
             &["--discoverer.alloy-targets", "--collector.k8s"][..],
+            &["--discoverer.alloy-targets.resource-manager=openpbs"][..],
         ] {
             let needed = needed_capabilities(&exporter_settings(args)).unwrap();
             for cap in manager::slurm::SPEC.capabilities {

@@ -119,7 +119,12 @@ fn scrape(
     if generation == Generation::Current && scenario == "cgroupsv2-nogpu" {
         args.push("--collector.emissions");
     }
-    let other_manager = ["--collector.libvirt", "--collector.lsf", "--collector.k8s"];
+    let other_manager = [
+        "--collector.libvirt",
+        "--collector.lsf",
+        "--collector.k8s",
+        "--collector.openpbs",
+    ];
     if !other_manager.iter().any(|m| flags.contains(m)) {
         args.push("--collector.slurm");
     }
@@ -1302,4 +1307,123 @@ fn discoverer_k8s() {
         })
         .collect();
     assert_eq!(got, want);
+}
+
+/// Upstream's OpenPBS jobs: id, and pids of the v0.10 pack's processes put in them.
+const PBS_JOBS: [(&str, &str, &[u32]); 3] = [
+    ("1009248", "1009248.testhost-1", &[46231, 46281]),
+    ("1009249", "1009249[0].testhost-1", &[46235]),
+    ("1009250", "1009249[1].testhost-1", &[46236]),
+];
+
+/// Upstream's OpenPBS trees (`pbs_jobs.service/jobid/<job id>` of each v1 controller), each
+/// job's files from the pack's Slurm job of the same number, its processes with the
+/// environment PBS's hook gives them: `PBS_JOBID` and the GPUs of upstream's output.
+fn pbs_trees(expected: &str) -> tempfile::TempDir {
+    let pack = fixtures().join("compat");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cgroup = tmp.path().join("cgroup");
+    let root = pack.join("sys/fs/cgroup");
+    copy_files(&root, &cgroup);
+    for controller in ["cpu,cpuacct", "memory", "cpuset"] {
+        let slurm = root.join(controller).join("slurm");
+        let ours = cgroup.join(controller);
+        copy_files(&root.join(controller), &ours);
+        for (slurm_job, id, pids) in PBS_JOBS {
+            let from = slurm.join(format!("uid_1000/job_{slurm_job}"));
+            if !from.is_dir() {
+                continue;
+            }
+            let job = ours.join("pbs_jobs.service/jobid").join(id);
+            copy_files(&from, &job);
+            let procs: String = pids.iter().map(|p| format!("{p}\n")).collect();
+            std::fs::write(job.join("cgroup.procs"), procs).expect("procs");
+        }
+    }
+    // Each job's whole GPUs, as upstream's output gives them.
+    let gpus = |id: &str| -> Vec<String> {
+        parse_series(expected)
+            .into_keys()
+            .filter(|k| {
+                name_of(k) == "ceems_compute_unit_gpu_index_flag"
+                    && common::label_of(k, "uuid") == Some(id)
+                    && common::label_of(k, "gpuiid") == Some("")
+            })
+            .filter_map(|k| common::label_of(&k, "gpuuuid").map(str::to_owned))
+            .collect()
+    };
+    let proc_dir = tmp.path().join("proc");
+    std::fs::create_dir_all(&proc_dir).expect("mkdir");
+    for entry in std::fs::read_dir(pack.join("proc"))
+        .expect("procfs")
+        .flatten()
+    {
+        let pid: Option<u32> = entry.file_name().to_str().and_then(|n| n.parse().ok());
+        let job = PBS_JOBS
+            .iter()
+            .find(|(_, _, pids)| pid.is_some_and(|p| pids.contains(&p)));
+        let Some((_, id, _)) = job else {
+            std::os::unix::fs::symlink(entry.path(), proc_dir.join(entry.file_name()))
+                .expect("symlink");
+            continue;
+        };
+        let ours = proc_dir.join(entry.file_name());
+        std::fs::create_dir_all(&ours).expect("mkdir");
+        for file in std::fs::read_dir(entry.path()).expect("pid dir").flatten() {
+            if file.file_name() != "environ" {
+                std::os::unix::fs::symlink(file.path(), ours.join(file.file_name()))
+                    .expect("symlink");
+            }
+        }
+        let mut environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        if environ.ends_with(b"\n") {
+            environ.pop();
+        }
+        environ.extend_from_slice(format!("PBS_JOBID={id}\0").as_bytes());
+        environ
+            .extend_from_slice(format!("CUDA_VISIBLE_DEVICES={}\0", gpus(id).join(",")).as_bytes());
+        std::fs::write(ours.join("environ"), environ).expect("environ");
+    }
+    tmp
+}
+
+/// Upstream's OpenPBS output (no e2e scenario runs it upstream; SCENARIOS.md infers its
+/// command from the collector's test): every family, the jobs, and their whole GPUs by value
+/// (its MIG job's instances are named by MIG UUIDs the pack's nvidia-smi capture lacks).
+#[test]
+fn cgroupsv1_openpbs() {
+    let scenario = "cgroupsv1-openpbs";
+    let expected = std::fs::read_to_string(expected_file(scenario, Generation::Current))
+        .expect("upstream output");
+    let trees = pbs_trees(&expected);
+    let flags = [
+        "--collector.cgroups.force-version=v1".to_owned(),
+        format!("--path.cgroupfs={}", trees.path().join("cgroup").display()),
+        format!("--path.procfs={}", trees.path().join("proc").display()),
+        "--collector.openpbs".into(),
+        "--collector.openpbs.swap-memory-metrics".into(),
+        "--collector.openpbs.psi-metrics".into(),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let ours = check_upstream(
+        scenario,
+        &flags,
+        &Ipmi::Flag(DOTTED_FLAG, "capmc"),
+        false,
+        &Gpu::Nvidia,
+    );
+    let units = |text: &str| -> BTreeSet<String> {
+        parse_series(text)
+            .into_keys()
+            .filter(|k| name_of(k) == "ceems_compute_unit_cpus")
+            .filter_map(|k| common::label_of(&k, "uuid").map(str::to_owned))
+            .collect()
+    };
+    assert_eq!(units(&ours), units(&expected));
+    assert_eq!(
+        held_gpus(&expected).len(),
+        4,
+        "two GPUs shared by two array sub-jobs"
+    );
+    assert_eq!(held_gpus(&ours), held_gpus(&expected));
 }

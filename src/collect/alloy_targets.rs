@@ -23,9 +23,9 @@ pub fn options() -> Vec<Opt> {
         Opt::new(
             "discoverer.alloy-targets.resource-manager",
             Kind::Str,
-            "Resource manager whose jobs are targets: slurm, lsf or k8s (empty: the one whose collector is on; libvirt's VMs cannot be profiled from the host); naming it turns the discoverer on",
+            "Resource manager whose jobs are targets: slurm, lsf, k8s or openpbs (empty: the one whose collector is on; libvirt's VMs cannot be profiled from the host); naming it turns the discoverer on",
         )
-        .possible(&["", "slurm", "lsf", "k8s"]),
+        .possible(&["", "slurm", "lsf", "k8s", "openpbs"]),
         Opt::new(
             "discoverer.alloy-targets.env-var",
             Kind::List,

@@ -14,9 +14,11 @@ use crate::host::command::CommandError;
 use crate::host::ParseError;
 
 pub mod civil;
+pub mod environ;
 pub mod k8s;
 pub mod libvirt;
 pub mod lsf;
+pub mod openpbs;
 pub mod slurm;
 
 /// The exporter's side of a manager, defined beside the unit collector that uses it.

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use crate::host::gpu::GpuDevice;
-use crate::host::procfs::environ_var;
+use crate::manager::environ::job_environ_value;
 
 /// One MIG instance of `CUDA_VISIBLE_DEVICES`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,21 +41,8 @@ pub fn visible_instances(value: &str) -> Vec<MigInstance> {
 /// (LSF sets `CUDA_VISIBLE_DEVICES`, or `CUDA_VISIBLE_DEVICES1` for its second task family);
 /// None when no such process can be read.
 pub fn job_instances(procfs: &Path, uuid: &str, pids: &[u32]) -> Option<Vec<MigInstance>> {
-    for pid in pids {
-        let Ok(environ) = std::fs::read(procfs.join(pid.to_string()).join("environ")) else {
-            continue;
-        };
-        let own = environ_var(&environ, "LSB_BATCH_JID").is_some_and(|id| id == uuid.as_bytes());
-        if !own {
-            continue;
-        }
-        let visible = environ_var(&environ, "CUDA_VISIBLE_DEVICES")
-            .or_else(|| environ_var(&environ, "CUDA_VISIBLE_DEVICES1"));
-        if let Some(value) = visible.and_then(|v| std::str::from_utf8(v).ok()) {
-            return Some(visible_instances(value));
-        }
-    }
-    None
+    let vars = ["CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES1"];
+    job_environ_value(procfs, pids, "LSB_BATCH_JID", uuid, &vars).map(|v| visible_instances(&v))
 }
 
 /// The node's devices that are these instances (the compute instance is not a device of its
