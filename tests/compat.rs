@@ -759,6 +759,40 @@ fn discoverer_keeps_only_opted_in_processes() {
     );
 }
 
+/// The pack's `proc/` under `dir`, each process in its place but those `extra_env` gives
+/// variables for: their `environ` is the pack's with these added, as a manager sets them.
+fn proc_overlay(dir: &std::path::Path, extra_env: impl Fn(u32) -> Option<Vec<String>>) {
+    let pack = fixtures().join("compat/proc");
+    let proc_dir = dir.join("proc");
+    std::fs::create_dir_all(&proc_dir).expect("mkdir");
+    for entry in std::fs::read_dir(pack).expect("procfs").flatten() {
+        let pid: Option<u32> = entry.file_name().to_str().and_then(|n| n.parse().ok());
+        let Some(vars) = pid.and_then(&extra_env) else {
+            std::os::unix::fs::symlink(entry.path(), proc_dir.join(entry.file_name()))
+                .expect("symlink");
+            continue;
+        };
+        let ours = proc_dir.join(entry.file_name());
+        std::fs::create_dir_all(&ours).expect("mkdir");
+        for file in std::fs::read_dir(entry.path()).expect("pid dir").flatten() {
+            if file.file_name() != "environ" {
+                std::os::unix::fs::symlink(file.path(), ours.join(file.file_name()))
+                    .expect("symlink");
+            }
+        }
+        let mut environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        // The pack's captures end in "\0\n".
+        if environ.ends_with(b"\n") {
+            environ.pop();
+        }
+        for v in vars {
+            environ.extend_from_slice(v.as_bytes());
+            environ.push(0);
+        }
+        std::fs::write(ours.join("environ"), environ).expect("environ");
+    }
+}
+
 /// Upstream's LSF jobs: id, cgroup directory name, and the pids its trees put in them.
 const LSF_JOBS: [(&str, &str, &[u32]); 3] = [
     ("1009248", "job.1009248.35399.1775318419", &[46231, 46281]),
@@ -843,41 +877,14 @@ fn lsf_trees(version: &str) -> tempfile::TempDir {
             }
         }
     }
-    let proc_dir = tmp.path().join("proc");
-    std::fs::create_dir_all(&proc_dir).expect("mkdir");
-    for entry in std::fs::read_dir(pack.join("proc"))
-        .expect("procfs")
-        .flatten()
-    {
-        let pid: Option<u32> = entry.file_name().to_str().and_then(|n| n.parse().ok());
-        let job = LSF_JOBS
-            .iter()
-            .find(|(_, _, pids)| pid.is_some_and(|p| pids.contains(&p)));
-        let Some((id, _, _)) = job else {
-            std::os::unix::fs::symlink(entry.path(), proc_dir.join(entry.file_name()))
-                .expect("symlink");
-            continue;
-        };
-        let ours = proc_dir.join(entry.file_name());
-        std::fs::create_dir_all(&ours).expect("mkdir");
-        for file in std::fs::read_dir(entry.path()).expect("pid dir").flatten() {
-            if file.file_name() != "environ" {
-                std::os::unix::fs::symlink(file.path(), ours.join(file.file_name()))
-                    .expect("symlink");
-            }
-        }
-        let mut environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        // The pack's captures end in "\0\n".
-        if environ.ends_with(b"\n") {
-            environ.pop();
-        }
-        environ.extend_from_slice(format!("LSB_BATCH_JID={id}\0").as_bytes());
+    proc_overlay(tmp.path(), |pid| {
+        let (id, _, _) = LSF_JOBS.iter().find(|(_, _, pids)| pids.contains(&pid))?;
+        let mut vars = vec![format!("LSB_BATCH_JID={id}")];
         if *id == "1009248" {
-            environ
-                .extend_from_slice(format!("CUDA_VISIBLE_DEVICES={LSF_MIG_DEVICES}\0").as_bytes());
+            vars.push(format!("CUDA_VISIBLE_DEVICES={LSF_MIG_DEVICES}"));
         }
-        std::fs::write(ours.join("environ"), environ).expect("environ");
-    }
+        Some(vars)
+    });
     tmp
 }
 
@@ -1352,38 +1359,13 @@ fn pbs_trees(expected: &str) -> tempfile::TempDir {
             .filter_map(|k| common::label_of(&k, "gpuuuid").map(str::to_owned))
             .collect()
     };
-    let proc_dir = tmp.path().join("proc");
-    std::fs::create_dir_all(&proc_dir).expect("mkdir");
-    for entry in std::fs::read_dir(pack.join("proc"))
-        .expect("procfs")
-        .flatten()
-    {
-        let pid: Option<u32> = entry.file_name().to_str().and_then(|n| n.parse().ok());
-        let job = PBS_JOBS
-            .iter()
-            .find(|(_, _, pids)| pid.is_some_and(|p| pids.contains(&p)));
-        let Some((_, id, _)) = job else {
-            std::os::unix::fs::symlink(entry.path(), proc_dir.join(entry.file_name()))
-                .expect("symlink");
-            continue;
-        };
-        let ours = proc_dir.join(entry.file_name());
-        std::fs::create_dir_all(&ours).expect("mkdir");
-        for file in std::fs::read_dir(entry.path()).expect("pid dir").flatten() {
-            if file.file_name() != "environ" {
-                std::os::unix::fs::symlink(file.path(), ours.join(file.file_name()))
-                    .expect("symlink");
-            }
-        }
-        let mut environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        if environ.ends_with(b"\n") {
-            environ.pop();
-        }
-        environ.extend_from_slice(format!("PBS_JOBID={id}\0").as_bytes());
-        environ
-            .extend_from_slice(format!("CUDA_VISIBLE_DEVICES={}\0", gpus(id).join(",")).as_bytes());
-        std::fs::write(ours.join("environ"), environ).expect("environ");
-    }
+    proc_overlay(tmp.path(), |pid| {
+        let (_, id, _) = PBS_JOBS.iter().find(|(_, _, pids)| pids.contains(&pid))?;
+        Some(vec![
+            format!("PBS_JOBID={id}"),
+            format!("CUDA_VISIBLE_DEVICES={}", gpus(id).join(",")),
+        ])
+    });
     tmp
 }
 

@@ -8,27 +8,11 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::cgroup::{cpuacct_dir, make_dirs, spawn_in, v1_skip_reason, JobCgroups, CGROUPFS};
-use common::{label_of, name_of, parse_series, start_exporter};
-
-fn value(series: &BTreeMap<String, f64>, name: &str, uuid: &str) -> Option<f64> {
-    series
-        .iter()
-        .find(|(k, _)| name_of(k) == name && label_of(k, "uuid") == Some(uuid))
-        .map(|(_, v)| *v)
-}
-
-fn read_number(path: &Path) -> f64 {
-    std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .trim()
-        .parse()
-        .unwrap()
-}
+use common::{label_of, name_of, parse_series, read_number, start_exporter, unit_value};
 
 /// A pod: its directory in the cpuacct, memory and cpu hierarchies (`shares` written in the
 /// cpu one, as the kubelet does), a burner in its container.
@@ -108,22 +92,23 @@ fn pods_of_both_cgroup_drivers_are_read_as_the_kernel_accounts_them() {
         (&besteffort_uid, &besteffort_rel, 0.001),
     ] {
         let kernel_cpu = read_number(&cpuacct.join(rel).join("cpuacct.usage")) / 1e9;
-        let scraped_cpu = value(&series, "ceems_compute_unit_cpu_user_seconds_total", uid)
+        let scraped_cpu = unit_value(&series, "ceems_compute_unit_cpu_user_seconds_total", uid)
             .unwrap_or_else(|| panic!("no pod {uid} in the scrape: {series:?}"))
-            + value(&series, "ceems_compute_unit_cpu_system_seconds_total", uid).unwrap();
+            + unit_value(&series, "ceems_compute_unit_cpu_system_seconds_total", uid).unwrap();
         assert!(scraped_cpu > 1.5, "{uid}: {scraped_cpu}");
         assert!(
             (scraped_cpu - kernel_cpu).abs() <= 0.05 * kernel_cpu,
             "{uid} cpu: exporter {scraped_cpu}, kernel {kernel_cpu}"
         );
         let kernel_used = read_number(&memory.join(rel).join("memory.usage_in_bytes"));
-        let scraped_used = value(&series, "ceems_compute_unit_memory_used_bytes", uid).unwrap();
+        let scraped_used =
+            unit_value(&series, "ceems_compute_unit_memory_used_bytes", uid).unwrap();
         assert!(
             (scraped_used - kernel_used).abs() <= 0.05 * kernel_used,
             "{uid} memory: exporter {scraped_used}, kernel {kernel_used}"
         );
         assert_eq!(
-            value(&series, "ceems_compute_unit_cpus", uid),
+            unit_value(&series, "ceems_compute_unit_cpus", uid),
             Some(cpus),
             "{uid}"
         );
@@ -140,9 +125,9 @@ fn pods_of_both_cgroup_drivers_are_read_as_the_kernel_accounts_them() {
     drop(burstable);
     let series = parse_series(&exporter.get("/metrics"));
     assert_eq!(
-        value(&series, "ceems_compute_unit_cpus", &burstable_uid),
+        unit_value(&series, "ceems_compute_unit_cpus", &burstable_uid),
         None
     );
-    assert!(value(&series, "ceems_compute_unit_cpus", &besteffort_uid).is_some());
+    assert!(unit_value(&series, "ceems_compute_unit_cpus", &besteffort_uid).is_some());
     drop(besteffort);
 }

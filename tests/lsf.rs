@@ -10,14 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::cgroup::{cpuacct_dir, make_dirs, spawn_in, v1_skip_reason, JobCgroups, CGROUPFS};
-use common::{label_of, name_of, parse_series, start_exporter};
-
-fn value(series: &std::collections::BTreeMap<String, f64>, name: &str, uuid: &str) -> Option<f64> {
-    series
-        .iter()
-        .find(|(k, _)| name_of(k) == name && label_of(k, "uuid") == Some(uuid))
-        .map(|(_, v)| *v)
-}
+use common::{label_of, name_of, parse_series, start_exporter, unit_value};
 
 #[test]
 fn an_lsf_job_is_read_as_the_kernel_accounts_it() {
@@ -92,9 +85,9 @@ fn an_lsf_job_is_read_as_the_kernel_accounts_it() {
         .parse::<f64>()
         .unwrap()
         / 1e9;
-    let scraped_cpu = value(&series, "ceems_compute_unit_cpu_user_seconds_total", &uuid)
+    let scraped_cpu = unit_value(&series, "ceems_compute_unit_cpu_user_seconds_total", &uuid)
         .unwrap_or_else(|| panic!("no job {uuid} in the scrape: {series:?}"))
-        + value(
+        + unit_value(
             &series,
             "ceems_compute_unit_cpu_system_seconds_total",
             &uuid,
@@ -110,12 +103,15 @@ fn an_lsf_job_is_read_as_the_kernel_accounts_it() {
         .trim()
         .parse()
         .unwrap();
-    let scraped_used = value(&series, "ceems_compute_unit_memory_used_bytes", &uuid).unwrap();
+    let scraped_used = unit_value(&series, "ceems_compute_unit_memory_used_bytes", &uuid).unwrap();
     assert!(
         (scraped_used - kernel_used).abs() <= 0.05 * kernel_used,
         "memory: exporter {scraped_used}, kernel {kernel_used}"
     );
-    assert_eq!(value(&series, "ceems_compute_unit_cpus", &uuid), Some(3.0));
+    assert_eq!(
+        unit_value(&series, "ceems_compute_unit_cpus", &uuid),
+        Some(3.0)
+    );
     assert!(series.contains_key("ceems_scrape_collector_success{collector=\"lsf\"}"));
     let manager = series
         .keys()
@@ -128,5 +124,5 @@ fn an_lsf_job_is_read_as_the_kernel_accounts_it() {
     // The job ends: its cgroup goes, and so does it from the scrape.
     drop(job);
     let series = parse_series(&exporter.get("/metrics"));
-    assert_eq!(value(&series, "ceems_compute_unit_cpus", &uuid), None);
+    assert_eq!(unit_value(&series, "ceems_compute_unit_cpus", &uuid), None);
 }

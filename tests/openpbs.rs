@@ -6,27 +6,11 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::cgroup::{cpuacct_dir, make_dirs, spawn_in, v1_skip_reason, JobCgroups, CGROUPFS};
-use common::{label_of, name_of, parse_series, start_exporter};
-
-fn value(series: &BTreeMap<String, f64>, name: &str, uuid: &str) -> Option<f64> {
-    series
-        .iter()
-        .find(|(k, _)| name_of(k) == name && label_of(k, "uuid") == Some(uuid))
-        .map(|(_, v)| *v)
-}
-
-fn read_number(path: &Path) -> f64 {
-    std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .trim()
-        .parse()
-        .unwrap()
-}
+use common::{label_of, name_of, parse_series, read_number, start_exporter, unit_value};
 
 #[test]
 fn an_openpbs_sub_job_is_read_as_the_kernel_accounts_it() {
@@ -71,9 +55,9 @@ fn an_openpbs_sub_job_is_read_as_the_kernel_accounts_it() {
     );
     let series = parse_series(&exporter.get("/metrics"));
     let kernel_cpu = read_number(&usage) / 1e9;
-    let scraped_cpu = value(&series, "ceems_compute_unit_cpu_user_seconds_total", &uuid)
+    let scraped_cpu = unit_value(&series, "ceems_compute_unit_cpu_user_seconds_total", &uuid)
         .unwrap_or_else(|| panic!("no job {uuid} in the scrape: {series:?}"))
-        + value(
+        + unit_value(
             &series,
             "ceems_compute_unit_cpu_system_seconds_total",
             &uuid,
@@ -85,7 +69,7 @@ fn an_openpbs_sub_job_is_read_as_the_kernel_accounts_it() {
         "cpu: exporter {scraped_cpu}, kernel {kernel_cpu}"
     );
     let kernel_used = read_number(&memory.join(&rel).join("memory.usage_in_bytes"));
-    let scraped_used = value(&series, "ceems_compute_unit_memory_used_bytes", &uuid).unwrap();
+    let scraped_used = unit_value(&series, "ceems_compute_unit_memory_used_bytes", &uuid).unwrap();
     assert!(
         (scraped_used - kernel_used).abs() <= 0.05 * kernel_used,
         "memory: exporter {scraped_used}, kernel {kernel_used}"
@@ -101,7 +85,7 @@ fn an_openpbs_sub_job_is_read_as_the_kernel_accounts_it() {
         })
         .sum();
     assert_eq!(
-        value(&series, "ceems_compute_unit_cpus", &uuid),
+        unit_value(&series, "ceems_compute_unit_cpus", &uuid),
         Some(count)
     );
     let manager = series
@@ -115,5 +99,5 @@ fn an_openpbs_sub_job_is_read_as_the_kernel_accounts_it() {
     // The job ends: its cgroup goes, and so does it from the scrape.
     drop(job);
     let series = parse_series(&exporter.get("/metrics"));
-    assert_eq!(value(&series, "ceems_compute_unit_cpus", &uuid), None);
+    assert_eq!(unit_value(&series, "ceems_compute_unit_cpus", &uuid), None);
 }

@@ -69,6 +69,23 @@ impl Running {
     }
 }
 
+/// The value of `name`'s series of unit `uuid`.
+pub fn unit_value(series: &BTreeMap<String, f64>, name: &str, uuid: &str) -> Option<f64> {
+    series
+        .iter()
+        .find(|(k, _)| name_of(k) == name && label_of(k, "uuid") == Some(uuid))
+        .map(|(_, v)| *v)
+}
+
+/// A file holding one number (a cgroup counter).
+pub fn read_number(path: &Path) -> f64 {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 /// The JSON answer to `GET path` as `user` (in Grafana's user header); any error panics.
 pub fn api_get(server: &Running, path: &str, user: &str) -> serde_json::Value {
     let body = ureq::get(&server.url(path))
