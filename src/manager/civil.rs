@@ -30,7 +30,8 @@ pub fn parse_rfc3339(text: &str) -> Option<i64> {
     let t = text.trim();
     let (date, rest) = t.split_once(['T', 't', ' '])?;
     let mut d = date.splitn(3, '-');
-    let year: i64 = d.next()?.parse().ok()?;
+    // Years a record can hold: a larger one would overflow the day arithmetic.
+    let year: i64 = d.next()?.parse().ok().filter(|y| (1..=9999).contains(y))?;
     let month: i64 = d.next()?.parse().ok().filter(|m| (1..=12).contains(m))?;
     let day: i64 = d.next()?.parse().ok().filter(|d| (1..=31).contains(d))?;
     let zone_at = rest.find(['Z', 'z', '+', '-'])?;
