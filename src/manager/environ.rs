@@ -5,7 +5,10 @@
 
 use std::path::Path;
 
+use crate::collect::Capability;
+use crate::host::cgroup::subtree;
 use crate::host::procfs::environ_var;
+use crate::manager::UnitCgroup;
 
 /// The value of the first of `vars` in the first of `pids` whose `id_var` is `id`; None when
 /// no such process can be read or sets none of them.
@@ -29,4 +32,33 @@ pub fn job_environ_value(
         }
     }
     None
+}
+
+/// For each of `units`, [`job_environ_value`] among the processes of its cgroup, read with
+/// `caps` raised (on the long-lived thread that holds them), as `(uuid, value)`.
+pub fn read_units_environ(
+    units: &[&UnitCgroup],
+    procfs: &Path,
+    caps: &'static [Capability],
+    id_var: &'static str,
+    vars: &'static [&'static str],
+) -> Vec<(String, Option<String>)> {
+    if units.is_empty() {
+        return Vec::new();
+    }
+    let mut faults = Vec::new();
+    let to_read: Vec<(String, Vec<u32>)> = units
+        .iter()
+        .map(|u| (u.uuid.clone(), subtree(&u.dir, &mut faults).0))
+        .collect();
+    let procfs = procfs.to_owned();
+    crate::security::privileged(caps, move || {
+        to_read
+            .into_iter()
+            .map(|(uuid, pids)| {
+                let value = job_environ_value(&procfs, &pids, id_var, &uuid, vars);
+                (uuid, value)
+            })
+            .collect()
+    })
 }

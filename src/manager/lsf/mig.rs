@@ -3,10 +3,7 @@
 //! `MIG-<GPU uuid>/<GPU instance>/<compute instance>`, comma-separated. Only processes whose
 //! `LSB_BATCH_JID` is the job's count: a process of another job can sit in its cgroup.
 
-use std::path::Path;
-
 use crate::host::gpu::GpuDevice;
-use crate::manager::environ::job_environ_value;
 
 /// One MIG instance of `CUDA_VISIBLE_DEVICES`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,20 +34,19 @@ pub fn visible_instances(value: &str) -> Vec<MigInstance> {
         .collect()
 }
 
-/// The instances the first of `pids` that is job `uuid`'s own process makes visible to it
-/// (LSF sets `CUDA_VISIBLE_DEVICES`, or `CUDA_VISIBLE_DEVICES1` for its second task family);
-/// None when no such process can be read.
-pub fn job_instances(procfs: &Path, uuid: &str, pids: &[u32]) -> Option<Vec<MigInstance>> {
-    let vars = ["CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES1"];
-    job_environ_value(procfs, pids, "LSB_BATCH_JID", uuid, &vars).map(|v| visible_instances(&v))
-}
+/// The variable naming the job in its processes' environment.
+pub const JOB_ID_VAR: &str = "LSB_BATCH_JID";
+/// Where LSF puts a job's devices: `CUDA_VISIBLE_DEVICES`, or `CUDA_VISIBLE_DEVICES1` for its
+/// second task family.
+pub const VISIBLE_VARS: &[&str] = &["CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES1"];
 
-/// The node's devices that are these instances (the compute instance is not a device of its
-/// own: it shares its GPU instance).
-pub fn devices_of<'a>(instances: &[MigInstance], devices: &'a [GpuDevice]) -> Vec<&'a GpuDevice> {
-    devices
-        .iter()
-        .filter(|d| {
+/// The positions in `devices` of the instances a `CUDA_VISIBLE_DEVICES` value names (the
+/// compute instance is not a device of its own: it shares its GPU instance).
+pub fn instance_positions(value: &str, devices: &[GpuDevice]) -> Vec<usize> {
+    let instances = visible_instances(value);
+    (0..devices.len())
+        .filter(|at| {
+            let d = &devices[*at];
             instances.iter().any(|i| {
                 d.gpu_instance_id == Some(i.gpu_instance)
                     && d.uuid.eq_ignore_ascii_case(&i.gpu_uuid)
@@ -85,6 +81,7 @@ mod tests {
 
     #[test]
     fn only_the_jobs_own_processes_say_which_instances_it_holds() {
+        use crate::manager::environ::job_environ_value;
         let tmp = tempfile::tempdir().unwrap();
         let environ = |pid: u32, vars: &[&str]| {
             let dir = tmp.path().join(pid.to_string());
@@ -101,13 +98,18 @@ mod tests {
             11,
             &["LSB_BATCH_JID=42[2]", "CUDA_VISIBLE_DEVICES1=MIG-GPU-b/1/0"],
         );
-        let got = job_instances(tmp.path(), "42[2]", &[9, 10, 11]).unwrap();
+        let value =
+            job_environ_value(tmp.path(), &[9, 10, 11], JOB_ID_VAR, "42[2]", VISIBLE_VARS).unwrap();
+        let got = visible_instances(&value);
         assert_eq!(got.len(), 1);
         assert_eq!(
             (got[0].gpu_uuid.as_str(), got[0].gpu_instance),
             ("GPU-b", 1)
         );
-        assert_eq!(job_instances(tmp.path(), "5", &[10, 11]), None);
+        assert_eq!(
+            job_environ_value(tmp.path(), &[10, 11], JOB_ID_VAR, "5", VISIBLE_VARS),
+            None
+        );
 
         let mut devices: Vec<GpuDevice> = (0..3)
             .map(|i| GpuDevice::for_test(i, 0, Some(i as u32), 1.0 / 3.0))
@@ -115,8 +117,8 @@ mod tests {
         for d in &mut devices {
             d.uuid = "gpu-B".into();
         }
-        let held = devices_of(&got, &devices);
-        assert_eq!(held.len(), 1);
-        assert_eq!(held[0].gpu_instance_id, Some(1));
+        let held = instance_positions(&value, &devices);
+        assert_eq!(held, [1]);
+        assert_eq!(devices[held[0]].gpu_instance_id, Some(1));
     }
 }

@@ -26,8 +26,9 @@ use crate::collect::units::{cgroup_version, SubCollector, UnitCollector};
 use crate::collect::{Capability, CollectError, Collector, CollectorSpec, Context};
 use crate::config::{Kind, Opt};
 use crate::host::cgroup::{
-    subdirs, subtree, CgroupVersion, FileFault, Populated, ReadOptions, V1Controllers,
+    subdirs, CgroupVersion, FileFault, Populated, ReadOptions, V1Controllers,
 };
+use crate::manager::environ::read_units_environ;
 use crate::manager::{ResourceManager, UnitCgroup, UnitGpus};
 
 use bjobs::{BjobsJob, JobGpus};
@@ -284,36 +285,25 @@ impl LsfManager {
         let mut known = self.mig.lock().unwrap_or_else(|p| p.into_inner());
         let present: HashSet<&str> = units.iter().map(|u| u.uuid.as_str()).collect();
         known.retain(|k, _| present.contains(k.as_str()));
-        let mut faults = Vec::new();
-        let to_read: Vec<(String, Vec<u32>)> = units
+        let missing: Vec<&UnitCgroup> = units
             .iter()
+            .copied()
             .filter(|u| !known.contains_key(&u.uuid))
-            .map(|u| (u.uuid.clone(), subtree(&u.dir, &mut faults).0))
             .collect();
-        if !to_read.is_empty() {
-            let procfs = self.procfs.clone();
-            // Other users' environ files need CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH.
-            let reads = crate::security::privileged(SPEC.capabilities, move || {
-                to_read
-                    .into_iter()
-                    .map(|(uuid, pids)| {
-                        let found = mig::job_instances(&procfs, &uuid, &pids);
-                        (uuid, found)
-                    })
-                    .collect::<Vec<_>>()
-            });
-            for (uuid, found) in reads {
-                match found {
-                    Some(instances) => {
-                        let at = mig::devices_of(&instances, &self.devices)
-                            .iter()
-                            .filter_map(|d| self.devices.iter().position(|x| std::ptr::eq(x, *d)))
-                            .collect();
-                        known.insert(uuid, at);
-                    }
-                    None => {
-                        tracing::debug!(job = %uuid, "no process of the MIG job says its instances (CUDA_VISIBLE_DEVICES with LSB_BATCH_JID) yet, or its environment cannot be read")
-                    }
+        let reads = read_units_environ(
+            &missing,
+            &self.procfs,
+            SPEC.capabilities,
+            mig::JOB_ID_VAR,
+            mig::VISIBLE_VARS,
+        );
+        for (uuid, found) in reads {
+            match found {
+                Some(value) => {
+                    known.insert(uuid, mig::instance_positions(&value, &self.devices));
+                }
+                None => {
+                    tracing::debug!(job = %uuid, "no process of the MIG job says its instances (CUDA_VISIBLE_DEVICES with LSB_BATCH_JID) yet, or its environment cannot be read")
                 }
             }
         }

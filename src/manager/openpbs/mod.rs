@@ -17,9 +17,9 @@ use crate::collect::units::{cgroup_version, SubCollector, UnitCollector};
 use crate::collect::{Capability, CollectError, Collector, CollectorSpec, Context};
 use crate::config::Opt;
 use crate::host::cgroup::{
-    subdirs, subtree, CgroupVersion, FileFault, Populated, ReadOptions, V1Controllers,
+    subdirs, CgroupVersion, FileFault, Populated, ReadOptions, V1Controllers,
 };
-use crate::manager::environ::job_environ_value;
+use crate::manager::environ::read_units_environ;
 use crate::manager::{ResourceManager, UnitCgroup, UnitGpus};
 
 pub const MANAGER: &str = "openpbs";
@@ -101,13 +101,10 @@ pub fn is_job_id(name: &str) -> bool {
         return false;
     };
     let sequence = match head.split_once('[') {
-        Some((n, index)) => {
-            let index = index.strip_suffix(']').unwrap_or("x");
-            if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
-                return false;
-            }
-            n
-        }
+        Some((n, index)) => match index.strip_suffix(']') {
+            Some(i) if !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()) => n,
+            _ => return false,
+        },
         None => head,
     };
     !sequence.is_empty()
@@ -156,34 +153,21 @@ impl OpenPbsManager {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         let present: BTreeSet<&str> = units.iter().map(|u| u.uuid.as_str()).collect();
         held.retain(|k, _| present.contains(k.as_str()));
-        let mut faults = Vec::new();
-        let to_read: Vec<(String, Vec<u32>)> = units
+        let missing: Vec<&UnitCgroup> = units
             .iter()
             .filter(|u| !held.contains_key(&u.uuid))
-            .map(|u| (u.uuid.clone(), subtree(&u.dir, &mut faults).0))
             .collect();
-        if !to_read.is_empty() {
-            let procfs = self.procfs.clone();
-            let reads = crate::security::privileged(SPEC.capabilities, move || {
-                to_read
-                    .into_iter()
-                    .map(|(uuid, pids)| {
-                        let visible = job_environ_value(
-                            &procfs,
-                            &pids,
-                            "PBS_JOBID",
-                            &uuid,
-                            &["CUDA_VISIBLE_DEVICES"],
-                        );
-                        (uuid, visible)
-                    })
-                    .collect::<Vec<_>>()
-            });
-            for (uuid, visible) in reads {
-                // A job whose processes say nothing yet is asked again at the next scrape.
-                if let Some(visible) = visible {
-                    held.insert(uuid, device_positions(&visible, &self.devices));
-                }
+        let reads = read_units_environ(
+            &missing,
+            &self.procfs,
+            SPEC.capabilities,
+            "PBS_JOBID",
+            &["CUDA_VISIBLE_DEVICES"],
+        );
+        for (uuid, visible) in reads {
+            // A job whose processes say nothing yet is asked again at the next scrape.
+            if let Some(visible) = visible {
+                held.insert(uuid, device_positions(&visible, &self.devices));
             }
         }
         held.clone()
