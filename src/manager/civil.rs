@@ -1,5 +1,35 @@
 //! UTC calendar arithmetic for the times managers print without a library's help: LSF's
-//! `Apr 12 18:10:00 2026`, Kubernetes' RFC 3339 `2026-04-12T18:10:00Z`.
+//! and PBS's `Apr 12 18:10:00 2026`, Kubernetes' RFC 3339 `2026-04-12T18:10:00Z`.
+
+const MONTHS: [&str; 12] = [
+    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+];
+
+/// `Apr 12 18:10:00 2026` or `Sun Apr 12 17:23:38 2026` (UTC) → epoch seconds: `asctime(3)`
+/// times, as LSF and PBS print them (run with `TZ=UTC`). A trailing flag bjobs adds to
+/// estimated times (`… 2026 L`) is ignored.
+pub fn parse_asctime(text: &str) -> Option<i64> {
+    let mut words: Vec<&str> = text.split_whitespace().collect();
+    if words
+        .first()
+        .is_some_and(|w| w.len() == 3 && w.parse::<u32>().is_err())
+        && words.get(1).is_some_and(|w| MONTHS.contains(w))
+    {
+        words.remove(0);
+    }
+    let [month, day, clock, year, ..] = words[..] else {
+        return None;
+    };
+    let month = MONTHS.iter().position(|m| *m == month)? as i64 + 1;
+    let day: i64 = day.parse().ok().filter(|d| (1..=31).contains(d))?;
+    let year: i64 = year.parse().ok().filter(|y| (1970..=9999).contains(y))?;
+    let mut hms = clock.split(':').map(|p| p.parse::<i64>().ok());
+    let (h, m, s) = (hms.next()??, hms.next()??, hms.next()??);
+    if hms.next().is_some() || h > 23 || m > 59 || s > 60 {
+        return None;
+    }
+    Some(days_from_civil(year, month, day) * 86_400 + h * 3600 + m * 60 + s)
+}
 
 /// Days from 1970-01-01 to the civil date (proleptic Gregorian).
 pub fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {

@@ -10,15 +10,12 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::host::ParseError;
-use crate::manager::civil::{civil_from_days, days_from_civil};
+use crate::manager::civil::civil_from_days;
+pub use crate::manager::civil::parse_asctime as parse_time;
 use crate::manager::{Allocation, UnitRecord};
 
 /// The fields asked of `bjobs -json -o …` for the stats-server.
 pub const BJOBS_FIELDS: &str = "jobid jobindex user user_group queue job_name proj_name stat alloc_slot nalloc_slot submit_time start_time run_time gpu_num mem memlimit mem_efficiency exec_cwd runtimelimit";
-
-const MONTHS: [&str; 12] = [
-    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-];
 
 /// `YYYY/MM/DD/HH:MM` of epoch seconds, in UTC.
 pub fn minute(epoch: i64) -> String {
@@ -29,31 +26,6 @@ pub fn minute(epoch: i64) -> String {
         secs / 3600,
         secs % 3600 / 60
     )
-}
-
-/// `Apr 12 18:10:00 2026` or `Sun Apr 12 17:23:38 2026` (UTC) → epoch seconds. A trailing
-/// flag bjobs adds to estimated times (`… 2026 L`) is ignored.
-pub fn parse_time(text: &str) -> Option<i64> {
-    let mut words: Vec<&str> = text.split_whitespace().collect();
-    if words
-        .first()
-        .is_some_and(|w| w.len() == 3 && w.parse::<u32>().is_err())
-        && words.get(1).is_some_and(|w| MONTHS.contains(w))
-    {
-        words.remove(0);
-    }
-    let [month, day, clock, year, ..] = words[..] else {
-        return None;
-    };
-    let month = MONTHS.iter().position(|m| *m == month)? as i64 + 1;
-    let day: i64 = day.parse().ok().filter(|d| (1..=31).contains(d))?;
-    let year: i64 = year.parse().ok().filter(|y| (1970..=9999).contains(y))?;
-    let mut hms = clock.split(':').map(|p| p.parse::<i64>().ok());
-    let (h, m, s) = (hms.next()??, hms.next()??, hms.next()??);
-    if hms.next().is_some() || h > 23 || m > 59 || s > 60 {
-        return None;
-    }
-    Some(days_from_civil(year, month, day) * 86_400 + h * 3600 + m * 60 + s)
 }
 
 /// `9 Mbytes`, `11M`, `1.5G`, `512` (bytes) → bytes.
