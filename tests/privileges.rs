@@ -614,3 +614,49 @@ fn check_privileges_tests_the_kubelet_socket_and_says_how_to_grant_it() {
         "{error}"
     );
 }
+
+#[test]
+fn check_privileges_reads_pbs_s_accounting_log_as_the_stats_server_s_user() {
+    if !is_root() {
+        println!("SKIPPED: needs root");
+        return;
+    }
+    // PBS_HOME's server_priv is root's, mode 750; the log below it is world-readable.
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let server_priv = tmp.path().join("server_priv");
+    let log = server_priv.join("accounting");
+    std::fs::create_dir_all(&log).unwrap();
+    std::fs::write(log.join("20261126"), "").unwrap();
+    std::fs::set_permissions(&server_priv, std::fs::Permissions::from_mode(0o750)).unwrap();
+    let config = tmp.path().join("ceems.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[stats-server.clusters]]\nid = \"pbs1\"\nmanager = \"openpbs\"\nopenpbs-accounting-dir = \"{}\"\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    let args = [
+        &format!("--config.file={}", config.display()) as &str,
+        "--web.listen-address=127.0.0.1:0",
+    ];
+    let kept = [&args[..], &["--security.drop-privileges=false"]].concat();
+    let (_, report) = check_privileges_of("stats-server", &[], &kept);
+    assert_eq!(
+        part(&report, "openpbs accounting log")["test"]["outcome"],
+        "ok",
+        "{report:#}"
+    );
+    // Dropped to nobody, as the stats-server runs: denied, and told how to grant it.
+    let (code, report) = check_privileges_of("stats-server", &[], &args);
+    let test = part(&report, "openpbs accounting log")["test"].clone();
+    assert_eq!(test["outcome"], "denied", "{report:#}");
+    assert_eq!(code, 1, "{report:#}");
+    let error = test["error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!("setfacl -m u:nobody:x {}", server_priv.display())),
+        "{error}"
+    );
+}

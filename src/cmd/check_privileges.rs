@@ -223,6 +223,17 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             test: Some(check::test_run_as(sacct, user, caps)),
         });
     }
+    // An OpenPBS complex's log is under root's server_priv: a file mode, not a capability.
+    if sub == "stats-server" {
+        for dir in stats_server::openpbs_accounting_dirs(&settings)? {
+            parts.push(PartCheck {
+                part: "openpbs accounting log".into(),
+                needs: Vec::new(),
+                missing: Vec::new(),
+                test: Some(check::test_pbs_accounting(&dir)),
+            });
+        }
+    }
     // The lb reads the stats-server's SQLite file: no capability, but the file's mode.
     if sub == "lb"
         && settings

@@ -223,6 +223,44 @@ pub fn test_unix_socket(socket: &Path) -> OperationTest {
     test
 }
 
+/// Lists PBS's accounting log directory and opens its newest day, as the stats-server does
+/// for an OpenPBS complex. `server_priv` above it is root's (mode 750): an ACL lets the
+/// stats-server's user through without reading anything else there.
+pub fn test_pbs_accounting(dir: &Path) -> OperationTest {
+    let read = std::fs::read_dir(dir).and_then(|entries| {
+        let newest = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.len() == 8)
+            })
+            .max();
+        match newest {
+            Some(file) => std::fs::File::open(file).map(drop),
+            None => Ok(()),
+        }
+    });
+    let mut test = OperationTest::from_io(
+        format!("read PBS's accounting log in {}", dir.display()),
+        read,
+    );
+    if test.outcome == TestOutcome::Denied {
+        let user = nix::unistd::User::from_uid(nix::unistd::geteuid())
+            .ok()
+            .flatten()
+            .map_or_else(|| nix::unistd::geteuid().to_string(), |u| u.name);
+        let above = dir.parent().unwrap_or(Path::new("/"));
+        test.error = Some(format!(
+            "{}; let {user} through with an ACL: setfacl -m u:{user}:x {above} (the acl package)",
+            test.error.unwrap_or_default(),
+            above = above.display(),
+        ));
+    }
+    test
+}
+
 /// Reads another user's `/proc/<pid>/environ`, as the slurm collector does for job ids.
 pub fn test_foreign_environ(procfs: &Path, caps: &[Capability]) -> OperationTest {
     match foreign_process(procfs) {

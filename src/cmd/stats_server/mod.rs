@@ -17,6 +17,7 @@ use crate::manager::k8s::accounting::{self as k8s_accounting, K8sAccounting};
 use crate::manager::k8s::api::{self as k8s_api, KubeClient};
 use crate::manager::k8s::pod::PodPolicy;
 use crate::manager::lsf::accounting::LsfAccounting;
+use crate::manager::openpbs::accounting::PbsAccounting;
 use crate::manager::slurm::accounting::SlurmAccounting;
 use crate::manager::slurm::rest::{self, RestAccounting};
 use crate::manager::slurm::runner::{self, RunMode, SlurmCommand};
@@ -166,7 +167,7 @@ pub fn opts() -> Vec<Opt> {
         Opt::new(
             "clusters",
             Kind::FileOnly,
-            "Clusters in one database: [[stats-server.clusters]] with id, manager (slurm, lsf or k8s), sacct-path, sacctmgr-path, slurm-cluster-name, slurmrestd-url, lsf-bin-dir, lsf-env, kubeconfig, k8s-user-annotations, k8s-project-annotations, k8s-gpu-resources, prometheus-url",
+            "Clusters in one database: [[stats-server.clusters]] with id, manager (slurm, lsf, k8s or openpbs), sacct-path, sacctmgr-path, slurm-cluster-name, slurmrestd-url, lsf-bin-dir, lsf-env, openpbs-accounting-dir, openpbs-bin-dir, openpbs-env, kubeconfig, k8s-user-annotations, k8s-project-annotations, k8s-gpu-resources, prometheus-url",
         ),
         Opt::new(
             "prometheus.url",
@@ -278,6 +279,54 @@ fn lsf_accounting(c: &ClusterSettings) -> anyhow::Result<LsfAccounting> {
     Ok(LsfAccounting::new(&bin_dir, env, LSF_TIMEOUT))
 }
 
+/// The accounting log directories of the configured OpenPBS complexes, for check-privileges.
+pub fn openpbs_accounting_dirs(settings: &Layered) -> anyhow::Result<Vec<PathBuf>> {
+    let slurm: SlurmSettings = settings.get("slurm")?;
+    let (conf_dir, _) = PbsAccounting::from_pbs_conf(std::path::Path::new(PBS_CONF));
+    Ok(clusters(settings, &slurm)?
+        .into_iter()
+        .filter(|c| c.manager == crate::manager::openpbs::MANAGER)
+        .filter_map(|c| c.openpbs_accounting_dir.or_else(|| conf_dir.clone()))
+        .collect())
+}
+
+/// An OpenPBS complex's accounting: its server's log, qstat where it is installed.
+fn openpbs_accounting(c: &ClusterSettings) -> anyhow::Result<PbsAccounting> {
+    let (conf_dir, conf_bin) = PbsAccounting::from_pbs_conf(std::path::Path::new(PBS_CONF));
+    let dir = c.openpbs_accounting_dir.clone().or(conf_dir);
+    let bin_dir = c.openpbs_bin_dir.clone().or(conf_bin).or_else(|| {
+        crate::host::command::find_program("qstat", std::env::var_os("PATH").as_deref())
+            .and_then(|p| p.parent().map(std::path::Path::to_owned))
+    });
+    if let Some(d) = &dir {
+        anyhow::ensure!(
+            d.is_dir(),
+            "clusters: `{}`: PBS's accounting directory {} is not there; set openpbs-accounting-dir",
+            c.id,
+            d.display()
+        );
+    }
+    anyhow::ensure!(
+        dir.is_some() || bin_dir.is_some(),
+        "clusters: `{}`: neither PBS's accounting log nor qstat was found; set openpbs-accounting-dir or openpbs-bin-dir",
+        c.id
+    );
+    let env = c
+        .openpbs_env
+        .iter()
+        .filter_map(|v| v.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    tracing::info!(
+        cluster = %c.id,
+        accounting_dir = ?dir,
+        qstat_dir = ?bin_dir,
+        "OpenPBS jobs from the server's accounting log{}",
+        if dir.is_none() { " (absent: from qstat -x)" } else { "" }
+    );
+    Ok(PbsAccounting::new(dir, bin_dir, env, PBS_TIMEOUT))
+}
+
 /// A Kubernetes cluster's accounting: its pods followed from the API server.
 fn k8s_accounting(c: &ClusterSettings) -> anyhow::Result<K8sAccounting> {
     let client = |timeout: Duration| match &c.kubeconfig {
@@ -310,6 +359,10 @@ fn k8s_accounting(c: &ClusterSettings) -> anyhow::Result<K8sAccounting> {
 
 /// Longest a `bacct` or `bjobs` may take.
 const LSF_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a `qstat` may take.
+const PBS_TIMEOUT: Duration = Duration::from_secs(120);
+/// Where PBS says where it is installed.
+const PBS_CONF: &str = "/etc/pbs.conf";
 
 pub fn command() -> Command {
     config::build_command(
@@ -429,6 +482,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             let accounting: Arc<dyn Accounting> = match (c.manager.as_str(), &rest) {
                 ("lsf", _) => Arc::new(lsf_accounting(&c)?),
                 ("k8s", _) => Arc::new(k8s_accounting(&c)?),
+                ("openpbs", _) => Arc::new(openpbs_accounting(&c)?),
                 (_, Some(rest)) => Arc::new(RestAccounting {
                     endpoint: c
                         .slurmrestd_url

@@ -118,7 +118,7 @@ pub(super) struct PathSetting {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub(super) struct ClusterSettings {
     pub(super) id: String,
-    /// Whose accounting this cluster's jobs come from: `slurm` or `lsf`.
+    /// Whose accounting this cluster's jobs come from: `slurm`, `lsf`, `k8s` or `openpbs`.
     #[serde(default = "slurm_manager")]
     pub(super) manager: String,
     /// LSF: the directory of `bacct` and `bjobs` (None: found on PATH).
@@ -127,6 +127,16 @@ pub(super) struct ClusterSettings {
     /// LSF: `NAME=value` variables its commands need (`LSF_ENVDIR=/opt/lsf/conf`).
     #[serde(default)]
     pub(super) lsf_env: Vec<String>,
+    /// OpenPBS: the server's accounting log directory (None: `PBS_HOME/server_priv/accounting`
+    /// from /etc/pbs.conf).
+    #[serde(default)]
+    pub(super) openpbs_accounting_dir: Option<PathBuf>,
+    /// OpenPBS: the directory of `qstat` (None: `PBS_EXEC/bin` from /etc/pbs.conf, else PATH).
+    #[serde(default)]
+    pub(super) openpbs_bin_dir: Option<PathBuf>,
+    /// OpenPBS: `NAME=value` variables its commands need (`PBS_CONF_FILE=/etc/pbs.conf`).
+    #[serde(default)]
+    pub(super) openpbs_env: Vec<String>,
     /// Kubernetes: the API server's kubeconfig (None: the in-cluster service account).
     #[serde(default)]
     pub(super) kubeconfig: Option<PathBuf>,
@@ -194,6 +204,9 @@ pub(super) fn clusters(
             manager: slurm_manager(),
             lsf_bin_dir: None,
             lsf_env: Vec::new(),
+            openpbs_accounting_dir: None,
+            openpbs_bin_dir: None,
+            openpbs_env: Vec::new(),
             kubeconfig: None,
             k8s_user_annotations: None,
             k8s_project_annotations: None,
@@ -218,24 +231,37 @@ pub(super) fn clusters(
             || c.slurm_cluster_name.is_some()
             || c.slurmrestd_url.is_some();
         let lsf_keys = c.lsf_bin_dir.is_some() || !c.lsf_env.is_empty();
+        let pbs_keys = c.openpbs_accounting_dir.is_some()
+            || c.openpbs_bin_dir.is_some()
+            || !c.openpbs_env.is_empty();
         let k8s_keys = c.kubeconfig.is_some()
             || c.k8s_user_annotations.is_some()
             || c.k8s_project_annotations.is_some()
             || c.k8s_gpu_resources.is_some();
         match c.manager.as_str() {
             "slurm" => anyhow::ensure!(
-                !lsf_keys && !k8s_keys,
-                "clusters: `{}` is a Slurm cluster; lsf-* keys are for manager = \"lsf\", kubeconfig and k8s-* for manager = \"k8s\"",
+                !lsf_keys && !k8s_keys && !pbs_keys,
+                "clusters: `{}` is a Slurm cluster; lsf-* keys are for manager = \"lsf\", kubeconfig and k8s-* for manager = \"k8s\", openpbs-* for manager = \"openpbs\"",
                 c.id
             ),
             "k8s" => anyhow::ensure!(
-                !slurm_keys && !lsf_keys,
-                "clusters: `{}` is a Kubernetes cluster; sacct-path, sacctmgr-path, slurm-cluster-name, slurmrestd-url and lsf-* are not its keys",
+                !slurm_keys && !lsf_keys && !pbs_keys,
+                "clusters: `{}` is a Kubernetes cluster; sacct-path, sacctmgr-path, slurm-cluster-name, slurmrestd-url, lsf-* and openpbs-* are not its keys",
                 c.id
             ),
+            "openpbs" => {
+                anyhow::ensure!(
+                    !slurm_keys && !lsf_keys && !k8s_keys,
+                    "clusters: `{}` is an OpenPBS complex; only its openpbs-* keys and prometheus-url apply",
+                    c.id
+                );
+                if let Some(bad) = c.openpbs_env.iter().find(|v| !v.contains('=')) {
+                    anyhow::bail!("clusters: `{}`: openpbs-env `{bad}` is not NAME=value", c.id);
+                }
+            }
             "lsf" => {
                 anyhow::ensure!(
-                    !slurm_keys && !k8s_keys,
+                    !slurm_keys && !k8s_keys && !pbs_keys,
                     "clusters: `{}` is an LSF cluster; sacct-path, sacctmgr-path, slurm-cluster-name and slurmrestd-url are for Slurm",
                     c.id
                 );
@@ -244,7 +270,7 @@ pub(super) fn clusters(
                 }
             }
             other => anyhow::bail!(
-                "clusters: `{}`: manager `{other}` is not one the stats-server reads (slurm, lsf, k8s)",
+                "clusters: `{}`: manager `{other}` is not one the stats-server reads (slurm, lsf, k8s, openpbs)",
                 c.id
             ),
         }

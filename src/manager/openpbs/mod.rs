@@ -22,6 +22,9 @@ use crate::host::cgroup::{
 use crate::manager::environ::read_units_environ;
 use crate::manager::{ResourceManager, UnitCgroup, UnitGpus};
 
+pub mod accounting;
+pub mod records;
+
 pub const MANAGER: &str = "openpbs";
 
 pub const SPEC: CollectorSpec = CollectorSpec {
