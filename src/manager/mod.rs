@@ -24,6 +24,14 @@ pub mod slurm;
 /// The exporter's side of a manager, defined beside the unit collector that uses it.
 pub use crate::collect::units::discovery::{ResourceManager, UnitCgroup, UnitGpus, UnitInfo};
 
+/// Seconds since the epoch, as accounting records count them (0 before 1970).
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
 /// Whether `id` can be a unit's id under any manager: a Slurm job (`42`), an LSF array element
 /// (`42[3]`), a pod UID, a VM UUID. Nothing else reaches a manager's command or the database.
 pub fn is_unit_id(id: &str) -> bool {

@@ -200,6 +200,15 @@ fn foreign_process(procfs: &Path) -> Option<(u32, u32)> {
         .copied()
 }
 
+/// This process's user, by name where it has one: for the lines that grant it access.
+fn effective_user() -> String {
+    let uid = nix::unistd::geteuid();
+    nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map_or_else(|| uid.to_string(), |u| u.name)
+}
+
 /// Connects to a unix socket as the daemon would (the kubelet's pod-resources socket); a
 /// refusal says how to let this user in without root.
 pub fn test_unix_socket(socket: &Path) -> OperationTest {
@@ -208,10 +217,7 @@ pub fn test_unix_socket(socket: &Path) -> OperationTest {
         std::os::unix::net::UnixStream::connect(socket).map(drop),
     );
     if test.outcome == TestOutcome::Denied {
-        let user = nix::unistd::User::from_uid(nix::unistd::geteuid())
-            .ok()
-            .flatten()
-            .map_or_else(|| nix::unistd::geteuid().to_string(), |u| u.name);
+        let user = effective_user();
         let dir = socket.parent().unwrap_or(Path::new("/"));
         test.error = Some(format!(
             "{}; let {user} in with ACLs, kept when the kubelet makes the socket again: setfacl -m u:{user}:x on each directory above {dir}, setfacl -m u:{user}:rwx,d:u:{user}:rw {dir}, setfacl -m u:{user}:rw {socket}",
@@ -247,10 +253,7 @@ pub fn test_pbs_accounting(dir: &Path) -> OperationTest {
         read,
     );
     if test.outcome == TestOutcome::Denied {
-        let user = nix::unistd::User::from_uid(nix::unistd::geteuid())
-            .ok()
-            .flatten()
-            .map_or_else(|| nix::unistd::geteuid().to_string(), |u| u.name);
+        let user = effective_user();
         let above = dir.parent().unwrap_or(Path::new("/"));
         test.error = Some(format!(
             "{}; let {user} through with an ACL: setfacl -m u:{user}:x {above} (the acl package)",

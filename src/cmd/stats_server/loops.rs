@@ -17,12 +17,7 @@ pub(super) struct Stats {
     pub(super) association_failures: AtomicU64,
 }
 
-pub(super) fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
+pub(super) use crate::manager::unix_now;
 
 /// A cluster with what it needs at run time.
 pub(super) struct Source {

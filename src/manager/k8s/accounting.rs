@@ -14,7 +14,7 @@ use serde::Deserialize;
 use super::api::KubeClient;
 use super::pod::{record, Pod, PodPolicy};
 use crate::host::ParseError;
-use crate::manager::{Accounting, AccountingError, Associations, UnitRecords};
+use crate::manager::{unix_now, Accounting, AccountingError, Associations, UnitRecords};
 
 /// How long ended pods are kept.
 const KEEP_ENDED: i64 = 7 * 86_400;
@@ -162,13 +162,6 @@ impl PodStore {
     }
 }
 
-fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
-
 /// One cluster's pods, followed by a thread of its own.
 pub struct K8sAccounting {
     store: Arc<Mutex<PodStore>>,
@@ -230,8 +223,8 @@ fn follow(
                 .map_err(|e| e.to_string())
                 .and_then(|body| {
                     let mut s = store.lock().unwrap_or_else(|p| p.into_inner());
-                    s.apply_list(&body, now())?;
-                    s.prune(policy, now());
+                    s.apply_list(&body, unix_now())?;
+                    s.prune(policy, unix_now());
                     tracing::info!(cluster, version = ?s.version, "pods listed");
                     Ok(())
                 }),
@@ -269,7 +262,7 @@ fn watch(store: &Mutex<PodStore>, watcher: &KubeClient, version: &str) -> Result
             continue;
         }
         let mut s = store.lock().unwrap_or_else(|p| p.into_inner());
-        match s.apply_event(&line, now()) {
+        match s.apply_event(&line, unix_now()) {
             Ok(true) => {}
             Ok(false) => {
                 tracing::info!(version, "watch version expired (410 Gone): listing again");
@@ -343,13 +336,13 @@ impl Accounting for K8sAccounting {
                 "the pods have not been listed yet".into(),
             ));
         }
-        Ok(store.records(&self.policy, seconds_ago.max(0), now()))
+        Ok(store.records(&self.policy, seconds_ago.max(0), unix_now()))
     }
 
     fn unit(&self, id: &str) -> Result<UnitRecords, AccountingError> {
         let store = self.store.lock().unwrap_or_else(|p| p.into_inner());
         let records: Vec<_> = store
-            .records(&self.policy, i64::MAX / 4, now())
+            .records(&self.policy, i64::MAX / 4, unix_now())
             .filter(|r| r.as_ref().is_ok_and(|r| r.uuid == id))
             .collect();
         Ok(Box::new(records.into_iter()))

@@ -14,7 +14,9 @@ use std::time::Duration;
 use super::bacct;
 use crate::host::command::{self, CommandError};
 use crate::host::ParseError;
-use crate::manager::{Accounting, AccountingError, Associations, UnitRecord, UnitRecords};
+use crate::manager::{
+    unix_now, Accounting, AccountingError, Associations, UnitRecord, UnitRecords,
+};
 
 /// Largest `bacct` or `bjobs` answer read.
 const MAX_OUTPUT: u64 = 1 << 30;
@@ -132,20 +134,13 @@ impl LsfAccounting {
     }
 }
 
-fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
-
 impl Accounting for LsfAccounting {
     fn manager(&self) -> &'static str {
         super::MANAGER
     }
 
     fn units_since(&self, seconds_ago: i64) -> Result<UnitRecords, AccountingError> {
-        let to = now();
+        let to = unix_now();
         // bjobs first: a job that ended meanwhile is then bacct's, which comes last and wins.
         let mut records = self.unfinished(None)?;
         records.extend(self.finished(&Self::bacct_args(to - seconds_ago.max(0), to))?);

@@ -24,7 +24,9 @@ use super::records::{self, LogRecord, RecordKind};
 use crate::host::command::{self, CommandError};
 use crate::host::ParseError;
 use crate::manager::civil::civil_from_days;
-use crate::manager::{Accounting, AccountingError, Associations, UnitRecord, UnitRecords};
+use crate::manager::{
+    unix_now, Accounting, AccountingError, Associations, UnitRecord, UnitRecords,
+};
 
 /// Largest `qstat` answer read.
 const MAX_OUTPUT: u64 = 1 << 30;
@@ -318,20 +320,13 @@ impl PbsAccounting {
     }
 }
 
-fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
-
 impl Accounting for PbsAccounting {
     fn manager(&self) -> &'static str {
         super::MANAGER
     }
 
     fn units_since(&self, seconds_ago: i64) -> Result<UnitRecords, AccountingError> {
-        let now = now();
+        let now = unix_now();
         let since = now - seconds_ago.max(0);
         let records = match &self.accounting_dir {
             Some(dir) => {
@@ -353,7 +348,7 @@ impl Accounting for PbsAccounting {
     }
 
     fn unit(&self, id: &str) -> Result<UnitRecords, AccountingError> {
-        let now = now();
+        let now = unix_now();
         let mut records = self.qstat(&["-x", "-t", "-f", "-F", "json", id], now)?;
         records.retain(|r| r.as_ref().map_or(true, |u| u.uuid == id));
         if records.is_empty() {
