@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::lab::{prometheus_scraping, prometheus_tools, wait_until};
+use common::lab::{lab_script, prometheus_scraping, prometheus_tools, wait_until, LabProgram};
 use common::mail::{aiosmtpd, SmtpSink};
 use common::{api_get, label_of, name_of, parse_series, read_number, runnable, unit_value};
 use serde_json::Value;
@@ -22,29 +22,11 @@ use serde_json::Value;
 const PBS_BIN: &str = "/opt/pbs/bin";
 /// The server's `mailer` (`scripts/openpbs-lab.sh` sets it); put back to a no-op when dropped.
 const MAILER: &str = "/run/ceems-lab/pbs-mailer";
+const IDLE: &str = "#!/bin/sh\ncat >/dev/null\nexit 0\n";
 const ACCOUNTING: &str = "/var/spool/pbs/server_priv/accounting";
 const CPUACCT_JOBS: &str = "/sys/fs/cgroup/cpuacct/pbs_jobs.service/jobid";
 /// Burns its first argument's CPU seconds, then sleeps its second's.
 const BURNER: &str = "/tmp/ceems-pbs-burn.py";
-
-fn pbs_lab() -> Result<(), String> {
-    if !nix::unistd::Uid::effective().is_root() {
-        return Err("needs root".into());
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/openpbs-lab.sh");
-    let out = Command::new("bash")
-        .arg(script)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(format!(
-            "openpbs-lab.sh failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(())
-}
 
 /// A PBS command as `user`, from /tmp; its trimmed stdout.
 fn pbs(user: &str, program: &str, args: &[&str]) -> String {
@@ -60,6 +42,11 @@ fn pbs(user: &str, program: &str, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// `qsub` as alice, with arguments that hold no spaces; the job id.
+fn qsub(args: &str) -> String {
+    pbs("alice", "qsub", &args.split(' ').collect::<Vec<_>>())
 }
 
 fn qstat_json(id: &str) -> Value {
@@ -88,24 +75,6 @@ impl Drop for QdelOnDrop {
     }
 }
 
-struct Mailer;
-
-impl Mailer {
-    fn install(script: &str) -> Mailer {
-        let tmp = format!("{MAILER}.tmp");
-        std::fs::write(&tmp, script).unwrap();
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::rename(&tmp, MAILER).unwrap();
-        Mailer
-    }
-}
-
-impl Drop for Mailer {
-    fn drop(&mut self) {
-        let _ = std::fs::write(MAILER, "#!/bin/sh\ncat >/dev/null\nexit 0\n");
-    }
-}
-
 fn units(server: &common::Running) -> Vec<Value> {
     let path = "/api/v1/units/admin?from=0&field=uuid&field=user&field=project&field=group&field=partition&field=state&field=exit_code&field=alloc_cpus&field=alloc_mem_bytes&field=elapsed_seconds&field=resource_manager&field=time_limit_seconds&field=nodes";
     api_get(server, path, "root")["data"]
@@ -124,7 +93,7 @@ fn kernel_cpu(id: &str) -> Option<f64> {
 fn pbs_jobs_from_qsub_to_the_scrape_the_database_and_the_mail() {
     if !runnable(
         "openpbs_lab",
-        pbs_lab()
+        lab_script("openpbs-lab.sh")
             .and_then(|_| prometheus_tools())
             .and_then(|_| aiosmtpd()),
     ) {
@@ -192,64 +161,24 @@ fn pbs_jobs_from_qsub_to_the_scrape_the_database_and_the_mail() {
     .unwrap();
     let log = tmp.path().join("mailprog.log");
     std::fs::write(&log, "").unwrap();
-    let _mailer = Mailer::install(&format!(
+    let script = format!(
         "#!/bin/sh\nexec nsenter --net=/proc/{}/ns/net {} mailprog --config.file={} \"$@\" 2>>{}\n",
         std::process::id(),
         env!("CARGO_BIN_EXE_ceems"),
         mail_config.display(),
         log.display()
-    ));
+    );
+    let _mailer = LabProgram::install(MAILER, &script, IDLE);
 
     // Two sub-jobs fill the node's two CPUs; the mailed job runs once they are done.
-    let array = pbs(
-        "alice",
-        "qsub",
-        &[
-            "-J",
-            "1-2",
-            "-N",
-            "arr",
-            "-l",
-            "select=1:ncpus=1:mem=200mb",
-            "-l",
-            "walltime=00:05:00",
-            "-o",
-            "/dev/null",
-            "-e",
-            "/dev/null",
-            "--",
-            "/usr/bin/python3",
-            BURNER,
-            "2",
-            "10",
-        ],
-    );
+    let quiet = "-o /dev/null -e /dev/null -- /usr/bin/python3";
+    let array = qsub(&format!(
+        "-J 1-2 -N arr -l select=1:ncpus=1:mem=200mb -l walltime=00:05:00 {quiet} {BURNER} 2 10"
+    ));
     let mut guard = QdelOnDrop(vec![array.clone()]);
-    let mailed = pbs(
-        "alice",
-        "qsub",
-        &[
-            "-N",
-            "mailed",
-            "-m",
-            "e",
-            "-M",
-            "alice@localhost",
-            "-l",
-            "select=1:ncpus=1",
-            "-l",
-            "walltime=00:05:00",
-            "-o",
-            "/dev/null",
-            "-e",
-            "/dev/null",
-            "--",
-            "/usr/bin/python3",
-            BURNER,
-            "1",
-            "4",
-        ],
-    );
+    let mailed = qsub(&format!(
+        "-N mailed -m e -M alice@localhost -l select=1:ncpus=1 -l walltime=00:05:00 {quiet} {BURNER} 1 8"
+    ));
     guard.0.push(mailed.clone());
     let (seq, server_name) = array.split_once("[]").expect("an array id");
     let subs: Vec<String> = (1..=2)
@@ -418,4 +347,10 @@ fn pbs_jobs_from_qsub_to_the_scrape_the_database_and_the_mail() {
         "{text}"
     );
     assert!(!text.contains("report is not available"), "{text}");
+    // The report's figures came from Prometheus, as for a Slurm job.
+    let report = api_get(&server, &format!("/report/pbslab/{mailed}.json"), "alice");
+    assert_eq!(
+        report["data"]["job"]["aggregates_status"], "done",
+        "{report:#}"
+    );
 }

@@ -12,31 +12,14 @@ use std::time::Duration;
 
 use common::lab::{
     lab, prometheus_scraping, prometheus_tools, start_stats_server_every, submit, wait_until,
-    CancelOnDrop,
+    CancelOnDrop, LabProgram,
 };
 use common::mail::{aiosmtpd, SmtpSink};
 use common::{runnable, start_exporter};
 
 /// The path slurmctld runs (`scripts/slurm-lab.sh` sets it); put back to a no-op when dropped.
 const MAILPROG: &str = "/run/ceems-lab/mailprog";
-
-struct MailProg;
-
-impl MailProg {
-    fn install(script: &str) -> MailProg {
-        let tmp = format!("{MAILPROG}.tmp");
-        std::fs::write(&tmp, script).unwrap();
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::rename(&tmp, MAILPROG).unwrap();
-        MailProg
-    }
-}
-
-impl Drop for MailProg {
-    fn drop(&mut self) {
-        let _ = std::fs::write(MAILPROG, "#!/bin/sh\nexit 0\n");
-    }
-}
+const IDLE: &str = "#!/bin/sh\nexit 0\n";
 
 #[test]
 fn slurm_s_end_of_job_mail_carries_the_job_s_report() {
@@ -72,12 +55,16 @@ fn slurm_s_end_of_job_mail_carries_the_job_s_report() {
     std::fs::write(&log, "").unwrap();
     std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o666)).unwrap();
     // As examples/slurm/mailprog.sh, with this build and this test's config.
-    let _mailprog = MailProg::install(&format!(
-        "#!/bin/sh\nexec {} mailprog --config.file={} \"$@\" 2>>{}\n",
-        env!("CARGO_BIN_EXE_ceems"),
-        config.display(),
-        log.display()
-    ));
+    let _mailprog = LabProgram::install(
+        MAILPROG,
+        &format!(
+            "#!/bin/sh\nexec {} mailprog --config.file={} \"$@\" 2>>{}\n",
+            env!("CARGO_BIN_EXE_ceems"),
+            config.display(),
+            log.display()
+        ),
+        IDLE,
+    );
 
     let job = submit(
         "alice",

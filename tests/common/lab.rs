@@ -9,22 +9,53 @@ use std::time::{Duration, Instant};
 
 /// Brings the lab up (idempotent). Needs root.
 pub fn lab() -> Result<(), String> {
+    lab_script("slurm-lab.sh")
+}
+
+/// Runs one of the labs' set-up scripts (`scripts/<name>`, idempotent). Needs root.
+pub fn lab_script(name: &str) -> Result<(), String> {
     if !nix::unistd::Uid::effective().is_root() {
         return Err("needs root".into());
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/slurm-lab.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts")
+        .join(name);
     let out = Command::new("bash")
         .arg(script)
         .output()
         .map_err(|e| e.to_string())?;
     if !out.status.success() {
         return Err(format!(
-            "slurm-lab.sh failed: {}{}",
+            "{name} failed: {}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         ));
     }
     Ok(())
+}
+
+/// A program a lab daemon runs (a mail program), replaced for a test and put back to `idle`
+/// when dropped.
+pub struct LabProgram {
+    path: &'static str,
+    idle: &'static str,
+}
+
+impl LabProgram {
+    pub fn install(path: &'static str, script: &str, idle: &'static str) -> LabProgram {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = format!("{path}.tmp");
+        std::fs::write(&tmp, script).expect("write the program");
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::rename(&tmp, path).expect("install the program");
+        LabProgram { path, idle }
+    }
+}
+
+impl Drop for LabProgram {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.path, self.idle);
+    }
 }
 
 /// Runs `cmd` as `user` in /tmp and returns its trimmed stdout.
