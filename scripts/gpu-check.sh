@@ -10,6 +10,9 @@
 #   - its power is within 10% of `nvidia-smi --query-gpu=power.draw`;
 #   - job 4242 is mapped to GPU 0 (ceems_compute_unit_gpu_index_flag = 1);
 #   - the job's GPU energy counter increases.
+# Then the same for an OpenPBS job on v2 (pbs_jobs.service/jobid/4243.gpucheck, as PBS's
+# pbs_cgroups hook makes it, with PBS_JOBID and CUDA_VISIBLE_DEVICES=<GPU 0's UUID>): the
+# exporter's openpbs collector maps it to GPU 0 by UUID (flag 1, manager="openpbs").
 # Prints each figure and PASS/FAIL; exits non-zero on a failure. Then prints, without judging
 # it, the CPU per scrape of an exporter with only the nvidia collector and of one with none, to
 # compare run to run.
@@ -28,10 +31,16 @@ for d in /sys/fs/cgroup /sys/fs/cgroup/system.slice /sys/fs/cgroup/system.slice/
   echo "+cpu +memory" > "$d/cgroup.subtree_control" 2>/dev/null || true
 done
 
+pbs_job=4243.gpucheck
+pbs_cg=/sys/fs/cgroup/pbs_jobs.service/jobid/$pbs_job
+
 cleanup() {
   [ -n "${work:-}" ] && kill "$work" 2>/dev/null || true
   [ -n "${exporter:-}" ] && kill "$exporter" 2>/dev/null || true
+  [ -n "${pbs_work:-}" ] && kill "$pbs_work" 2>/dev/null || true
+  [ -n "${pbs_exporter:-}" ] && kill "$pbs_exporter" 2>/dev/null || true
   wait 2>/dev/null || true
+  rmdir "$pbs_cg" /sys/fs/cgroup/pbs_jobs.service/jobid /sys/fs/cgroup/pbs_jobs.service 2>/dev/null || true
   rmdir "$cg" /sys/fs/cgroup/system.slice/slurmstepd.scope/job_$job/step_0/user \
         /sys/fs/cgroup/system.slice/slurmstepd.scope/job_$job/step_0 \
         /sys/fs/cgroup/system.slice/slurmstepd.scope/job_$job 2>/dev/null || true
@@ -79,6 +88,34 @@ check "GPU 0 energy counter increases" "${e2:-0} > ${e1:-0} > 0" "${e1:-none} J 
 check "power within 10% of nvidia-smi" "abs(${p:-0} - ${smi_power:-0}) <= 0.1 * ${smi_power:-1}" "ceems ${p:-none} W, nvidia-smi ${smi_power:-none} W"
 check "job $job mapped to GPU 0" "${flag:-0} == 1" "flag ${flag:-none}"
 check "job GPU energy increases" "${j2:-0} > ${j1:-0}" "${j1:-none} J -> ${j2:-none} J"
+
+# An OpenPBS job on v2, its GPU named by UUID as PBS's hook names it.
+mkdir -p "$pbs_cg"
+for d in /sys/fs/cgroup /sys/fs/cgroup/pbs_jobs.service /sys/fs/cgroup/pbs_jobs.service/jobid; do
+  echo "+cpu +memory" > "$d/cgroup.subtree_control" 2>/dev/null || true
+done
+gpu0=$(nvidia-smi -i 0 --query-gpu=uuid --format=csv,noheader | tr -d ' ')
+sh -c "echo \$\$ > $pbs_cg/cgroup.procs && exec env PBS_JOBID=$pbs_job CUDA_VISIBLE_DEVICES=$gpu0 python3 -c '
+import time, torch
+x = torch.randn(4096, 4096, device=\"cuda\")
+t = time.time()
+while time.time() - t < 40:
+    y = x @ x
+    torch.cuda.synchronize()
+'" &
+pbs_work=$!
+sleep 8
+pbs_port=$((port + 2))
+"$bin" exporter --collector.openpbs --collector.nvidia --collector.gpu.type=nvidia \
+  --collector.cgroups.force-version=v2 --web.listen-address=127.0.0.1:$pbs_port \
+  --log.level=info > /tmp/gpu-check-openpbs.log 2>&1 &
+pbs_exporter=$!
+for _ in $(seq 50); do curl -sf "127.0.0.1:$pbs_port/metrics" >/dev/null && break; sleep 0.2; done
+curl -s "127.0.0.1:$pbs_port/metrics" > /tmp/gpu-check-3.txt
+pbs_flag=$(grep '^ceems_compute_unit_gpu_index_flag{' /tmp/gpu-check-3.txt | grep "uuid=\"$pbs_job\"" \
+  | grep 'manager="openpbs"' | grep 'index="0"' | awk '{print $NF}')
+check "OpenPBS job $pbs_job mapped to GPU 0 by UUID" "${pbs_flag:-0} == 1" "flag ${pbs_flag:-none} ($gpu0)"
+kill "$pbs_exporter" "$pbs_work" 2>/dev/null || true
 
 # CPU per scrape (from /proc/<pid>/stat) over 50 scrapes, after one to warm up.
 cpu_per_scrape() {
