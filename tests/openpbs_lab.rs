@@ -147,20 +147,8 @@ fn pbs_jobs_from_qsub_to_the_scrape_the_database_and_the_mail() {
     // The server runs its mailer in the complex's network namespace: the mailer goes back to
     // this test's to reach the stats-server and the SMTP server on loopback.
     let sink = SmtpSink::start(&tmp.path().join("smtp"));
-    let mail_config = tmp.path().join("ceems.toml");
-    std::fs::write(
-        &mail_config,
-        format!(
-            "[mailprog]\nstats-server.url = \"{}\"\nweb.external-url = \"https://ceems.lab.example\"\n\
-             from = \"PBS <pbs@lab.example>\"\ntimeout = \"90s\"\n\
-             [mailprog.smtp]\nhost = \"127.0.0.1\"\nport = {}\ntls = \"none\"\n",
-            server.url(""),
-            sink.port
-        ),
-    )
-    .unwrap();
-    let log = tmp.path().join("mailprog.log");
-    std::fs::write(&log, "").unwrap();
+    let (mail_config, log) =
+        sink.mailprog_config(tmp.path(), &server.url(""), "PBS <pbs@lab.example>");
     let script = format!(
         "#!/bin/sh\nexec nsenter --net=/proc/{}/ns/net {} mailprog --config.file={} \"$@\" 2>>{}\n",
         std::process::id(),

@@ -38,22 +38,8 @@ fn slurm_s_end_of_job_mail_carries_the_job_s_report() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let sink = SmtpSink::start(&tmp.path().join("smtp"));
-    let config = tmp.path().join("ceems.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[mailprog]\nstats-server.url = \"{}\"\nweb.external-url = \"https://ceems.lab.example\"\n\
-             from = \"Slurm <slurm@lab.example>\"\ntimeout = \"90s\"\n\
-             [mailprog.smtp]\nhost = \"127.0.0.1\"\nport = {}\ntls = \"none\"\n",
-            server.url(""),
-            sink.port
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let log = tmp.path().join("mailprog.log");
-    std::fs::write(&log, "").unwrap();
-    std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let (config, log) =
+        sink.mailprog_config(tmp.path(), &server.url(""), "Slurm <slurm@lab.example>");
     // As examples/slurm/mailprog.sh, with this build and this test's config.
     let _mailprog = LabProgram::install(
         MAILPROG,

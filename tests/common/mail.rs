@@ -69,6 +69,34 @@ impl SmtpSink {
         SmtpSink::start_with(dir, &[])
     }
 
+    /// Writes a config file for `ceems mailprog` in `dir` that mails through this server from
+    /// `from`, with reports from the stats-server at `stats_server`; returns the file and the
+    /// log file mailprog's stderr goes to (both readable and writable by the lab's daemons).
+    pub fn mailprog_config(
+        &self,
+        dir: &Path,
+        stats_server: &str,
+        from: &str,
+    ) -> (PathBuf, PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let config = dir.join("ceems.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[mailprog]\nstats-server.url = \"{stats_server}\"\nweb.external-url = \"https://ceems.lab.example\"\n\
+                 from = \"{from}\"\ntimeout = \"90s\"\n\
+                 [mailprog.smtp]\nhost = \"127.0.0.1\"\nport = {}\ntls = \"none\"\n",
+                self.port
+            ),
+        )
+        .expect("write mailprog's config");
+        std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let log = dir.join("mailprog.log");
+        std::fs::write(&log, "").expect("create mailprog's log");
+        std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        (config, log)
+    }
+
     /// With the script's extra arguments (`--cert`, `--key`, `--login`).
     pub fn start_with(dir: &Path, extra: &[&str]) -> SmtpSink {
         let mut sink = SmtpSink {
