@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A real one-node OpenPBS complex on this machine (server, scheduler, comm, MoM and PBS's own
-# PostgreSQL data service), built from ../shared/vendor/openpbs-*.tar.gz, with the pbs_cgroups
+# PostgreSQL data service), built from vendor/openpbs-*.tar.gz, with the pbs_cgroups
 # hook putting jobs in cgroups of the v1 hierarchies here. For tests/openpbs_lab.rs.
 # Idempotent: installs and builds what is missing, writes the configuration, starts what is not
 # running and waits until the node is free. Needs root. See docs/openpbs-lab.md.
@@ -23,7 +23,7 @@ prefix=${OPENPBS_PREFIX:-/opt/pbs}
 build_dir=${OPENPBS_BUILD_DIR:-/var/tmp/openpbs-build}
 tarball=${OPENPBS_TARBALL:-}
 if [ -z "$tarball" ]; then
-  for t in "$repo"/../shared/vendor/openpbs-*.tar.gz "$repo"/../../shared/vendor/openpbs-*.tar.gz; do
+  for t in "$repo"/vendor/openpbs-*.tar.gz "$repo"/../shared/vendor/openpbs-*.tar.gz; do
     [ -f "$t" ] && tarball=$t && break
   done
 fi
