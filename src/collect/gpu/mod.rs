@@ -88,6 +88,15 @@ fn tool_path(configured: &Option<PathBuf>, name: &str) -> Option<PathBuf> {
     }
 }
 
+/// The node's GPUs for a manager's units (`what`: "jobs", "pods"): a GPU tool that fails
+/// leaves the units without GPU series, said in the log, rather than stopping the collector.
+pub fn discover_for_units(settings: &GpuSettings, sysfs: &Path, what: &str) -> Vec<GpuDevice> {
+    discover(settings, sysfs).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "cannot list the node's GPUs; {what} get no GPU series");
+        Vec::new()
+    })
+}
+
 /// The node's GPUs, numbered as [`GpuDevice::index`] says.
 pub fn discover(settings: &GpuSettings, sysfs: &Path) -> Result<Vec<GpuDevice>, GpuError> {
     let vendor = match settings.kind.as_deref() {

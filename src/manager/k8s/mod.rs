@@ -102,12 +102,7 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
         version,
         &ctx.common.cgroups.active_subsystem,
     );
-    match gpu::discover(&ctx.common.gpu, &ctx.paths.sysfs) {
-        Ok(devices) => manager.devices = devices,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot list the node's GPUs; pods get no GPU series")
-        }
-    }
+    manager.devices = gpu::discover_for_units(&ctx.common.gpu, &ctx.paths.sysfs, "pods");
     let socket = PathBuf::from(&s.kubelet_podresources_socket.file);
     if !manager.devices.is_empty() {
         if !socket.exists() {

@@ -138,12 +138,7 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
         &bjobs,
         &host,
     );
-    match gpu::discover(&ctx.common.gpu, &ctx.paths.sysfs) {
-        Ok(devices) => manager.devices = devices,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot list the node's GPUs; jobs get no GPU series")
-        }
-    }
+    manager.devices = gpu::discover_for_units(&ctx.common.gpu, &ctx.paths.sysfs, "jobs");
     tracing::info!(version = ?version, root = %manager.root.display(), bjobs = %bjobs.display(), host = %host, "lsf collector discovers jobs");
     let collector = UnitCollector::new(
         manager,

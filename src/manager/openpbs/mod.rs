@@ -75,12 +75,7 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
         version,
         &ctx.common.cgroups.active_subsystem,
     );
-    match gpu::discover(&ctx.common.gpu, &ctx.paths.sysfs) {
-        Ok(devices) => manager.devices = devices,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot list the node's GPUs; jobs get no GPU series")
-        }
-    }
+    manager.devices = gpu::discover_for_units(&ctx.common.gpu, &ctx.paths.sysfs, "jobs");
     tracing::info!(version = ?version, jobs = %manager.root.join(JOBS_DIR).display(), "openpbs collector discovers jobs");
     let collector = UnitCollector::new(
         manager,

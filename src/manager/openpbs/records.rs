@@ -125,12 +125,6 @@ fn truncate(s: &str) -> &str {
     }
 }
 
-/// Whether `id` is a job or an array's sub-job (`12.server`, `12[3].server`), not an array's
-/// parent (`12[].server`) or a reservation (`R12.server`).
-pub fn is_job(id: &str) -> bool {
-    super::is_job_id(id)
-}
-
 /// One line of the accounting log: the job record it holds, None for the records that are
 /// not of a job's life (licenses, reservations, array parents), or why it cannot be read.
 pub fn parse_line(line: &str) -> Result<Option<LogRecord>, String> {
@@ -155,7 +149,8 @@ pub fn parse_line(line: &str) -> Result<Option<LogRecord>, String> {
         "A" => RecordKind::Aborted,
         _ => return Ok(None),
     };
-    if !is_job(id) {
+    // Array parents (`12[]`) and reservations (`R12`) are not units.
+    if !super::is_job_id(id) {
         return Ok(None);
     }
     let attrs = attributes(parts.next().unwrap_or(""))?;
@@ -344,7 +339,7 @@ pub fn parse_qstat(
         .jobs
         .iter()
         .enumerate()
-        .filter(|(_, (id, _))| is_job(id))
+        .filter(|(_, (id, _))| super::is_job_id(id))
         .map(|(i, (id, job))| qstat_job(id, job, now).map_err(|m| ParseError::new(i + 1, m)))
         .collect())
 }

@@ -60,13 +60,7 @@ impl GpuMapping {
 pub(super) fn gpu_mapping(ctx: &Context, s: &Settings) -> Result<Option<GpuMapping>, CollectError> {
     let order = OrderMap::parse(s.gpu_order_map.as_deref().unwrap_or(""))
         .map_err(|e| CollectError::Other(format!("--collector.slurm.gpu-order-map: {e}")))?;
-    let devices = match gpu::discover(&ctx.common.gpu, &ctx.paths.sysfs) {
-        Ok(d) => d,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot list the node's GPUs; jobs get no GPU series");
-            return Ok(None);
-        }
-    };
+    let devices = gpu::discover_for_units(&ctx.common.gpu, &ctx.paths.sysfs, "jobs");
     if devices.is_empty() {
         return Ok(None);
     }
