@@ -367,7 +367,8 @@ const PBS_CONF: &str = "/etc/pbs.conf";
 pub fn command() -> Command {
     config::build_command(
         Command::new("stats-server")
-            .about("Pull jobs from sacct (Slurm), bacct/bjobs (LSF) or the Kubernetes API (pods) into SQLite; per-job energy and usage from Prometheus; JSON API for Grafana (:9020)"),
+            .about("Pull jobs from Slurm (sacct or slurmrestd), LSF (bacct/bjobs), Kubernetes (the API server's pods) or OpenPBS (its accounting log, qstat) into SQLite or PostgreSQL; per-job energy and usage from Prometheus; JSON API for Grafana (:9020)")
+            .after_help(settings::CLUSTERS_HELP),
         &opts(),
     )
 }

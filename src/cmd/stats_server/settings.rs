@@ -189,6 +189,18 @@ pub(super) struct PrometheusSettings {
     pub(super) queries: Queries,
 }
 
+/// Where clusters are configured, one line per manager, for `--help`.
+pub(super) const CLUSTERS_HELP: &str = "\
+Clusters: without a config file, the --slurm.* flags describe one Slurm cluster. Several
+clusters, or any that is not Slurm, go in the TOML file of --config.file: one
+[[stats-server.clusters]] table each (examples/ceems.toml has them all), sharing one database.
+One line each, as a `clusters = [ ... ]` array of the [stats-server] table:
+  Slurm:      { id = \"hpc\", manager = \"slurm\", sacct-path = \"/usr/bin/sacct\" }
+  LSF:        { id = \"lsf\", manager = \"lsf\", lsf-bin-dir = \"/opt/lsf/bin\", lsf-env = [\"LSF_ENVDIR=/opt/lsf/conf\"] }
+  Kubernetes: { id = \"k8s\", manager = \"k8s\", kubeconfig = \"/etc/ceems/kubeconfig\" }
+  OpenPBS:    { id = \"pbs\", manager = \"openpbs\", openpbs-accounting-dir = \"/var/spool/pbs/server_priv/accounting\" }
+Any entry may set prometheus-url. `ceems check-privileges stats-server` tests what each needs.";
+
 /// The Slurm clusters of the configuration: the `clusters` list, or the one of `--slurm.*`.
 pub(super) fn clusters(
     settings: &Layered,
@@ -369,4 +381,36 @@ pub(super) fn external_url(configured: &str, listen: &str) -> String {
         .and_then(|h| h.into_string().ok())
         .unwrap_or_else(|| "localhost".to_owned());
     format!("http://{host}:{port}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example lines of `--help`, as an operator would paste them into a config file.
+    #[test]
+    fn every_example_cluster_of_the_help_is_a_valid_entry() {
+        let lines: Vec<&str> = CLUSTERS_HELP
+            .lines()
+            .filter_map(|l| l.split_once(": ").map(|(_, entry)| entry.trim()))
+            .filter(|entry| entry.starts_with('{'))
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("ceems.toml");
+        let text = format!("[stats-server]\nclusters = [\n{}\n]\n", lines.join(",\n"));
+        std::fs::write(&file, &text).unwrap();
+        let matches = super::super::command()
+            .try_get_matches_from(["stats-server", "--config.file", file.to_str().unwrap()])
+            .unwrap();
+        let settings = config::load("stats-server", &super::super::opts(), &matches)
+            .unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let slurm: SlurmSettings = settings.get("slurm").unwrap();
+        let list = clusters(&settings, &slurm).unwrap_or_else(|e| panic!("{e:#}\n{text}"));
+        let managers: Vec<&str> = list.iter().map(|c| c.manager.as_str()).collect();
+        assert_eq!(
+            managers,
+            ["slurm", "lsf", "k8s", "openpbs"],
+            "{CLUSTERS_HELP}"
+        );
+    }
 }
