@@ -513,10 +513,36 @@ fn check_privileges_lb_tests_the_database_as_the_daemons_user() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("needs read access"), "{text}");
+    // The summary names the part that failed and what to do, not an empty "Missing: -".
+    let summary = text.rsplit("\n\n").next().unwrap_or_default();
+    assert!(
+        summary.contains("Not ready: 1 of")
+            && summary.contains("the stats-server's database: the OS refused")
+            && summary.contains("give the daemon's user that access"),
+        "{text}"
+    );
+    assert!(!text.contains("Missing: -"), "{text}");
     std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
     let out = check();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("Everything the enabled parts need is present."),
+        "{text}"
+    );
+    // No database at all: an error, not "everything is present".
+    std::fs::remove_file(&db).unwrap();
+    let out = check();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        !text.contains("Everything the enabled parts need is present."),
+        "{text}"
+    );
+    assert!(
+        text.contains("the stats-server's database: `read ") && text.contains("fix that"),
+        "{text}"
+    );
 }
 
 /// LSF's collector reads MIG jobs' environments (`CUDA_VISIBLE_DEVICES`, `LSB_BATCH_JID`) of

@@ -66,12 +66,49 @@ pub struct PartCheck {
 }
 
 impl PartCheck {
+    /// No capability missing and the real test, if any, not failed: a test that found nothing
+    /// to try on this node (no such device) is not a failure.
     pub fn ok(&self) -> bool {
         self.missing.is_empty()
             && self
                 .test
                 .as_ref()
-                .is_none_or(|t| t.outcome != TestOutcome::Denied)
+                .is_none_or(|t| !matches!(t.outcome, TestOutcome::Denied | TestOutcome::Error))
+    }
+
+    /// Why this part is not ready and what to do, for the summary; None when it is.
+    pub fn failure(&self) -> Option<String> {
+        if self.ok() {
+            return None;
+        }
+        let caps = || {
+            self.missing
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let test = self.test.as_ref();
+        let said = test
+            .and_then(|t| t.error.as_deref())
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default();
+        let operation = test.map(|t| t.operation.as_str()).unwrap_or("its test");
+        Some(match test.map(|t| &t.outcome) {
+            _ if !self.missing.is_empty() => format!(
+                "{}: {} missing; grant it with one of the lines below",
+                self.part,
+                caps()
+            ),
+            Some(TestOutcome::Denied) => format!(
+                "{}: the OS refused `{operation}`{said}; give the daemon's user that access (file mode, ACL or group), then run this check again",
+                self.part
+            ),
+            _ => format!(
+                "{}: `{operation}` failed{said}; fix that, then run this check again",
+                self.part
+            ),
+        })
     }
 }
 
@@ -410,8 +447,8 @@ pub fn fix(needed: &[Capability], binary: &Path, sudo_commands: &[String]) -> Fi
 }
 
 impl Report {
-    /// Builds the report; `ok` is false when a needed capability is missing or a test was
-    /// refused by the OS.
+    /// Builds the report; `ok` is false when a needed capability is missing or a part's test
+    /// was refused or failed.
     pub fn new(
         subcommand: &str,
         process: ProcessReport,
@@ -532,7 +569,16 @@ impl Report {
         if self.ok {
             let _ = writeln!(out, "Everything the enabled parts need is present.");
         } else {
-            let _ = writeln!(out, "Missing: {}", names(&self.missing));
+            let failed: Vec<String> = self.parts.iter().filter_map(PartCheck::failure).collect();
+            let _ = writeln!(
+                out,
+                "Not ready: {} of {} parts:",
+                failed.len(),
+                self.parts.len()
+            );
+            for line in failed {
+                let _ = writeln!(out, "  {line}");
+            }
         }
         if !self.needed.is_empty() {
             let _ = writeln!(
