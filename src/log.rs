@@ -50,3 +50,62 @@ pub fn init(cfg: &LogConfig) -> Result<(), LogError> {
     let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer));
     Ok(())
 }
+
+/// One kind of event that can come in bursts (requests refused under load): the first of a
+/// window is logged at once, those that follow only counted, so a burst writes one line per
+/// window and the count instead of one line per event.
+#[derive(Debug)]
+pub struct RepeatedEvent {
+    pub window: std::time::Duration,
+    /// The events counted since the window's first, logged or not; None: no window open.
+    counted: std::sync::Mutex<Option<u64>>,
+}
+
+impl RepeatedEvent {
+    pub const fn new(window: std::time::Duration) -> RepeatedEvent {
+        RepeatedEvent {
+            window,
+            counted: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Counts one event; true when it opens a window: the caller logs it, and calls
+    /// [`RepeatedEvent::close`] once `window` has passed.
+    pub fn opens_window(&self) -> bool {
+        let mut counted = self.counted.lock().unwrap_or_else(|p| p.into_inner());
+        match counted.as_mut() {
+            Some(n) => {
+                *n += 1;
+                false
+            }
+            None => {
+                *counted = Some(0);
+                true
+            }
+        }
+    }
+
+    /// Ends the window: how many events followed its first (not logged yet).
+    pub fn close(&self) -> u64 {
+        let mut counted = self.counted.lock().unwrap_or_else(|p| p.into_inner());
+        counted.take().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_is_one_logged_event_and_a_count() {
+        let refused = RepeatedEvent::new(std::time::Duration::from_secs(10));
+        assert!(refused.opens_window());
+        let logged = (0..999).filter(|_| refused.opens_window()).count();
+        assert_eq!(logged, 0, "events inside the window were logged");
+        assert_eq!(refused.close(), 999);
+        // The next burst opens a new window.
+        assert!(refused.opens_window());
+        assert_eq!(refused.close(), 0);
+        assert_eq!(refused.close(), 0);
+    }
+}

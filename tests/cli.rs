@@ -135,6 +135,90 @@ fn metrics_endpoint_contract() {
     }
 }
 
+/// A burst of requests over --web.max-requests: each is answered 503, and the log says so in
+/// a line and a count, not a line per request.
+#[test]
+fn a_burst_of_refused_requests_logs_a_line_and_a_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = ceems::testing::generate(
+        dir.path(),
+        ceems::testing::TreeSpec::new(ceems::host::cgroup::CgroupVersion::V2, 1),
+    )
+    .unwrap();
+    // A hung scrape holds the one permit while the burst comes in.
+    let stat = tree.job_dir(0).join("memory.stat");
+    std::fs::remove_file(&stat).unwrap();
+    nix::unistd::mkfifo(&stat, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+    let log_path = dir.path().join("exporter.log");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ceems"));
+    command
+        .arg("exporter")
+        .arg(format!("--path.cgroupfs={}", tree.cgroupfs().display()))
+        .arg(format!("--path.procfs={}", tree.procfs().display()))
+        .args([
+            "--collector.cgroups.force-version=v2",
+            "--collector.slurm",
+            "--collector.timeout=4s",
+            "--web.max-requests=1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap());
+    let exporter = common::start_listening(command, "exporter");
+    let url = exporter.url("/metrics");
+    let slow = {
+        let url = url.clone();
+        std::thread::spawn(move || ureq::get(&url).call().map(|r| r.status()).ok())
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let refused: usize = (0..10)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                (0..100)
+                    .filter(|_| matches!(ureq::get(&url).call(), Err(ureq::Error::Status(503, _))))
+                    .count()
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .sum();
+    assert_eq!(slow.join().unwrap(), Some(200));
+    assert!(refused >= 900, "only {refused} of 1,000 refused");
+    let lines_about_503 = || {
+        std::fs::read_to_string(&log_path)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("503"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    // The count comes when the 10 s window closes.
+    let start = Instant::now();
+    let lines = loop {
+        let lines = lines_about_503();
+        if lines
+            .iter()
+            .any(|l| l.contains("more requests answered 503"))
+            || start.elapsed() > Duration::from_secs(20)
+        {
+            break lines;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        lines.len() <= 3,
+        "{} lines for one burst: {lines:#?}",
+        lines.len()
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(&format!("refused={}", refused - 1))),
+        "no line counts the {refused} refused requests: {lines:#?}"
+    );
+}
+
 #[test]
 fn hanging_collector_times_out_and_excess_requests_get_503() {
     // A FIFO with no writer blocks a read forever: a stand-in for a hung filesystem.

@@ -246,6 +246,32 @@ async fn secured(
     resp
 }
 
+/// Requests answered 503 under a burst: one line, then one with the count per window.
+static REFUSED: crate::log::RepeatedEvent = crate::log::RepeatedEvent::new(Duration::from_secs(10));
+
+fn log_refused(peer: std::net::SocketAddr) {
+    if !REFUSED.opens_window() {
+        return;
+    }
+    let window = REFUSED.window;
+    tracing::warn!(
+        %peer,
+        "too many requests in flight (--web.max-requests); answering 503; those that follow in the next {}s are counted in one line",
+        window.as_secs()
+    );
+    tokio::spawn(async move {
+        tokio::time::sleep(window).await;
+        let more = REFUSED.close();
+        if more > 0 {
+            tracing::warn!(
+                refused = more,
+                "{more} more requests answered 503 in {}s: too many in flight (--web.max-requests)",
+                window.as_secs()
+            );
+        }
+    });
+}
+
 /// Serves `handler` on `listener` until `shutdown` resolves, then lets requests in flight
 /// finish for up to 10 s.
 pub async fn serve(
@@ -288,7 +314,7 @@ pub async fn serve(
                             Some(sem) => match Arc::clone(sem).try_acquire_owned() {
                                 Ok(p) => Some(p),
                                 Err(_) => {
-                                    tracing::warn!(%peer, "too many requests in flight; answering 503");
+                                    log_refused(peer);
                                     return Ok::<_, Infallible>(text_response(
                                         StatusCode::SERVICE_UNAVAILABLE,
                                         "too many requests in flight, try again later\n",
