@@ -24,6 +24,27 @@ pub mod slurm;
 /// The exporter's side of a manager, defined beside the unit collector that uses it.
 pub use crate::collect::units::discovery::{ResourceManager, UnitCgroup, UnitGpus, UnitInfo};
 
+/// How a user asks this manager for resources, for findings' advice: each names the option
+/// or field that sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestWords {
+    pub cores: &'static str,
+    pub memory: &'static str,
+    pub gpus: &'static str,
+    pub time: &'static str,
+}
+
+/// The request words of the manager named `manager` (Slurm's for a name none has).
+pub fn request_words(manager: &str) -> RequestWords {
+    match manager {
+        lsf::MANAGER => lsf::REQUEST_WORDS,
+        k8s::MANAGER => k8s::REQUEST_WORDS,
+        openpbs::MANAGER => openpbs::REQUEST_WORDS,
+        libvirt::MANAGER => libvirt::REQUEST_WORDS,
+        _ => slurm::REQUEST_WORDS,
+    }
+}
+
 /// Seconds since the epoch, as accounting records count them (0 before 1970).
 pub fn unix_now() -> i64 {
     std::time::SystemTime::now()

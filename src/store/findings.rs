@@ -69,6 +69,8 @@ pub struct Finding {
 /// What the rules look at, as the store holds it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct JobFacts {
+    /// The manager of the job's cluster, whose words the advice uses (empty: Slurm's).
+    pub manager: String,
     pub state: String,
     pub exit_code: String,
     pub ended: bool,
@@ -113,18 +115,19 @@ fn duration(s: i64) -> String {
     }
 }
 
-fn finding(id: &str, severity: Severity, message: String, advice: &str) -> Finding {
+fn finding(id: &str, severity: Severity, message: String, advice: String) -> Finding {
     Finding {
         id: id.to_owned(),
         severity,
         message,
-        advice: advice.to_owned(),
+        advice,
     }
 }
 
 /// The findings of one job, most severe first.
 pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
     let mut out = Vec::new();
+    let ask = crate::manager::request_words(&job.manager);
     // CPU: only over the time Prometheus saw, so a job without series is not judged.
     if job.alloc_cpus > 0 && job.aggregated_seconds > 0 {
         let used = job.cpu_seconds / job.aggregated_seconds as f64;
@@ -137,7 +140,10 @@ pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
                     "It used {used:.1} of its {} CPU cores on average ({efficiency:.0}% CPU efficiency).",
                     job.alloc_cpus
                 ),
-                "Ask for fewer cores (-c / --ntasks), or check that the program really runs in parallel.",
+                format!(
+                    "Ask for fewer cores ({}), or check that the program really runs in parallel.",
+                    ask.cores
+                ),
             ));
         }
     }
@@ -157,7 +163,10 @@ pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
                     bytes(job.alloc_mem_bytes as f64)
                 ),
             },
-            "Ask for more memory (--mem or --mem-per-cpu), or make the program use less.",
+            format!(
+                "Ask for more memory ({}), or make the program use less.",
+                ask.memory
+            ),
         ));
     } else if let Some(peak) = job.memory_peak_bytes {
         let request = job.alloc_mem_bytes as f64;
@@ -172,7 +181,10 @@ pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
                         bytes(peak),
                         bytes(request)
                     ),
-                    "Ask for less memory next time: other jobs can then start on the node.",
+                    format!(
+                        "Ask for less memory next time ({}): other jobs can then start on the node.",
+                        ask.memory
+                    ),
                 ));
             }
         }
@@ -184,7 +196,10 @@ pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
                 "gpu_unused",
                 Severity::Critical,
                 format!("It held {} GPU(s) and never used them.", job.alloc_gpus),
-                "Do not ask for GPUs (--gres=gpu) unless the program uses them; check that it finds CUDA.",
+                format!(
+                    "Do not ask for GPUs ({}) unless the program uses them; check that it finds CUDA.",
+                    ask.gpus
+                ),
             )),
             (Some(_), Some(mean)) if 100.0 * mean < t.gpu_utilization_below => out.push(finding(
                 "gpu_low_use",
@@ -194,7 +209,10 @@ pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
                     job.alloc_gpus,
                     100.0 * mean
                 ),
-                "Ask for fewer GPUs, or feed them more work (larger batches, more data loader workers).",
+                format!(
+                    "Ask for fewer GPUs ({}), or feed them more work (larger batches, more data loader workers).",
+                    ask.gpus
+                ),
             )),
             _ => {}
         }
@@ -212,7 +230,10 @@ pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
                         duration(job.elapsed_seconds),
                         duration(limit)
                     ),
-                    "Ask for a shorter time (--time): shorter jobs start sooner.",
+                    format!(
+                        "Ask for a shorter time ({}): shorter jobs start sooner.",
+                        ask.time
+                    ),
                 ));
             }
         }
@@ -220,10 +241,15 @@ pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
     // Failures.
     if job.ended {
         let advice = match job.state.as_str() {
-            "TIMEOUT" => Some("It reached its time limit: ask for more time (--time), or save checkpoints to restart from."),
-            "FAILED" => Some("Read the job's error output; the exit code is the program's."),
-            "NODE_FAIL" => Some("A node failed under it: resubmit; tell the admins if it happens again."),
-            "OUT_OF_MEMORY" => Some("See the memory finding."),
+            "TIMEOUT" => Some(format!(
+                "It reached its time limit: ask for more time ({}), or save checkpoints to restart from.",
+                ask.time
+            )),
+            "FAILED" => Some("Read the job's error output; the exit code is the program's.".to_owned()),
+            "NODE_FAIL" => Some(
+                "A node failed under it: resubmit; tell the admins if it happens again.".to_owned(),
+            ),
+            "OUT_OF_MEMORY" => Some("See the memory finding.".to_owned()),
             _ => None,
         };
         if let Some(advice) = advice {
@@ -255,7 +281,7 @@ pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
                 "It used {kwh:.3} kWh and emitted {:.0} g CO2e: about {km:.1} km by car (at {:.0} g CO2e/km).",
                 job.emissions_grams, t.car_grams_per_km
             ),
-            "Efficient jobs use less energy for the same science.",
+            "Efficient jobs use less energy for the same science.".to_owned(),
         ));
     }
     out.sort_by_key(|f| std::cmp::Reverse(f.severity));
@@ -439,6 +465,61 @@ mod tests {
             .advice
             .contains("time limit"));
         assert!(ids(&ended("CANCELLED")).is_empty());
+    }
+
+    #[test]
+    fn advice_is_in_the_words_of_the_job_s_manager() {
+        let mut j = ended("TIMEOUT");
+        j.cpu_seconds = 0.1 * 3600.0;
+        j.memory_fail_count = Some(1.0);
+        j.alloc_gpus = 1;
+        j.gpu_utilization_max = Some(0.0);
+        let advice = |manager: &str| {
+            let job = JobFacts {
+                manager: manager.into(),
+                ..j.clone()
+            };
+            evaluate(&job, &Thresholds::default())
+                .into_iter()
+                .map(|f| (f.id, f.advice))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        let slurm = advice("slurm");
+        assert!(
+            slurm["cpu_efficiency"].contains("(-c / --ntasks)"),
+            "{slurm:?}"
+        );
+        assert!(slurm["job_failed"].contains("--time"), "{slurm:?}");
+        assert_eq!(advice(""), slurm, "Slurm's words are the default");
+        let pod = advice("k8s");
+        assert!(
+            pod["cpu_efficiency"].contains("resources.requests.cpu"),
+            "{pod:?}"
+        );
+        assert!(pod["memory_exhausted"].contains("limits.memory"), "{pod:?}");
+        assert!(pod["gpu_unused"].contains("nvidia.com/gpu"), "{pod:?}");
+        let lsf = advice("lsf");
+        assert!(lsf["cpu_efficiency"].contains("bsub -n"), "{lsf:?}");
+        assert!(lsf["job_failed"].contains("bsub -W"), "{lsf:?}");
+        let pbs = advice("openpbs");
+        assert!(pbs["cpu_efficiency"].contains(":ncpus="), "{pbs:?}");
+        assert!(pbs["gpu_unused"].contains(":ngpus="), "{pbs:?}");
+        assert!(pbs["job_failed"].contains("walltime"), "{pbs:?}");
+        let vm = advice("libvirt");
+        assert!(vm["cpu_efficiency"].contains("flavor"), "{vm:?}");
+        for (manager, said) in [
+            ("k8s", &pod),
+            ("lsf", &lsf),
+            ("openpbs", &pbs),
+            ("libvirt", &vm),
+        ] {
+            assert!(
+                said.values().all(|a| !a.contains("--ntasks")
+                    && !a.contains("--gres")
+                    && !a.contains("--mem")),
+                "{manager}: Slurm's words in {said:?}"
+            );
+        }
     }
 
     #[test]

@@ -33,6 +33,14 @@ use api::KubeClient;
 
 pub const MANAGER: &str = "k8s";
 
+/// How a pod asks Kubernetes for resources, in findings' advice.
+pub const REQUEST_WORDS: super::RequestWords = super::RequestWords {
+    cores: "the pod's resources.requests.cpu",
+    memory: "the pod's resources.requests.memory and limits.memory",
+    gpus: "the pod's resources.limits, nvidia.com/gpu or amd.com/gpu",
+    time: "the pod's activeDeadlineSeconds",
+};
+
 pub const SPEC: CollectorSpec = CollectorSpec {
     name: "k8s",
     default_enabled: false,

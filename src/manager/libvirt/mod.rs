@@ -31,6 +31,14 @@ use domain::{Domain, HostDevice};
 
 pub const MANAGER: &str = "libvirt";
 
+/// How a VM is given resources, in findings' advice.
+pub const REQUEST_WORDS: super::RequestWords = super::RequestWords {
+    cores: "the VM's vCPUs (its flavor)",
+    memory: "the VM's memory (its flavor)",
+    gpus: "the GPUs passed to the VM (its flavor)",
+    time: "the VM's lifetime",
+};
+
 pub const SPEC: CollectorSpec = CollectorSpec {
     name: "libvirt",
     default_enabled: false,

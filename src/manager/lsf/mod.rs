@@ -35,6 +35,14 @@ use bjobs::{BjobsJob, JobGpus};
 
 pub const MANAGER: &str = "lsf";
 
+/// How a job asks LSF for resources, in findings' advice.
+pub const REQUEST_WORDS: super::RequestWords = super::RequestWords {
+    cores: "bsub -n",
+    memory: "bsub -M, or -R \"rusage[mem=…]\"",
+    gpus: "bsub -gpu \"num=…\"",
+    time: "bsub -W",
+};
+
 pub const SPEC: CollectorSpec = CollectorSpec {
     name: "lsf",
     default_enabled: false,

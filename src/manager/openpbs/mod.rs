@@ -27,6 +27,14 @@ pub mod records;
 
 pub const MANAGER: &str = "openpbs";
 
+/// How a job asks OpenPBS for resources, in findings' advice.
+pub const REQUEST_WORDS: super::RequestWords = super::RequestWords {
+    cores: "qsub -l select=…:ncpus=…",
+    memory: "qsub -l select=…:mem=…",
+    gpus: "qsub -l select=…:ngpus=…",
+    time: "qsub -l walltime=…",
+};
+
 pub const SPEC: CollectorSpec = CollectorSpec {
     name: "openpbs",
     default_enabled: false,

@@ -52,6 +52,14 @@ pub const SPEC: CollectorSpec = CollectorSpec {
 
 pub const MANAGER: &str = "slurm";
 
+/// How a job asks Slurm for resources, in findings' advice.
+pub const REQUEST_WORDS: super::RequestWords = super::RequestWords {
+    cores: "-c / --ntasks",
+    memory: "--mem or --mem-per-cpu",
+    gpus: "--gres=gpu",
+    time: "--time",
+};
+
 fn options() -> Vec<Opt> {
     vec![
         Opt::flag(

@@ -231,6 +231,14 @@ impl Store {
             Backend::Sqlite => "+cluster_id",
             Backend::Postgres => "cluster_id",
         };
+        // The advice is worded for the cluster's manager.
+        let manager: String = match self
+            .fetch_optional(&Sql::new("SELECT manager FROM clusters WHERE id = $1").arg(cluster))
+            .await?
+        {
+            Some(row) => row.get(0)?,
+            None => String::new(),
+        };
         let mut after = 0i64;
         let mut total = 0usize;
         loop {
@@ -259,6 +267,7 @@ impl Store {
             let mut updates: Vec<(i64, Option<String>)> = Vec::with_capacity(rows.len());
             for r in &rows {
                 let facts = JobFacts {
+                    manager: manager.clone(),
                     state: r.get(1)?,
                     exit_code: r.get(2)?,
                     ended: r.flag(3)?,

@@ -66,6 +66,36 @@ async fn findings_are_refreshed_page_by_page_and_only_for_changed_jobs() {
     assert_eq!(store.refresh_findings("lab", &t, 5).await.unwrap(), 1);
 }
 
+/// A pod that failed with a timeout is told to change its activeDeadlineSeconds, not
+/// Slurm's --time; a Slurm job of the same database keeps Slurm's words.
+#[tokio::test]
+async fn findings_advise_in_the_words_of_each_cluster_s_manager() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = testing::store(tmp.path()).await;
+    let jobs = numbered_jobs(1, |_, line| line.replace("COMPLETED", "TIMEOUT"));
+    store.register_cluster("kube", "k8s").await.unwrap();
+    store.register_cluster("lab", "slurm").await.unwrap();
+    store.ingest("kube", &jobs, 100, 1).await.unwrap();
+    store.ingest("lab", &jobs, 100, 1).await.unwrap();
+    let t = crate::store::findings::Thresholds::default();
+    for cluster in ["kube", "lab"] {
+        assert_eq!(store.refresh_findings(cluster, &t, 2).await.unwrap(), 1);
+    }
+    let findings = |cluster: &str| {
+        let q = Sql::new("SELECT findings FROM units WHERE cluster_id = $1").arg(cluster);
+        let store = &store;
+        async move {
+            let text: String = store.fetch_one(&q).await.unwrap().get(0).unwrap();
+            text
+        }
+    };
+    let pod = findings("kube").await;
+    assert!(pod.contains("activeDeadlineSeconds"), "{pod}");
+    assert!(!pod.contains("--time"), "{pod}");
+    let job = findings("lab").await;
+    assert!(job.contains("(--time)"), "{job}");
+}
+
 #[tokio::test]
 async fn a_bulk_ingestion_leaves_postgresql_planning_with_the_jobs_it_wrote() {
     let tmp = tempfile::tempdir().unwrap();

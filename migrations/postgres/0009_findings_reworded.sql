@@ -1,0 +1,1 @@
+../0009_findings_reworded.sql
