@@ -4,7 +4,8 @@
 //! from its last version; one answered `410 Gone`, which forces a new list), and RoleBindings.
 //! The pods reach `/units` with `resource_manager = "k8s"`, their owner, project, allocation
 //! and end; a user sees their own pods, and their projects are the namespaces RoleBindings
-//! give them.
+//! give them. A large cluster is listed in pages (`limit`, `continue`), again from the start
+//! when a page's token expires.
 
 mod common;
 
@@ -207,7 +208,8 @@ fn pods_are_listed_watched_resumed_and_listed_again_after_410() {
             .position(|t| t.contains(needle))
             .unwrap_or_else(|| panic!("never asked for {needle}: {asked:?}"))
     };
-    assert_eq!(asked[0], "/api/v1/pods");
+    const LIST: &str = "/api/v1/pods?limit=500";
+    assert_eq!(asked[0], LIST);
     assert!(
         at("resourceVersion=100") < at("resourceVersion=102"),
         "{asked:?}"
@@ -217,13 +219,13 @@ fn pods_are_listed_watched_resumed_and_listed_again_after_410() {
         "{asked:?}"
     );
     assert!(
-        asked[1..at("resourceVersion=200")].contains(&"/api/v1/pods".to_owned()),
+        asked[1..at("resourceVersion=200")].contains(&LIST.to_owned()),
         "{asked:?}"
     );
     assert!(
         asked
             .iter()
-            .all(|t| t == "/api/v1/pods" || t.contains("watch=1&allowWatchBookmarks=true")),
+            .all(|t| t == LIST || t.contains("watch=1&allowWatchBookmarks=true")),
         "{asked:?}"
     );
 
@@ -259,4 +261,139 @@ fn pods_are_listed_watched_resumed_and_listed_again_after_410() {
     let body: Value = serde_json::from_str(&report(A, "alice").1).unwrap();
     assert_eq!(body["data"]["job"]["state"], "COMPLETED", "{body}");
     assert_eq!(report(A, "bob").0, 403, "bob read alice's pod");
+}
+
+/// 1,203 pods in three pages of at most 500; the first try's token expires (410 Gone) before
+/// the second page, so the list starts again, and every pod reaches the database once.
+#[test]
+fn a_large_cluster_is_listed_in_pages_and_again_when_a_token_expires() {
+    const PODS: usize = 1203;
+    let uid = |i: usize| format!("dddddddd-0000-4000-8000-{i:012}");
+    let expired_once = Arc::new(AtomicUsize::new(0));
+    let e = Arc::clone(&expired_once);
+    let api = TestServer::start(
+        true,
+        Arc::new(move |req: &Request| {
+            let q = req.target.as_str();
+            match req.path() {
+                "/apis/rbac.authorization.k8s.io/v1/rolebindings" => {
+                    Response::json(200, json!({"items": []}))
+                }
+                "/api/v1/pods" if !q.contains("watch=1") => {
+                    let limit: usize = q
+                        .split(['?', '&'])
+                        .find_map(|p| p.strip_prefix("limit="))
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(usize::MAX);
+                    if limit > 500 {
+                        return Response::json(
+                            500,
+                            json!({"kind": "Status", "message": "one giant answer"}),
+                        );
+                    }
+                    let from: usize = q
+                        .split(['?', '&'])
+                        .find_map(|p| p.strip_prefix("continue=tok-"))
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    if from > 0 && e.fetch_add(1, Ordering::SeqCst) == 0 {
+                        return Response::json(
+                            410,
+                            json!({"kind": "Status", "code": 410, "reason": "Expired",
+                                   "message": "The provided continue parameter is too old"}),
+                        );
+                    }
+                    let to = (from + limit).min(PODS);
+                    let items: Vec<Value> = (from..to)
+                        .map(|i| pod(&uid(i), "ml", Some("alice"), "Running", "300"))
+                        .collect();
+                    let next = if to < PODS {
+                        format!("tok-{to}")
+                    } else {
+                        String::new()
+                    };
+                    Response::json(
+                        200,
+                        json!({"kind": "PodList",
+                               "metadata": {"resourceVersion": "300", "continue": next},
+                               "items": items}),
+                    )
+                }
+                "/api/v1/pods" => Response::raw(200, Vec::new()),
+                _ => Response::json(404, json!({"kind": "Status", "code": 404})),
+            }
+        }),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let kubeconfig = dir.join("kubeconfig.yml");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nclusters:\n- name: lab\n  cluster:\n    server: {}\n    certificate-authority-data: {}\ncontexts:\n- name: lab\n  context: {{cluster: lab, user: ceems}}\ncurrent-context: lab\nusers:\n- name: ceems\n  user: {{token: t}}\n",
+            api.url(),
+            base64::engine::general_purpose::STANDARD.encode(&api.cert_pem)
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&kubeconfig, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let config = dir.join("ceems.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[stats-server.web]\nadmin-users = [\"root\"]\n\n[[stats-server.clusters]]\nid = \"kube\"\nmanager = \"k8s\"\nkubeconfig = \"{}\"\n",
+            kubeconfig.display()
+        ),
+    )
+    .unwrap();
+    let server = common::start_subcommand(
+        "stats-server",
+        dir,
+        &[
+            &format!("--config.file={}", config.display()),
+            &format!("--storage.data.path={}", dir.join("data").display()),
+            "--storage.update-interval=1s",
+        ],
+        &[],
+    );
+    let start = Instant::now();
+    let got = loop {
+        let got = units(&server, "/api/v1/units/admin?from=0&field=uuid", "root");
+        if got.len() >= PODS || start.elapsed() > Duration::from_secs(30) {
+            break got;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let mut uuids: Vec<String> = got
+        .iter()
+        .filter_map(|u| u["uuid"].as_str().map(str::to_owned))
+        .collect();
+    uuids.sort();
+    uuids.dedup();
+    assert_eq!(
+        (got.len(), uuids.len()),
+        (PODS, PODS),
+        "pods missing or doubled"
+    );
+    assert_eq!(uuids.first(), Some(&uid(0)));
+    assert_eq!(uuids.last(), Some(&uid(PODS - 1)));
+    let lists: Vec<String> = api
+        .seen()
+        .iter()
+        .map(|r| r.target.clone())
+        .filter(|t| t.starts_with("/api/v1/pods") && !t.contains("watch=1"))
+        .collect();
+    // The first page, its expired token, then the three pages of the list begun again.
+    assert_eq!(
+        lists,
+        [
+            "/api/v1/pods?limit=500",
+            "/api/v1/pods?limit=500&continue=tok-500",
+            "/api/v1/pods?limit=500",
+            "/api/v1/pods?limit=500&continue=tok-500",
+            "/api/v1/pods?limit=500&continue=tok-1000",
+        ],
+        "{lists:?}"
+    );
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::api::KubeClient;
+use super::api::{KubeClient, KubeError};
 use super::pod::{record, Pod, PodPolicy};
 use crate::host::ParseError;
 use crate::manager::{unix_now, Accounting, AccountingError, Associations, UnitRecords};
@@ -56,6 +56,54 @@ struct PodList {
 struct ListMeta {
     #[serde(default)]
     resource_version: String,
+    /// The token of the next page; empty on the last.
+    #[serde(default, rename = "continue")]
+    next: String,
+}
+
+/// Pods per page of a list: a cluster of 100,000 pods is read in pages, never one answer.
+pub const LIST_PAGE: usize = 500;
+/// Lists begun again after a page's token expired (`410 Gone`) before one is given up.
+const LIST_RESTARTS: usize = 3;
+
+/// Every pod of the cluster, in pages of [`LIST_PAGE`] (`limit` and `continue`, all pages one
+/// snapshot of the server's). A token that expired mid-list (`410 Gone`) starts the list again;
+/// any other failed page fails the whole list, and nothing of it is taken.
+fn list_pods(client: &KubeClient) -> Result<(Vec<Pod>, String), String> {
+    let mut restarts = 0;
+    'list: loop {
+        let mut pods = Vec::new();
+        let mut version = String::new();
+        let mut token = String::new();
+        loop {
+            let mut path = format!("/api/v1/pods?limit={LIST_PAGE}");
+            if !token.is_empty() {
+                path.push_str("&continue=");
+                path.extend(form_urlencoded::byte_serialize(token.as_bytes()));
+            }
+            let body = match client.get(&path) {
+                Ok(body) => body,
+                Err(KubeError::Status { code: 410, .. })
+                    if !token.is_empty() && restarts < LIST_RESTARTS =>
+                {
+                    restarts += 1;
+                    tracing::info!(pods_so_far = pods.len(), "pod list's continue token expired (410 Gone): listing again from the start");
+                    continue 'list;
+                }
+                Err(e) => return Err(e.to_string()),
+            };
+            let page: PodList =
+                serde_json::from_str(&body).map_err(|e| format!("pod list page: {e}"))?;
+            if version.is_empty() {
+                version = page.metadata.resource_version;
+            }
+            pods.extend(page.items);
+            if page.metadata.next.is_empty() {
+                return Ok((pods, version));
+            }
+            token = page.metadata.next;
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -70,8 +118,13 @@ impl PodStore {
     /// ran).
     pub fn apply_list(&mut self, json: &str, now: i64) -> Result<(), String> {
         let list: PodList = serde_json::from_str(json).map_err(|e| format!("pod list: {e}"))?;
-        let listed: HashMap<String, Pod> = list
-            .items
+        self.apply_pods(list.items, list.metadata.resource_version, now);
+        Ok(())
+    }
+
+    /// Takes every pod of a list and the list's resource version.
+    pub fn apply_pods(&mut self, items: Vec<Pod>, version: String, now: i64) {
+        let listed: HashMap<String, Pod> = items
             .into_iter()
             .filter(|p| !p.metadata.uid.is_empty())
             .map(|p| (p.metadata.uid.clone(), p))
@@ -98,9 +151,8 @@ impl PodStore {
                 );
             }
         }
-        self.version = Some(list.metadata.resource_version).filter(|v| !v.is_empty());
+        self.version = Some(version).filter(|v| !v.is_empty());
         self.lists += 1;
-        Ok(())
     }
 
     /// Takes one watch event line. Ok(false): the version is gone, list again.
@@ -218,16 +270,13 @@ fn follow(
         let began = std::time::Instant::now();
         let watching = version.is_some();
         let result = match version {
-            None => client
-                .get("/api/v1/pods")
-                .map_err(|e| e.to_string())
-                .and_then(|body| {
-                    let mut s = store.lock().unwrap_or_else(|p| p.into_inner());
-                    s.apply_list(&body, unix_now())?;
-                    s.prune(policy, unix_now());
-                    tracing::info!(cluster, version = ?s.version, "pods listed");
-                    Ok(())
-                }),
+            None => list_pods(client).map(|(pods, version)| {
+                let mut s = store.lock().unwrap_or_else(|p| p.into_inner());
+                let listed = pods.len();
+                s.apply_pods(pods, version, unix_now());
+                s.prune(policy, unix_now());
+                tracing::info!(cluster, pods = listed, version = ?s.version, "pods listed");
+            }),
             Some(v) => watch(store, watcher, &v),
         };
         match result {

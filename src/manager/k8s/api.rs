@@ -21,6 +21,12 @@ pub enum KubeError {
     InCluster(String),
     #[error("GET {url}: {message}")]
     Request { url: String, message: String },
+    #[error("GET {url}: {code}: {message}")]
+    Status {
+        url: String,
+        code: u16,
+        message: String,
+    },
     #[error("pod list: {0}")]
     Parse(String),
 }
@@ -232,10 +238,11 @@ impl KubeClient {
         }
         match request.call() {
             Ok(r) => Ok(r),
-            Err(ureq::Error::Status(code, r)) => Err(failed(format!(
-                "{code}: {}",
-                r.into_string().unwrap_or_default().trim()
-            ))),
+            Err(ureq::Error::Status(code, r)) => Err(KubeError::Status {
+                url: url.clone(),
+                code,
+                message: r.into_string().unwrap_or_default().trim().to_owned(),
+            }),
             Err(e) => Err(failed(e.to_string())),
         }
     }
