@@ -41,6 +41,9 @@ if [ "$(id -u)" = 0 ]; then
 fi
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
+# Every fuzz target still compiles against today's crate (sharing the main target directory,
+# so the dependencies checked above are not checked again).
+(cd fuzz && CARGO_TARGET_DIR=../target cargo check --locked --bins)
 cargo test --locked
 if [ -n "${CEEMS_TEST_POSTGRES_URL:-}" ]; then
   CEEMS_TEST_STORE=postgres cargo test --locked --lib -- store:: notify::

@@ -1,7 +1,8 @@
 //! CEEMS's redfish_proxy YAML file and the networks it lists.
 #![no_main]
 
-use ceems::proxy::{ceems_yaml::to_table, networks};
+use ceems::config::redfish_proxy_yaml::to_table;
+use ceems::proxy::networks;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -11,7 +11,7 @@
 
 mod lb_yaml;
 mod opt;
-mod redfish_proxy_yaml;
+pub mod redfish_proxy_yaml;
 
 pub use opt::{Kind, Opt};
 
