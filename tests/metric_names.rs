@@ -257,3 +257,47 @@ fn the_switch_is_also_a_config_file_key() {
     assert!(has_family(&text, "ceems_ipmi_dcmi_current_watts"), "{text}");
     assert!(!has_family(&text, "ceems_ipmi_dcmi_power_current_watts"));
 }
+
+/// The switch chooses metric names only: today's and v0.10's spellings of the IPMI flags both
+/// start the collector, under either generation's names.
+#[test]
+fn both_spellings_of_the_ipmi_flags_work_in_both_modes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ipmitool = stub(
+        dir.path(),
+        "ipmitool",
+        &fixtures().join("compat/fixtures/ipmi/openipmi/ipmitool_dcmi_power_reading.txt"),
+    );
+    for (mode, series) in [
+        (
+            "v0.11",
+            "ceems_ipmi_dcmi_power_current_watts{hostname=\"\"}",
+        ),
+        ("v0.10", "ceems_ipmi_dcmi_current_watts{hostname=\"\"}"),
+    ] {
+        for spelling in ["ipmi", "ipmi_dcmi"] {
+            let cmd = match spelling {
+                "ipmi" => "ipmi.dcmi.cmd",
+                _ => "ipmi_dcmi.cmd",
+            };
+            let args = [
+                format!("--compat.metric-names={mode}"),
+                format!("--collector.{spelling}"),
+                format!("--collector.{cmd}={}", ipmitool.display()),
+                format!("--collector.{spelling}.test-mode"),
+                "--collector.empty-hostname-label".into(),
+            ];
+            let (exporter, log) = start_logged(
+                &args,
+                &[],
+                &dir.path().join(format!("{mode}-{spelling}.log")),
+            );
+            let text = exporter.get("/metrics");
+            assert!(
+                text.contains(series),
+                "{mode} with {args:?}: no {series}\n{text}\n{}",
+                log()
+            );
+        }
+    }
+}
