@@ -13,9 +13,12 @@
 # Then the same for an OpenPBS job on v2 (pbs_jobs.service/jobid/4243.gpucheck, as PBS's
 # pbs_cgroups hook makes it, with PBS_JOBID and CUDA_VISIBLE_DEVICES=<GPU 0's UUID>): the
 # exporter's openpbs collector maps it to GPU 0 by UUID (flag 1, manager="openpbs").
+# It also checks that the GPU's energy between two hardware counter reads (carried by power
+# samples) is within 5% of the counter's own.
 # Prints each figure and PASS/FAIL; exits non-zero on a failure. Then prints, without judging
-# it, the CPU per scrape of an exporter with only the nvidia collector and of one with none, to
-# compare run to run.
+# it, the CPU per scrape of an exporter with only the nvidia collector (the energy counter read
+# every 5 minutes, then at every scrape) and of one with none, the CPU per second between
+# scrapes, and what a GPU costs per scrape at a 15 s interval, to compare run to run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${CEEMS_BIN:-target/release/ceems}
@@ -68,9 +71,18 @@ for _ in $(seq 50); do curl -sf "127.0.0.1:$port/metrics" >/dev/null && break; s
 value() { # metric-with-labels-prefix file
   grep -F "$1" "$2" | head -1 | awk '{print $NF}'
 }
+# The hardware energy counter (mJ), read beside the scrapes to check the exporter's meter.
+hw_energy() {
+  python3 -c 'import ctypes
+n = ctypes.CDLL("libnvidia-ml.so.1"); n.nvmlInit_v2()
+d = ctypes.c_void_p(); n.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(d))
+e = ctypes.c_ulonglong(); n.nvmlDeviceGetTotalEnergyConsumption(d, ctypes.byref(e)); print(e.value)'
+}
 curl -s "127.0.0.1:$port/metrics" > /tmp/gpu-check-1.txt
+h1=$(hw_energy)
 sleep 10
 curl -s "127.0.0.1:$port/metrics" > /tmp/gpu-check-2.txt
+h2=$(hw_energy)
 smi_power=$(nvidia-smi -i 0 --query-gpu=power.draw --format=csv,noheader,nounits | head -1 | tr -d ' ')
 
 e1=$(grep '^ceems_nvidia_gpu_energy_joules_total{' /tmp/gpu-check-1.txt | grep 'index="0"' | awk '{print $NF}')
@@ -88,6 +100,10 @@ check "GPU 0 energy counter increases" "${e2:-0} > ${e1:-0} > 0" "${e1:-none} J 
 check "power within 10% of nvidia-smi" "abs(${p:-0} - ${smi_power:-0}) <= 0.1 * ${smi_power:-1}" "ceems ${p:-none} W, nvidia-smi ${smi_power:-none} W"
 check "job $job mapped to GPU 0" "${flag:-0} == 1" "flag ${flag:-none}"
 check "job GPU energy increases" "${j2:-0} > ${j1:-0}" "${j1:-none} J -> ${j2:-none} J"
+# The second scrape's energy comes from power samples (the counter is read every 5 minutes).
+check "energy between counter reads within 5% of the hardware's" \
+  "abs((${e2:-0} - ${e1:-0}) - (${h2:-0} - ${h1:-0}) / 1000) <= 0.05 * (${h2:-0} - ${h1:-0}) / 1000" \
+  "ceems +$(python3 -c "print(round(${e2:-0} - ${e1:-0}, 1))") J, hardware +$(python3 -c "print(round((${h2:-0} - ${h1:-0}) / 1000, 1))") J"
 
 # An OpenPBS job on v2, its GPU named by UUID as PBS's hook names it.
 mkdir -p "$pbs_cg"
@@ -130,8 +146,25 @@ cpu_per_scrape() {
   kill $pid; wait $pid 2>/dev/null || true
   awk -v d=$((after - before)) -v t="$(getconf CLK_TCK)" 'BEGIN {printf "%.2f", d * 1000 / t / 50}'
 }
+# CPU per second of an idle exporter (the power sampler between scrapes), over 10 s.
+idle_cpu_per_second() {
+  local p=$((port + 1)) pid before after
+  "$bin" exporter --collector.disable-defaults --web.disable-exporter-metrics "$@" \
+    --web.listen-address=127.0.0.1:$p --log.level=error &
+  pid=$!
+  for _ in $(seq 50); do curl -sf "127.0.0.1:$p/metrics" >/dev/null && break; sleep 0.2; done
+  before=$(awk '{print $14 + $15}' /proc/$pid/stat)
+  sleep 10
+  after=$(awk '{print $14 + $15}' /proc/$pid/stat)
+  kill $pid; wait $pid 2>/dev/null || true
+  awk -v d=$((after - before)) -v t="$(getconf CLK_TCK)" 'BEGIN {printf "%.3f", d * 1000 / t / 10}'
+}
 gpus=$(nvidia-smi -L | grep -c '^GPU')
+every=$(cpu_per_scrape --collector.nvidia --collector.nvidia.energy-counter-interval=0s)
 with=$(cpu_per_scrape --collector.nvidia)
 without=$(cpu_per_scrape)
-echo "nvidia collector: $with ms CPU per scrape with $gpus GPU(s), $without ms without it"
+idle=$(idle_cpu_per_second --collector.nvidia)
+echo "nvidia collector: $with ms CPU per scrape with $gpus GPU(s) (energy counter read every 5m), $every ms reading it at every scrape, $without ms without the collector; $idle ms CPU per second between scrapes (power sampler)"
+# At a 15 s scrape interval: a scrape, 15 s of sampling, and a counter read every 20 scrapes.
+python3 -c "print('nvidia collector at a 15 s scrape interval: %.2f ms CPU per scrape per GPU' % (($with - $without) + 15 * $idle + ($every - $with) / 20) / $gpus)"
 exit $fail

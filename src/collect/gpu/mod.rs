@@ -110,7 +110,8 @@ pub fn discover(settings: &GpuSettings, sysfs: &Path) -> Result<Vec<GpuDevice>, 
     match vendor {
         Vendor::None => Ok(Vec::new()),
         Vendor::Nvidia => {
-            match nvml::RealNvml::load() {
+            // Only the device list: no energy is read.
+            match nvml::RealNvml::load(std::time::Duration::ZERO) {
                 Ok(lib) => {
                     return nvml::Nvml::devices(&lib).map_err(|e| GpuError::Other(e.to_string()))
                 }

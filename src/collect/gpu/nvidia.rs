@@ -4,13 +4,16 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use serde::Deserialize;
 
 use super::nvml::{GpuReading, Nvml, NvmlError, RealNvml, THROTTLE_REASONS};
 use super::GpuDevice;
 use crate::collect::units::{self, UnitGpus};
 use crate::collect::{CollectError, Collector, CollectorSpec, Context};
+use crate::config::{Kind, Opt};
 use crate::metrics::{Labels, MetricSet};
 
 pub const SPEC: CollectorSpec = CollectorSpec {
@@ -18,15 +21,51 @@ pub const SPEC: CollectorSpec = CollectorSpec {
     default_enabled: false,
     // /dev/nvidia* are world-usable; NVML needs no capability.
     capabilities: &[],
-    options: Vec::new,
+    options,
     build,
     self_test: None,
     sub_collectors: &[],
 };
 
+fn options() -> Vec<Opt> {
+    vec![Opt::new(
+        "collector.nvidia.energy-counter-interval",
+        Kind::Duration,
+        "Read a GPU's energy counter from the hardware at most this often when the read is dear (about 4 ms of CPU on Hopper GPUs), carrying it between reads with the GPU's power sampled each second; 0s reads it at every scrape",
+    )
+    .default("5m")]
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct Settings {
+    #[serde(deserialize_with = "crate::config::de_duration")]
+    energy_counter_interval: Duration,
+}
+
+/// How often the energy meters get a power sample: NVML's power is a one-second average.
+const POWER_SAMPLE_PERIOD: Duration = Duration::from_secs(1);
+
 fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
+    let s: Settings = ctx.settings()?;
+    let nvml = Arc::new(LazyNvml::new(s.energy_counter_interval));
+    if !s.energy_counter_interval.is_zero() {
+        let weak = Arc::downgrade(&nvml);
+        let sampler = std::thread::Builder::new()
+            .name("ceems-gpu-power".into())
+            .spawn(move || loop {
+                std::thread::sleep(POWER_SAMPLE_PERIOD);
+                match weak.upgrade() {
+                    Some(nvml) => nvml.sample_power(),
+                    None => break,
+                }
+            });
+        if let Err(e) = sampler {
+            tracing::warn!(error = %e, "no power sampler: GPU energy is carried between counter reads by each scrape's power");
+        }
+    }
     Ok(Box::new(NvidiaCollector::new(
-        Box::new(LazyNvml::default()),
+        Box::new(nvml),
         &ctx.paths.procfs,
         &ctx.hostname,
     )))
@@ -34,9 +73,18 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
 
 /// NVML loaded on first use and retried at most once a minute, so a node whose driver loads
 /// after the exporter starts gets its series.
-#[derive(Default)]
 struct LazyNvml {
+    energy_interval: Duration,
     state: Mutex<(Option<RealNvml>, Option<Instant>)>,
+}
+
+impl LazyNvml {
+    fn new(energy_interval: Duration) -> LazyNvml {
+        LazyNvml {
+            energy_interval,
+            state: Mutex::new((None, None)),
+        }
+    }
 }
 
 impl LazyNvml {
@@ -50,7 +98,7 @@ impl LazyNvml {
                 return Err(NvmlError::Load("not loaded (retried every minute)".into()));
             }
             state.1 = Some(Instant::now());
-            state.0 = Some(RealNvml::load()?);
+            state.0 = Some(RealNvml::load(self.energy_interval)?);
         }
         match &state.0 {
             Some(lib) => f(lib),
@@ -63,8 +111,27 @@ impl Nvml for LazyNvml {
     fn devices(&self) -> Result<Vec<GpuDevice>, NvmlError> {
         self.with(|n| n.devices())
     }
-    fn read(&self, device: &GpuDevice) -> Result<GpuReading, NvmlError> {
-        self.with(|n| n.read(device))
+    fn read(&self, device: &GpuDevice, want_processes: bool) -> Result<GpuReading, NvmlError> {
+        self.with(|n| n.read(device, want_processes))
+    }
+    fn sample_power(&self) {
+        // Only a loaded library: the sampler never loads it.
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = &state.0 {
+            n.sample_power();
+        }
+    }
+}
+
+impl<T: Nvml> Nvml for Arc<T> {
+    fn devices(&self) -> Result<Vec<GpuDevice>, NvmlError> {
+        self.as_ref().devices()
+    }
+    fn read(&self, device: &GpuDevice, want_processes: bool) -> Result<GpuReading, NvmlError> {
+        self.as_ref().read(device, want_processes)
+    }
+    fn sample_power(&self) {
+        self.as_ref().sample_power()
     }
 }
 
@@ -205,6 +272,9 @@ impl Collector for NvidiaCollector {
             state.listed_at = Some(Instant::now());
         }
         let devices = state.devices.clone();
+        // Processes' GPU memory is only for jobs: no job on a GPU, no process list.
+        let held = units::published();
+        let want_processes = held.iter().any(|u| !u.devices.is_empty());
         // Physical GPUs (for energy, power, clocks), then MIG instances (their own memory).
         let mut physical: Vec<GpuDevice> = Vec::new();
         for d in &devices {
@@ -241,7 +311,7 @@ impl Collector for NvidiaCollector {
                 ("hostname", self.hostname.as_str()),
                 ("index", index.as_str()),
             ];
-            match self.nvml.read(d) {
+            match self.nvml.read(d, want_processes) {
                 Ok(r) => {
                     self.emit_device(out, &pairs, &r, is_physical);
                     readings.insert((d.minor, d.gpu_instance_id), r);
@@ -268,7 +338,7 @@ impl Collector for NvidiaCollector {
         if failed && readings.is_empty() && !devices.is_empty() {
             return Err(CollectError::Other("no GPU could be read".into()));
         }
-        self.emit_jobs(&mut state, &units::published(), &readings, out);
+        self.emit_jobs(&mut state, &held, &readings, out);
         Ok(())
     }
 }
@@ -387,7 +457,7 @@ mod tests {
             ])
         }
 
-        fn read(&self, d: &GpuDevice) -> Result<GpuReading, NvmlError> {
+        fn read(&self, d: &GpuDevice, _want_processes: bool) -> Result<GpuReading, NvmlError> {
             let n = f64::from(self.scrapes.load(Ordering::SeqCst));
             match (d.minor, d.gpu_instance_id) {
                 (0, None) => Ok(GpuReading {

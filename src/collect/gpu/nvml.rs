@@ -3,8 +3,8 @@
 //! (`libnvidia-ml.so.1`, what the driver installs), so the binary runs where it is absent.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use nvml_wrapper::enum_wrappers::device::GpuVirtualizationMode;
 
@@ -57,7 +57,149 @@ pub trait Nvml: Send + Sync {
     /// Full GPUs and MIG instances, numbered as [`GpuDevice::index`] says.
     fn devices(&self) -> Result<Vec<GpuDevice>, NvmlError>;
     /// A reading of one device; an error means the device itself failed (fell off the bus).
-    fn read(&self, device: &GpuDevice) -> Result<GpuReading, NvmlError>;
+    /// Its compute processes are listed only when `want_processes` (a job holds a GPU).
+    fn read(&self, device: &GpuDevice, want_processes: bool) -> Result<GpuReading, NvmlError>;
+    /// Feeds each GPU's energy meter a power sample, between scrapes (see [`EnergyMeter`]).
+    fn sample_power(&self) {}
+}
+
+/// Counter reads that take less than this are made at every scrape.
+const CHEAP_COUNTER: Duration = Duration::from_micros(200);
+
+/// A GPU's energy counter, read from the hardware at most once per `interval` when that read is
+/// dear (on Hopper GPUs, `nvmlDeviceGetTotalEnergyConsumption` costs about 4 ms of CPU, a
+/// thousand times a power reading), and between two reads advanced by power samples (NVML's
+/// one-second average, taken every second). Each hardware read sets it right again; it never
+/// goes back, except when the driver's own counter restarts (a driver reload).
+#[derive(Debug, Clone)]
+pub struct EnergyMeter {
+    interval: Duration,
+    /// The last hardware reading: when, in joules.
+    counter: Option<(Instant, f64)>,
+    /// Joules from power samples since that reading.
+    since_counter: f64,
+    last_sample: Option<Instant>,
+    served: f64,
+    /// The last hardware read was cheap: read at every scrape.
+    cheap: bool,
+}
+
+impl EnergyMeter {
+    /// `interval` zero: the hardware counter at every scrape, however dear.
+    pub fn new(interval: Duration) -> EnergyMeter {
+        EnergyMeter {
+            interval,
+            counter: None,
+            since_counter: 0.0,
+            last_sample: None,
+            served: 0.0,
+            cheap: false,
+        }
+    }
+
+    /// Whether this scrape reads the hardware counter.
+    pub fn wants_counter(&self, now: Instant) -> bool {
+        self.cheap
+            || self.interval.is_zero()
+            || self
+                .counter
+                .is_none_or(|(at, _)| now.saturating_duration_since(at) >= self.interval)
+    }
+
+    /// A hardware reading, and what it cost.
+    pub fn counter(&mut self, now: Instant, joules: f64, cost: Duration) {
+        if self.counter.is_some_and(|(_, before)| joules < before) {
+            // The driver restarted its counter: so does this one.
+            self.served = 0.0;
+        }
+        self.counter = Some((now, joules));
+        self.since_counter = 0.0;
+        self.last_sample = Some(now);
+        self.cheap = cost < CHEAP_COUNTER;
+    }
+
+    /// A power sample: NVML's average over the second before `now`.
+    pub fn power(&mut self, now: Instant, watts: f64) {
+        if let Some(last) = self.last_sample {
+            self.since_counter +=
+                watts.max(0.0) * now.saturating_duration_since(last).as_secs_f64();
+        }
+        self.last_sample = Some(now);
+    }
+
+    /// Joules since the driver loaded; None before a first hardware reading.
+    pub fn joules(&mut self) -> Option<f64> {
+        let (_, base) = self.counter?;
+        self.served = self.served.max(base + self.since_counter);
+        Some(self.served)
+    }
+}
+
+/// The NVML calls that read one device, so that a fake stands in for the driver and a
+/// scrape's calls can be counted. Each is one NVML call, except `clocks` (two).
+pub trait DeviceReader {
+    /// mW, NVML's one-second average.
+    fn power_milliwatts(&self, at: Location) -> Option<f64>;
+    /// mJ since the driver loaded.
+    fn energy_millijoules(&self, at: Location) -> Option<f64>;
+    /// GPU and memory use, 0..1.
+    fn utilization(&self, at: Location) -> Option<(f64, f64)>;
+    /// Used and total bytes.
+    fn memory(&self, at: Location) -> Option<(f64, f64)>;
+    fn throttle_reasons(&self, at: Location) -> Option<Vec<&'static str>>;
+    fn temperature_celsius(&self, at: Location) -> Option<f64>;
+    /// SM and memory clocks, in hertz.
+    fn clocks_hertz(&self, at: Location) -> (Option<f64>, Option<f64>);
+    /// `(pid, GPU memory)` of the compute processes.
+    fn processes(&self, at: Location) -> Vec<(u32, u64)>;
+}
+
+/// One scrape's reading of the device at `at`: a MIG instance answers only its memory, use and
+/// processes; a physical GPU also its power, energy (through `meter`), temperature, clocks and
+/// throttling.
+pub fn read_device(
+    reader: &dyn DeviceReader,
+    at: Location,
+    meter: Option<&mut EnergyMeter>,
+    want_processes: bool,
+) -> GpuReading {
+    let utilization = reader.utilization(at);
+    let memory = reader.memory(at);
+    let mut reading = GpuReading {
+        utilization: utilization.map(|u| u.0),
+        memory_utilization: utilization.map(|u| u.1),
+        memory_used_bytes: memory.map(|m| m.0),
+        memory_total_bytes: memory.map(|m| m.1),
+        processes: if want_processes {
+            reader.processes(at)
+        } else {
+            Vec::new()
+        },
+        ..Default::default()
+    };
+    if at.mig.is_some() {
+        return reading;
+    }
+    let now = Instant::now();
+    reading.power_watts = reader.power_milliwatts(at).map(|mw| mw / 1000.0);
+    reading.energy_joules = match meter {
+        None => reader.energy_millijoules(at).map(|mj| mj / 1000.0),
+        Some(meter) => {
+            if meter.wants_counter(now) {
+                let began = Instant::now();
+                if let Some(mj) = reader.energy_millijoules(at) {
+                    meter.counter(now, mj / 1000.0, began.elapsed());
+                }
+            } else if let Some(w) = reading.power_watts {
+                meter.power(now, w);
+            }
+            meter.joules()
+        }
+    };
+    reading.temperature_celsius = reader.temperature_celsius(at);
+    (reading.sm_clock_hertz, reading.memory_clock_hertz) = reader.clocks_hertz(at);
+    reading.throttle_reasons = reader.throttle_reasons(at);
+    reading
 }
 
 /// NVML's numbering of one device: the physical GPU's index and, for a MIG instance, its
@@ -123,26 +265,13 @@ impl Locations {
     }
 }
 
-/// Energy (mJ since the driver loaded) and power (mW, averaged over a second, what
-/// `nvmlDeviceGetPowerUsage` gives on the GPUs that have this field) in one
-/// `nvmlDeviceGetFieldValues` call. Utilisation, memory, temperature and clocks have no field
-/// id in NVML 12 and keep their own calls.
-pub const ENERGY_POWER_FIELDS: [u32; 2] = [
-    nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
-    nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_POWER_AVERAGE,
-];
-
-/// Joules and watts from the raw [`ENERGY_POWER_FIELDS`] values.
-pub fn energy_power(raw: [Option<f64>; 2]) -> (Option<f64>, Option<f64>) {
-    (raw[0].map(|mj| mj / 1000.0), raw[1].map(|mw| mw / 1000.0))
-}
-
 /// The system's NVML.
 pub struct RealNvml {
     lib: nvml_wrapper::Nvml,
     locations: Locations,
-    /// Cleared when the driver has no `nvmlDeviceGetFieldValues`: one call per field then.
-    fields_work: AtomicBool,
+    /// Each physical GPU's energy meter, by its location.
+    meters: Mutex<HashMap<u32, (Location, EnergyMeter)>>,
+    energy_interval: Duration,
 }
 
 impl DeviceTable for RealNvml {
@@ -166,7 +295,9 @@ impl DeviceTable for RealNvml {
 }
 
 impl RealNvml {
-    pub fn load() -> Result<RealNvml, NvmlError> {
+    /// Loads the driver's library; a GPU's energy counter is read from the hardware at most
+    /// once per `energy_interval` when that read is dear (see [`EnergyMeter`]).
+    pub fn load(energy_interval: Duration) -> Result<RealNvml, NvmlError> {
         let lib = nvml_wrapper::Nvml::builder()
             .lib_path(std::ffi::OsStr::new("libnvidia-ml.so.1"))
             .init()
@@ -174,60 +305,27 @@ impl RealNvml {
         Ok(RealNvml {
             lib,
             locations: Locations::default(),
-            fields_work: AtomicBool::new(true),
+            meters: Mutex::new(HashMap::new()),
+            energy_interval,
         })
     }
 
-    /// The handle of `d`: where it was found before, else found now.
-    fn handle(&self, d: &GpuDevice) -> Result<nvml_wrapper::Device<'_>, NvmlError> {
-        let fail = |message: String| NvmlError::Device {
-            index: d.index,
-            message,
-        };
-        let loc = self.locations.get(self, d).map_err(fail)?;
-        let gpu = self.lib.device_by_index(loc.gpu);
-        let dev = match loc.mig {
-            None => gpu,
-            Some(m) => gpu.and_then(|g| g.mig_device_by_index(m)),
-        };
-        dev.map_err(|e| {
-            self.locations.forget(d);
-            fail(e.to_string())
-        })
+    fn device_at(&self, at: Location) -> Option<nvml_wrapper::Device<'_>> {
+        let gpu = self.lib.device_by_index(at.gpu).ok()?;
+        match at.mig {
+            None => Some(gpu),
+            Some(m) => gpu.mig_device_by_index(m).ok(),
+        }
     }
 
-    /// Energy and power, batched where the driver can.
-    fn energy_power(&self, dev: &nvml_wrapper::Device<'_>) -> (Option<f64>, Option<f64>) {
-        use nvml_wrapper::enums::device::SampleValue;
-        use nvml_wrapper::structs::device::FieldId;
-        let mut raw = [None, None];
-        if self.fields_work.load(Ordering::Relaxed) {
-            match dev.field_values_for(&ENERGY_POWER_FIELDS.map(FieldId)) {
-                Ok(samples) => {
-                    for (slot, sample) in raw.iter_mut().zip(samples) {
-                        *slot = match sample.and_then(|s| s.value) {
-                            Ok(SampleValue::F64(v)) => Some(v),
-                            Ok(SampleValue::U32(v)) => Some(f64::from(v)),
-                            Ok(SampleValue::U64(v)) => Some(v as f64),
-                            Ok(SampleValue::I64(v)) => Some(v as f64),
-                            Err(_) => None,
-                        };
-                    }
-                }
-                Err(nvml_wrapper::error::NvmlError::FailedToLoadSymbol(_)) => {
-                    self.fields_work.store(false, Ordering::Relaxed);
-                }
-                Err(_) => {}
-            }
-        }
-        // Fields this driver or GPU does not answer: their own calls.
-        if raw[0].is_none() {
-            raw[0] = dev.total_energy_consumption().ok().map(|mj| mj as f64);
-        }
-        if raw[1].is_none() {
-            raw[1] = dev.power_usage().ok().map(f64::from);
-        }
-        energy_power(raw)
+    /// Where `d` is: where it was found before, else found now.
+    fn location(&self, d: &GpuDevice) -> Result<Location, NvmlError> {
+        self.locations
+            .get(self, d)
+            .map_err(|message| NvmlError::Device {
+                index: d.index,
+                message,
+            })
     }
 
     fn gpu_instance_id(&self, dev: &nvml_wrapper::Device<'_>) -> Option<u32> {
@@ -306,13 +404,63 @@ impl Nvml for RealNvml {
         Ok(finish(list))
     }
 
-    fn read(&self, d: &GpuDevice) -> Result<GpuReading, NvmlError> {
+    fn read(&self, d: &GpuDevice, want_processes: bool) -> Result<GpuReading, NvmlError> {
+        let at = self.location(d)?;
+        let reading = if at.mig.is_some() {
+            read_device(self, at, None, want_processes)
+        } else {
+            let mut meters = self.meters.lock().unwrap_or_else(|p| p.into_inner());
+            let (_, meter) = meters
+                .entry(d.minor)
+                .or_insert_with(|| (at, EnergyMeter::new(self.energy_interval)));
+            read_device(self, at, Some(meter), want_processes)
+        };
+        if reading.energy_joules.is_none()
+            && reading.power_watts.is_none()
+            && reading.memory_used_bytes.is_none()
+        {
+            // Fell off the bus or was reset: look for it again next time.
+            self.locations.forget(d);
+            self.meters
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&d.minor);
+        }
+        Ok(reading)
+    }
+
+    fn sample_power(&self) {
+        let mut meters = self.meters.lock().unwrap_or_else(|p| p.into_inner());
+        for (at, meter) in meters.values_mut() {
+            if let Some(mw) = self.power_milliwatts(*at) {
+                meter.power(Instant::now(), mw / 1000.0);
+            }
+        }
+    }
+}
+
+impl DeviceReader for RealNvml {
+    fn power_milliwatts(&self, at: Location) -> Option<f64> {
+        self.device_at(at)?.power_usage().ok().map(f64::from)
+    }
+    fn energy_millijoules(&self, at: Location) -> Option<f64> {
+        self.device_at(at)?
+            .total_energy_consumption()
+            .ok()
+            .map(|mj| mj as f64)
+    }
+    fn utilization(&self, at: Location) -> Option<(f64, f64)> {
+        let u = self.device_at(at)?.utilization_rates().ok()?;
+        Some((f64::from(u.gpu) / 100.0, f64::from(u.memory) / 100.0))
+    }
+    fn memory(&self, at: Location) -> Option<(f64, f64)> {
+        let m = self.device_at(at)?.memory_info().ok()?;
+        Some((m.used as f64, m.total as f64))
+    }
+    fn throttle_reasons(&self, at: Location) -> Option<Vec<&'static str>> {
         use nvml_wrapper::bitmasks::device::ThrottleReasons;
-        use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
-        let dev = self.handle(d)?;
-        let utilization = dev.utilization_rates().ok();
-        let memory = dev.memory_info().ok();
-        let reasons = dev.current_throttle_reasons().ok().map(|r| {
+        let r = self.device_at(at)?.current_throttle_reasons().ok()?;
+        Some(
             [
                 (ThrottleReasons::GPU_IDLE, "gpu_idle"),
                 (
@@ -332,38 +480,38 @@ impl Nvml for RealNvml {
             .into_iter()
             .filter(|(bit, _)| r.contains(*bit))
             .map(|(_, name)| name)
-            .collect()
-        });
-        let processes = dev
-            .running_compute_processes()
+            .collect(),
+        )
+    }
+    fn temperature_celsius(&self, at: Location) -> Option<f64> {
+        use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+        let t = self
+            .device_at(at)?
+            .temperature(TemperatureSensor::Gpu)
+            .ok()?;
+        Some(f64::from(t))
+    }
+    fn clocks_hertz(&self, at: Location) -> (Option<f64>, Option<f64>) {
+        use nvml_wrapper::enum_wrappers::device::Clock;
+        let Some(dev) = self.device_at(at) else {
+            return (None, None);
+        };
+        let hz = |c: Clock| dev.clock_info(c).ok().map(|mhz| f64::from(mhz) * 1e6);
+        (hz(Clock::SM), hz(Clock::Memory))
+    }
+    fn processes(&self, at: Location) -> Vec<(u32, u64)> {
+        use nvml_wrapper::enums::device::UsedGpuMemory;
+        let Some(dev) = self.device_at(at) else {
+            return Vec::new();
+        };
+        dev.running_compute_processes()
             .unwrap_or_default()
             .into_iter()
             .filter_map(|p| match p.used_gpu_memory {
-                nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => Some((p.pid, b)),
-                nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
+                UsedGpuMemory::Used(b) => Some((p.pid, b)),
+                UsedGpuMemory::Unavailable => None,
             })
-            .collect();
-        let (energy_joules, power_watts) = self.energy_power(&dev);
-        if energy_joules.is_none() && power_watts.is_none() && memory.is_none() {
-            // Fell off the bus or was reset: look for it again next time.
-            self.locations.forget(d);
-        }
-        Ok(GpuReading {
-            energy_joules,
-            power_watts,
-            utilization: utilization.as_ref().map(|u| f64::from(u.gpu) / 100.0),
-            memory_utilization: utilization.as_ref().map(|u| f64::from(u.memory) / 100.0),
-            memory_used_bytes: memory.as_ref().map(|m| m.used as f64),
-            memory_total_bytes: memory.as_ref().map(|m| m.total as f64),
-            temperature_celsius: dev.temperature(TemperatureSensor::Gpu).ok().map(f64::from),
-            sm_clock_hertz: dev.clock_info(Clock::SM).ok().map(|c| f64::from(c) * 1e6),
-            memory_clock_hertz: dev
-                .clock_info(Clock::Memory)
-                .ok()
-                .map(|c| f64::from(c) * 1e6),
-            throttle_reasons: reasons,
-            processes,
-        })
+            .collect()
     }
 }
 
@@ -472,13 +620,156 @@ mod tests {
         );
     }
 
+    /// A driver that answers every call and counts each, by name.
+    #[derive(Default)]
+    struct CountingReader {
+        calls: std::cell::RefCell<HashMap<&'static str, usize>>,
+        energy_mj: Cell<f64>,
+        power_mw: Cell<f64>,
+        /// How long the energy counter takes to answer (Hopper's: about 4 ms).
+        energy_cost: Cell<Duration>,
+    }
+
+    impl CountingReader {
+        fn count(&self, call: &'static str) {
+            *self.calls.borrow_mut().entry(call).or_default() += 1;
+        }
+        fn calls(&self) -> HashMap<&'static str, usize> {
+            std::mem::take(&mut *self.calls.borrow_mut())
+        }
+    }
+
+    impl DeviceReader for CountingReader {
+        fn power_milliwatts(&self, _: Location) -> Option<f64> {
+            self.count("power");
+            Some(self.power_mw.get())
+        }
+        fn energy_millijoules(&self, _: Location) -> Option<f64> {
+            self.count("energy");
+            std::thread::sleep(self.energy_cost.get());
+            Some(self.energy_mj.get())
+        }
+        fn utilization(&self, _: Location) -> Option<(f64, f64)> {
+            self.count("utilization");
+            Some((0.5, 0.25))
+        }
+        fn memory(&self, _: Location) -> Option<(f64, f64)> {
+            self.count("memory");
+            Some((1e9, 8e10))
+        }
+        fn throttle_reasons(&self, _: Location) -> Option<Vec<&'static str>> {
+            self.count("throttle_reasons");
+            Some(vec!["sw_power_cap"])
+        }
+        fn temperature_celsius(&self, _: Location) -> Option<f64> {
+            self.count("temperature");
+            Some(40.0)
+        }
+        fn clocks_hertz(&self, _: Location) -> (Option<f64>, Option<f64>) {
+            self.count("clocks");
+            (Some(1.98e9), Some(2.6e9))
+        }
+        fn processes(&self, _: Location) -> Vec<(u32, u64)> {
+            self.count("processes");
+            vec![(42, 1 << 30)]
+        }
+    }
+
+    const GPU: Location = Location { gpu: 0, mig: None };
+
     #[test]
-    fn batched_fields_are_in_base_units() {
-        assert_eq!(
-            energy_power([Some(123_456.0), Some(350_250.0)]),
-            (Some(123.456), Some(350.25))
+    fn a_scrape_makes_one_call_per_figure_and_lists_processes_only_for_jobs() {
+        let driver = CountingReader::default();
+        driver.energy_mj.set(5_000_000.0);
+        driver.power_mw.set(300_000.0);
+        driver.energy_cost.set(Duration::from_millis(1));
+        let mut meter = EnergyMeter::new(Duration::from_secs(300));
+        let first = read_device(&driver, GPU, Some(&mut meter), true);
+        assert_eq!(first.energy_joules, Some(5000.0));
+        assert_eq!(first.power_watts, Some(300.0));
+        assert_eq!(first.processes, [(42, 1 << 30)]);
+        let one_each: HashMap<&str, usize> = [
+            "power",
+            "energy",
+            "utilization",
+            "memory",
+            "throttle_reasons",
+            "temperature",
+            "clocks",
+            "processes",
+        ]
+        .into_iter()
+        .map(|c| (c, 1))
+        .collect();
+        assert_eq!(driver.calls(), one_each);
+        // No job holds a GPU: no process list. The dear energy counter waits for its interval.
+        let later = read_device(&driver, GPU, Some(&mut meter), false);
+        assert!(later.processes.is_empty());
+        let calls = driver.calls();
+        assert_eq!(calls.get("processes"), None, "{calls:?}");
+        assert_eq!(calls.get("energy"), None, "{calls:?}");
+        assert_eq!(calls.values().sum::<usize>(), 6, "{calls:?}");
+        assert!(later.energy_joules.unwrap() >= 5000.0);
+        // A MIG instance: its memory, use and processes only.
+        let mig = read_device(
+            &driver,
+            Location {
+                gpu: 0,
+                mig: Some(1),
+            },
+            None,
+            true,
         );
-        assert_eq!(energy_power([None, Some(1000.0)]), (None, Some(1.0)));
-        assert_eq!(ENERGY_POWER_FIELDS, [83, 185]);
+        assert_eq!(mig.memory_used_bytes, Some(1e9));
+        assert_eq!((mig.power_watts, mig.energy_joules), (None, None));
+        let calls = driver.calls();
+        let mut names: Vec<&str> = calls.keys().copied().collect();
+        names.sort();
+        assert_eq!(names, ["memory", "processes", "utilization"]);
+    }
+
+    #[test]
+    fn a_cheap_counter_is_read_at_every_scrape_a_dear_one_once_per_interval() {
+        let t0 = Instant::now();
+        let s = |secs: f64| t0 + Duration::from_secs_f64(secs);
+        let mut cheap = EnergyMeter::new(Duration::from_secs(300));
+        cheap.counter(s(0.0), 100.0, Duration::from_micros(5));
+        assert!(cheap.wants_counter(s(1.0)));
+        let mut dear = EnergyMeter::new(Duration::from_secs(300));
+        assert!(dear.wants_counter(s(0.0)), "no reading yet");
+        dear.counter(s(0.0), 100.0, Duration::from_millis(4));
+        assert!(!dear.wants_counter(s(299.0)));
+        assert!(dear.wants_counter(s(300.0)));
+        let mut every = EnergyMeter::new(Duration::ZERO);
+        every.counter(s(0.0), 100.0, Duration::from_millis(4));
+        assert!(
+            every.wants_counter(s(0.5)),
+            "an interval of zero reads every scrape"
+        );
+    }
+
+    #[test]
+    fn power_samples_carry_the_counter_between_readings_and_it_never_goes_back() {
+        let t0 = Instant::now();
+        let s = |secs: f64| t0 + Duration::from_secs_f64(secs);
+        let mut m = EnergyMeter::new(Duration::from_secs(300));
+        assert_eq!(m.joules(), None);
+        m.counter(s(0.0), 1000.0, Duration::from_millis(4));
+        // 200 W for 10 s, sampled each second.
+        for i in 1..=10 {
+            m.power(s(f64::from(i)), 200.0);
+        }
+        assert_eq!(m.joules(), Some(3000.0));
+        // The hardware says a little less than the samples: held, not lowered.
+        m.counter(s(10.0), 2990.0, Duration::from_millis(4));
+        assert_eq!(m.joules(), Some(3000.0));
+        m.power(s(11.0), 100.0);
+        assert_eq!(m.joules(), Some(3090.0));
+        // A little more: the hardware's figure.
+        m.counter(s(12.0), 3200.0, Duration::from_millis(4));
+        assert_eq!(m.joules(), Some(3200.0));
+        // The driver reloaded: the counter restarts with it.
+        m.counter(s(13.0), 5.0, Duration::from_millis(4));
+        assert_eq!(m.joules(), Some(5.0));
     }
 }
