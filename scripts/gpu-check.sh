@@ -133,7 +133,7 @@ pbs_flag=$(grep '^ceems_compute_unit_gpu_index_flag{' /tmp/gpu-check-3.txt | gre
 check "OpenPBS job $pbs_job mapped to GPU 0 by UUID" "${pbs_flag:-0} == 1" "flag ${pbs_flag:-none} ($gpu0)"
 kill "$pbs_exporter" "$pbs_work" 2>/dev/null || true
 
-# CPU per scrape (from /proc/<pid>/stat) over 50 scrapes, after one to warm up.
+# CPU per scrape (from /proc/<pid>/stat) over 1,000 scrapes, after one to warm up.
 cpu_per_scrape() {
   local p=$((port + 1)) pid before after
   "$bin" exporter --collector.disable-defaults --web.disable-exporter-metrics "$@" \
@@ -141,30 +141,31 @@ cpu_per_scrape() {
   pid=$!
   for _ in $(seq 50); do curl -sf "127.0.0.1:$p/metrics" >/dev/null && break; sleep 0.2; done
   before=$(awk '{print $14 + $15}' /proc/$pid/stat)
-  for _ in $(seq 50); do curl -sf "127.0.0.1:$p/metrics" -o /dev/null; done
+  for _ in $(seq 1000); do curl -sf "127.0.0.1:$p/metrics" -o /dev/null; done
   after=$(awk '{print $14 + $15}' /proc/$pid/stat)
   kill $pid; wait $pid 2>/dev/null || true
-  awk -v d=$((after - before)) -v t="$(getconf CLK_TCK)" 'BEGIN {printf "%.2f", d * 1000 / t / 50}'
+  awk -v d=$((after - before)) -v t="$(getconf CLK_TCK)" 'BEGIN {printf "%.3f", d * 1000 / t / 1000}'
 }
-# CPU per second of an idle exporter (the power sampler between scrapes), over 10 s.
-idle_cpu_per_second() {
-  local p=$((port + 1)) pid before after
-  "$bin" exporter --collector.disable-defaults --web.disable-exporter-metrics "$@" \
+# CPU per second of the power sampler thread between scrapes, over 10 s (its schedstat, in ns).
+sampler_cpu_per_second() {
+  local p=$((port + 1)) pid task before after
+  "$bin" exporter --collector.disable-defaults --web.disable-exporter-metrics --collector.nvidia \
     --web.listen-address=127.0.0.1:$p --log.level=error &
   pid=$!
   for _ in $(seq 50); do curl -sf "127.0.0.1:$p/metrics" >/dev/null && break; sleep 0.2; done
-  before=$(awk '{print $14 + $15}' /proc/$pid/stat)
+  task=$(grep -l '^ceems-gpu-power$' /proc/$pid/task/*/comm | head -1 | xargs dirname)
+  before=$(awk '{print $1}' "$task/schedstat")
   sleep 10
-  after=$(awk '{print $14 + $15}' /proc/$pid/stat)
+  after=$(awk '{print $1}' "$task/schedstat")
   kill $pid; wait $pid 2>/dev/null || true
-  awk -v d=$((after - before)) -v t="$(getconf CLK_TCK)" 'BEGIN {printf "%.3f", d * 1000 / t / 10}'
+  awk -v d=$((after - before)) 'BEGIN {printf "%.4f", d / 1e6 / 10}'
 }
 gpus=$(nvidia-smi -L | grep -c '^GPU')
 every=$(cpu_per_scrape --collector.nvidia --collector.nvidia.energy-counter-interval=0s)
 with=$(cpu_per_scrape --collector.nvidia)
 without=$(cpu_per_scrape)
-idle=$(idle_cpu_per_second --collector.nvidia)
-echo "nvidia collector: $with ms CPU per scrape with $gpus GPU(s) (energy counter read every 5m), $every ms reading it at every scrape, $without ms without the collector; $idle ms CPU per second between scrapes (power sampler)"
+idle=$(sampler_cpu_per_second)
+echo "nvidia collector: $with ms CPU per scrape with $gpus GPU(s) (energy counter read every 5m), $every ms reading it at every scrape, $without ms without the collector; the power sampler between scrapes: $idle ms CPU per second"
 # At a 15 s scrape interval: a scrape, 15 s of sampling, and a counter read every 20 scrapes.
-python3 -c "print('nvidia collector at a 15 s scrape interval: %.2f ms CPU per scrape per GPU' % (($with - $without) + 15 * $idle + ($every - $with) / 20) / $gpus)"
+python3 -c "print('nvidia collector at a 15 s scrape interval: %.3f ms CPU per scrape per GPU' % ((($with - $without) + 15 * $idle + ($every - $with) / 20) / $gpus))"
 exit $fail

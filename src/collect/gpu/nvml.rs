@@ -69,7 +69,7 @@ const CHEAP_COUNTER: Duration = Duration::from_micros(200);
 /// A GPU's energy counter, read from the hardware at most once per `interval` when that read is
 /// dear (on Hopper GPUs, `nvmlDeviceGetTotalEnergyConsumption` costs about 4 ms of CPU, a
 /// thousand times a power reading), and between two reads advanced by power samples (NVML's
-/// one-second average, taken every second). Each hardware read sets it right again; it never
+/// one-second average, taken every two seconds). Each hardware read sets it right again; it never
 /// goes back, except when the driver's own counter restarts (a driver reload).
 #[derive(Debug, Clone)]
 pub struct EnergyMeter {
