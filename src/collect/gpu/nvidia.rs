@@ -175,16 +175,19 @@ impl NvidiaCollector {
         }
     }
 
-    /// The Slurm job of a process, from its cgroup path (`…/job_<id>/…`).
-    fn job_of(&self, pid: u32) -> Option<String> {
+    /// The unit of `held` a process belongs to, whatever its manager: the one whose cgroup is
+    /// the process's, or above it, in a line of `/proc/<pid>/cgroup`.
+    fn unit_of<'a>(&self, pid: u32, held: &'a [UnitGpus]) -> Option<&'a str> {
         let text =
             std::fs::read_to_string(self.procfs.join(pid.to_string()).join("cgroup")).ok()?;
-        text.lines().find_map(|l| {
-            l.split('/')
-                .find_map(|c| c.strip_prefix("job_"))
-                .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
-                .map(str::to_owned)
-        })
+        text.lines()
+            .filter_map(|l| l.splitn(3, ':').nth(2))
+            .find_map(|path| {
+                let path = Path::new(path.trim_start_matches('/'));
+                held.iter()
+                    .find(|u| !u.rel.as_os_str().is_empty() && path.starts_with(&u.rel))
+            })
+            .map(|u| u.uuid.as_str())
     }
 
     fn emit_device(
@@ -358,8 +361,8 @@ impl NvidiaCollector {
         let mut memory: HashMap<String, f64> = HashMap::new();
         for r in readings.values() {
             for (pid, bytes) in &r.processes {
-                if let Some(job) = self.job_of(*pid) {
-                    *memory.entry(job).or_default() += *bytes as f64;
+                if let Some(unit) = self.unit_of(*pid, held) {
+                    *memory.entry(unit.to_owned()).or_default() += *bytes as f64;
                 }
             }
         }
@@ -470,12 +473,13 @@ mod tests {
                     memory_used_bytes: Some(2e9),
                     memory_total_bytes: Some(80e9),
                     throttle_reasons: Some(vec!["sw_power_cap"]),
-                    processes: vec![(11, 1 << 30), (12, 1 << 20)],
+                    processes: vec![(11, 1 << 30), (12, 1 << 20), (14, 1 << 12)],
                     ..Default::default()
                 }),
                 (1, None) => Ok(GpuReading {
                     energy_joules: Some(9000.0 + 50.0 * n),
                     power_watts: Some(100.0),
+                    processes: vec![(13, 1 << 29)],
                     ..Default::default()
                 }),
                 (1, Some(_)) => Ok(GpuReading {
@@ -503,6 +507,9 @@ mod tests {
             "0::/system.slice/slurmstepd.scope/job_7/step_0/user/task_0\n",
         );
         pid(12, "0::/user.slice/user-1000.slice\n");
+        // Another job whose id starts alike, and an LSF job's process.
+        pid(14, "0::/system.slice/slurmstepd.scope/job_70/step_0\n");
+        pid(13, "0::/lsf/lab/job.8.3101.1764000000/tasks\n");
         let scrapes = std::sync::Arc::new(AtomicU32::new(0));
         let fake = FakeNvml {
             scrapes: std::sync::Arc::clone(&scrapes),
@@ -513,12 +520,14 @@ mod tests {
             UnitGpus {
                 manager: "slurm",
                 uuid: "7".into(),
+                rel: "system.slice/slurmstepd.scope/job_7".into(),
                 cgroup_host: String::new(),
                 devices: vec![(0, list[0].clone(), 1.0)],
             },
             UnitGpus {
-                manager: "slurm",
+                manager: "lsf",
                 uuid: "8".into(),
+                rel: "lsf/lab/job.8.3101.1764000000".into(),
                 cgroup_host: String::new(),
                 devices: vec![(1, list[1].clone(), 0.5)],
             },
@@ -554,7 +563,8 @@ mod tests {
         );
         // Per job: job 7 holds GPU 0; job 8 half of the 0.6 instance of GPU 1.
         let job = |j: &str| {
-            format!("{{cgrouphostname=\"\",hostname=\"n1\",manager=\"slurm\",uuid=\"{j}\"}}")
+            let manager = if j == "8" { "lsf" } else { "slurm" };
+            format!("{{cgrouphostname=\"\",hostname=\"n1\",manager=\"{manager}\",uuid=\"{j}\"}}")
         };
         has(
             &first,
@@ -585,6 +595,11 @@ mod tests {
                 "ceems_compute_unit_gpu_memory_used_bytes{} 1.073741824e+09\n",
                 job("7")
             ),
+        );
+        // Any manager's units, by their cgroup: the LSF job's process.
+        has(
+            &first,
+            "ceems_compute_unit_gpu_memory_used_bytes{cgrouphostname=\"\",hostname=\"n1\",manager=\"lsf\",uuid=\"8\"} 5.36870912e+08\n",
         );
 
         scrapes.fetch_add(1, Ordering::SeqCst);

@@ -37,6 +37,9 @@ pub struct UnitInfo {
 pub struct UnitGpus {
     pub manager: &'static str,
     pub uuid: String,
+    /// The unit's cgroup relative to the hierarchy (v2) or to each controller (v1), as
+    /// `/proc/<pid>/cgroup` names it: which processes are the unit's.
+    pub rel: PathBuf,
     pub cgroup_host: String,
     /// `(the manager's index, device, share)`: the unit's share of the device (shards, MPS,
     /// a GPU held by several jobs); the device's own fraction of its GPU is `device.fraction`.

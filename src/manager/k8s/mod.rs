@@ -441,6 +441,7 @@ impl ResourceManager for K8sManager {
                 (!devices.is_empty()).then(|| UnitGpus {
                     manager: MANAGER,
                     uuid: u.uuid.clone(),
+                    rel: u.rel.clone(),
                     cgroup_host: String::new(),
                     devices,
                 })

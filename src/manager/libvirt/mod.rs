@@ -285,6 +285,7 @@ impl ResourceManager for LibvirtManager {
                 (!devices.is_empty()).then(|| UnitGpus {
                     manager: MANAGER,
                     uuid: u.uuid.clone(),
+                    rel: u.rel.clone(),
                     cgroup_host: String::new(),
                     devices,
                 })

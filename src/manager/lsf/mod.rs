@@ -269,6 +269,7 @@ pub fn share_gpus(
         .map(|(u, h)| UnitGpus {
             manager: MANAGER,
             uuid: u.uuid.clone(),
+            rel: u.rel.clone(),
             cgroup_host: String::new(),
             devices: h
                 .into_iter()

@@ -252,6 +252,7 @@ impl ResourceManager for OpenPbsManager {
                 (!devices.is_empty()).then(|| UnitGpus {
                     manager: MANAGER,
                     uuid: u.uuid.clone(),
+                    rel: u.rel.clone(),
                     cgroup_host: String::new(),
                     devices,
                 })

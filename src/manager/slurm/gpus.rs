@@ -190,6 +190,7 @@ impl SlurmManager {
                 held.push(UnitGpus {
                     manager: MANAGER,
                     uuid: job.uuid.clone(),
+                    rel: job.rel.clone(),
                     cgroup_host: job.cgroup_host.clone(),
                     devices,
                 });
