@@ -135,20 +135,28 @@ fn metrics_endpoint_contract() {
     }
 }
 
+/// A v2 tree of `jobs` jobs whose first job's `memory.stat` is a FIFO with no writer: reading
+/// it blocks for ever, a stand-in for a hung filesystem. Readable by the unprivileged user the
+/// exporter drops to, so that the read does hang.
+fn tree_with_a_hung_file(dir: &Path, jobs: usize) -> ceems::testing::JobTree {
+    let tree = ceems::testing::generate(
+        dir,
+        ceems::testing::TreeSpec::new(ceems::host::cgroup::CgroupVersion::V2, jobs),
+    )
+    .unwrap();
+    let stat = tree.job_dir(0).join("memory.stat");
+    std::fs::remove_file(&stat).unwrap();
+    nix::unistd::mkfifo(&stat, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+    tree
+}
+
 /// A burst of requests over --web.max-requests: each is answered 503, and the log says so in
 /// a line and a count, not a line per request.
 #[test]
 fn a_burst_of_refused_requests_logs_a_line_and_a_count() {
     let dir = tempfile::tempdir().unwrap();
-    let tree = ceems::testing::generate(
-        dir.path(),
-        ceems::testing::TreeSpec::new(ceems::host::cgroup::CgroupVersion::V2, 1),
-    )
-    .unwrap();
     // A hung scrape holds the one permit while the burst comes in.
-    let stat = tree.job_dir(0).join("memory.stat");
-    std::fs::remove_file(&stat).unwrap();
-    nix::unistd::mkfifo(&stat, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+    let tree = tree_with_a_hung_file(dir.path(), 1);
     let log_path = dir.path().join("exporter.log");
     let mut command = Command::new(env!("CARGO_BIN_EXE_ceems"));
     command
@@ -221,17 +229,8 @@ fn a_burst_of_refused_requests_logs_a_line_and_a_count() {
 
 #[test]
 fn hanging_collector_times_out_and_excess_requests_get_503() {
-    // A FIFO with no writer blocks a read forever: a stand-in for a hung filesystem.
     let dir = tempfile::tempdir().unwrap();
-    let tree = ceems::testing::generate(
-        dir.path(),
-        ceems::testing::TreeSpec::new(ceems::host::cgroup::CgroupVersion::V2, 2),
-    )
-    .unwrap();
-    let stat = tree.job_dir(0).join("memory.stat");
-    std::fs::remove_file(&stat).unwrap();
-    // Readable by the unprivileged user the exporter drops to, so that reading it hangs.
-    nix::unistd::mkfifo(&stat, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+    let tree = tree_with_a_hung_file(dir.path(), 2);
 
     let cg = format!("--path.cgroupfs={}", tree.cgroupfs().display());
     let proc = format!("--path.procfs={}", tree.procfs().display());

@@ -54,6 +54,46 @@ fn units(server: &common::Running, path: &str, user: &str) -> Vec<Value> {
         .unwrap_or_default()
 }
 
+/// A stats-server with one Kubernetes cluster, `kube`, whose API server is `api` (its CA and
+/// `token` in a kubeconfig), updating every second; `root` is an admin.
+fn stats_server_of(api: &TestServer, token: &str) -> (tempfile::TempDir, common::Running) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // The server drops to nobody when started as root.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let kubeconfig = dir.join("kubeconfig.yml");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nclusters:\n- name: lab\n  cluster:\n    server: {}\n    certificate-authority-data: {}\ncontexts:\n- name: lab\n  context: {{cluster: lab, user: ceems}}\ncurrent-context: lab\nusers:\n- name: ceems\n  user: {{token: {token}}}\n",
+            api.url(),
+            base64::engine::general_purpose::STANDARD.encode(&api.cert_pem)
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&kubeconfig, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let config = dir.join("ceems.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[stats-server.web]\nadmin-users = [\"root\"]\n\n[[stats-server.clusters]]\nid = \"kube\"\nmanager = \"k8s\"\nkubeconfig = \"{}\"\n",
+            kubeconfig.display()
+        ),
+    )
+    .unwrap();
+    let server = common::start_subcommand(
+        "stats-server",
+        dir,
+        &[
+            &format!("--config.file={}", config.display()),
+            &format!("--storage.data.path={}", dir.join("data").display()),
+            "--storage.update-interval=1s",
+        ],
+        &[],
+    );
+    (tmp, server)
+}
+
 #[test]
 fn pods_are_listed_watched_resumed_and_listed_again_after_410() {
     const A: &str = "aaaaaaaa-0000-4000-8000-000000000001";
@@ -118,40 +158,7 @@ fn pods_are_listed_watched_resumed_and_listed_again_after_410() {
             }
         }),
     );
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    // The server drops to nobody when started as root.
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let kubeconfig = dir.join("kubeconfig.yml");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nclusters:\n- name: lab\n  cluster:\n    server: {}\n    certificate-authority-data: {}\ncontexts:\n- name: lab\n  context: {{cluster: lab, user: ceems}}\ncurrent-context: lab\nusers:\n- name: ceems\n  user: {{token: s3cret}}\n",
-            api.url(),
-            base64::engine::general_purpose::STANDARD.encode(&api.cert_pem)
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&kubeconfig, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let config = dir.join("ceems.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[stats-server.web]\nadmin-users = [\"root\"]\n\n[[stats-server.clusters]]\nid = \"kube\"\nmanager = \"k8s\"\nkubeconfig = \"{}\"\n",
-            kubeconfig.display()
-        ),
-    )
-    .unwrap();
-    let server = common::start_subcommand(
-        "stats-server",
-        dir,
-        &[
-            &format!("--config.file={}", config.display()),
-            &format!("--storage.data.path={}", dir.join("data").display()),
-            "--storage.update-interval=1s",
-        ],
-        &[],
-    );
+    let (_tmp, server) = stats_server_of(&api, "s3cret");
     let all = "/api/v1/units/admin?from=0&field=uuid&field=user&field=project&field=qos&field=state&field=exit_code&field=alloc_cpus&field=alloc_gpus&field=alloc_mem_bytes&field=ended_at_ts&field=resource_manager";
     let start = Instant::now();
     let admin = loop {
@@ -324,39 +331,7 @@ fn a_large_cluster_is_listed_in_pages_and_again_when_a_token_expires() {
             }
         }),
     );
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let kubeconfig = dir.join("kubeconfig.yml");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nclusters:\n- name: lab\n  cluster:\n    server: {}\n    certificate-authority-data: {}\ncontexts:\n- name: lab\n  context: {{cluster: lab, user: ceems}}\ncurrent-context: lab\nusers:\n- name: ceems\n  user: {{token: t}}\n",
-            api.url(),
-            base64::engine::general_purpose::STANDARD.encode(&api.cert_pem)
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&kubeconfig, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let config = dir.join("ceems.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[stats-server.web]\nadmin-users = [\"root\"]\n\n[[stats-server.clusters]]\nid = \"kube\"\nmanager = \"k8s\"\nkubeconfig = \"{}\"\n",
-            kubeconfig.display()
-        ),
-    )
-    .unwrap();
-    let server = common::start_subcommand(
-        "stats-server",
-        dir,
-        &[
-            &format!("--config.file={}", config.display()),
-            &format!("--storage.data.path={}", dir.join("data").display()),
-            "--storage.update-interval=1s",
-        ],
-        &[],
-    );
+    let (_tmp, server) = stats_server_of(&api, "t");
     let start = Instant::now();
     let got = loop {
         let got = units(&server, "/api/v1/units/admin?from=0&field=uuid", "root");
