@@ -36,6 +36,28 @@ fn help_lists_every_subcommand() {
     }
 }
 
+/// `stats-server --help` names every manager it reads and where their clusters are set.
+#[test]
+fn stats_server_help_names_every_manager_and_where_clusters_go() {
+    let out = Command::new(BIN)
+        .args(["stats-server", "--help"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for said in [
+        "Slurm",
+        "LSF",
+        "Kubernetes",
+        "OpenPBS",
+        "[[stats-server.clusters]]",
+        "manager = \"openpbs\"",
+        "manager = \"k8s\"",
+        "manager = \"lsf\"",
+    ] {
+        assert!(text.contains(said), "--help lacks {said}:\n{text}");
+    }
+}
+
 /// What `git rev-parse --short HEAD` says of this checkout; "unknown" outside git, as the
 /// build script then says.
 fn checkout_revision() -> String {
