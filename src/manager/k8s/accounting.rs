@@ -101,6 +101,13 @@ fn list_pods(client: &KubeClient) -> Result<(Vec<Pod>, String), String> {
             if page.metadata.next.is_empty() {
                 return Ok((pods, version));
             }
+            // A server that hands back the same token would be followed for ever.
+            if page.metadata.next == token {
+                return Err(format!(
+                    "pod list: the continue token did not move after {} pods",
+                    pods.len()
+                ));
+            }
             token = page.metadata.next;
         }
     }
