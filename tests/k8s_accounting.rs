@@ -159,7 +159,7 @@ fn pods_are_listed_watched_resumed_and_listed_again_after_410() {
         }),
     );
     let (_tmp, server) = stats_server_of(&api, "s3cret");
-    let all = "/api/v1/units/admin?from=0&field=uuid&field=user&field=project&field=qos&field=state&field=exit_code&field=alloc_cpus&field=alloc_gpus&field=alloc_mem_bytes&field=ended_at_ts&field=resource_manager";
+    let all = "/api/v1/units/admin?from=0&field=uuid&field=username&field=project&field=qos&field=state&field=exit_code&field=alloc_cpus&field=alloc_gpus&field=alloc_mem_bytes&field=ended_at_ts&field=resource_manager";
     let start = Instant::now();
     let admin = loop {
         let got = units(&server, all, "root");
@@ -187,7 +187,7 @@ fn pods_are_listed_watched_resumed_and_listed_again_after_410() {
     let of = |uid: &str| admin.iter().find(|u| u["uuid"] == uid).unwrap().clone();
     let a = of(A);
     assert_eq!(
-        (a["user"].as_str(), a["project"].as_str()),
+        (a["username"].as_str(), a["project"].as_str()),
         (Some("alice"), Some("ml"))
     );
     assert_eq!(
@@ -198,9 +198,9 @@ fn pods_are_listed_watched_resumed_and_listed_again_after_410() {
     assert_eq!(a["resource_manager"], "k8s");
     assert!(a["ended_at_ts"].as_i64().is_some(), "{a}");
     let b = of(B);
-    assert_eq!(b["user"], "system:serviceaccount:web:trainer");
+    assert_eq!(b["username"], "system:serviceaccount:web:trainer");
     assert!(b["ended_at_ts"].as_i64().is_some(), "{b}");
-    assert_eq!(of(C)["user"], "bob");
+    assert_eq!(of(C)["username"], "bob");
 
     // The order of what was asked: list, watch from it, the resumed watch, 410, list again.
     let asked: Vec<String> = api

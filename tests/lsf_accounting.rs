@@ -85,7 +85,7 @@ fn lsf_jobs_reach_the_api_with_their_owner_state_and_allocation() {
         ],
         &[],
     );
-    let all = "/api/v1/units/admin?from=0&field=uuid&field=user&field=project&field=group&field=partition&field=state&field=exit_code&field=alloc_cpus&field=alloc_gpus&field=alloc_mem_bytes&field=nodes&field=elapsed_seconds&field=resource_manager&field=time_limit_seconds";
+    let all = "/api/v1/units/admin?from=0&field=uuid&field=username&field=project&field=groupname&field=partition&field=state&field=exit_code&field=alloc_cpus&field=alloc_gpus&field=alloc_mem_bytes&field=nodes&field=elapsed_seconds&field=resource_manager&field=time_limit_seconds";
     let start = Instant::now();
     let admin = loop {
         let got = units(&server, all, "root");
@@ -109,7 +109,10 @@ fn lsf_jobs_reach_the_api_with_their_owner_state_and_allocation() {
         field(&admin, "7001", "state"),
         Some(&Value::from("COMPLETED"))
     );
-    assert_eq!(field(&admin, "7001", "group"), Some(&Value::from("phys")));
+    assert_eq!(
+        field(&admin, "7001", "groupname"),
+        Some(&Value::from("phys"))
+    );
     assert_eq!(
         field(&admin, "7001", "project"),
         Some(&Value::from("physics"))

@@ -76,7 +76,7 @@ impl Drop for QdelOnDrop {
 }
 
 fn units(server: &common::Running) -> Vec<Value> {
-    let path = "/api/v1/units/admin?from=0&field=uuid&field=user&field=project&field=group&field=partition&field=state&field=exit_code&field=alloc_cpus&field=alloc_mem_bytes&field=elapsed_seconds&field=resource_manager&field=time_limit_seconds&field=nodes";
+    let path = "/api/v1/units/admin?from=0&field=uuid&field=username&field=project&field=groupname&field=partition&field=state&field=exit_code&field=alloc_cpus&field=alloc_mem_bytes&field=elapsed_seconds&field=resource_manager&field=time_limit_seconds&field=nodes";
     api_get(server, path, "root")["data"]
         .as_array()
         .cloned()
@@ -250,9 +250,9 @@ fn pbs_jobs_from_qsub_to_the_scrape_the_database_and_the_mail() {
         assert_eq!(row["resource_manager"], "openpbs", "{row}");
         // A sub-job's qstat has no euser/egroup: its owner is Job_Owner's user.
         let owner = q["Job_Owner"].as_str().unwrap().split('@').next().unwrap();
-        assert_eq!(row["user"], owner, "{row}");
+        assert_eq!(row["username"], owner, "{row}");
         if let Some(group) = q["egroup"].as_str() {
-            assert_eq!(row["group"], group, "{row}");
+            assert_eq!(row["groupname"], group, "{row}");
         }
         assert_eq!(row["partition"], q["queue"], "{row}");
         assert_eq!(row["project"], q["project"], "{row}");

@@ -311,7 +311,11 @@ fn start_on(url: &str, sacct: &str, extra: &[&str]) -> Running {
 }
 
 fn units_on(server: &Running) -> Option<i64> {
-    let (status, body) = get(server, "/api/v1/clusters/admin", "root");
+    let (status, body) = get(
+        server,
+        "/api/v1/clusters/admin?field=id&field=num_units",
+        "root",
+    );
     if status != 200 {
         return None;
     }

@@ -48,7 +48,7 @@ fn real_jobs_get_cpu_usage_from_prometheus_and_each_user_sees_only_their_own() {
 
     let (server, _data) = start_stats_server(&prom.url());
 
-    let window = "/api/v1/units?from=0&field=uuid&field=user&field=state&field=total_cpu_seconds&field=avg_cpu_usage&field=aggregates_status";
+    let window = "/api/v1/units?from=0&field=uuid&field=username&field=state&field=total_cpu_seconds&field=avg_cpu_usage&field=aggregates_status";
     let mut units = serde_json::Value::Null;
     wait_until(
         "aggregates of alice's jobs",
@@ -63,7 +63,7 @@ fn real_jobs_get_cpu_usage_from_prometheus_and_each_user_sees_only_their_own() {
     for id in [&a1, &a2] {
         let u = job(&units, id).unwrap();
         let cpu = u["total_cpu_seconds"].as_f64().unwrap_or(0.0);
-        let usage = u["avg_cpu_usage"].as_f64().unwrap_or(0.0);
+        let usage = u["avg_cpu_usage"]["global"].as_f64().unwrap_or(0.0);
         // 12 s of one busy core; Prometheus's increase() misses at most a scrape at each end.
         assert!(cpu > 5.0 && cpu < 20.0, "job {id}: {cpu} CPU seconds: {u}");
         assert!(usage > 30.0, "job {id}: {usage}% CPU: {u}");
@@ -71,7 +71,7 @@ fn real_jobs_get_cpu_usage_from_prometheus_and_each_user_sees_only_their_own() {
     }
     println!("alice's jobs: {}", units["data"]);
     for u in units["data"].as_array().unwrap() {
-        assert_eq!(u["user"], "alice", "alice sees {u}");
+        assert_eq!(u["username"], "alice", "alice sees {u}");
     }
     assert!(job(&units, &b1).is_none(), "alice sees bob's job");
 
@@ -95,15 +95,20 @@ fn real_jobs_get_cpu_usage_from_prometheus_and_each_user_sees_only_their_own() {
     let users = common::api_get(&server, "/api/v1/users", "alice");
     assert_eq!(
         users["data"],
-        serde_json::json!([{"cluster_id": "lab", "name": "alice", "projects": ["physics"]}])
+        serde_json::json!([{"cluster_id": "lab", "resource_manager": "slurm", "name": "alice",
+                            "projects": ["physics"]}])
     );
     let admin = common::api_get(
         &server,
         &format!("/api/v1/units/admin?from=0&uuid={b1}"),
         "root",
     );
-    assert_eq!(job(&admin, &b1).unwrap()["user"], "bob");
-    let usage = common::api_get(&server, "/api/v1/usage/global", "alice");
+    assert_eq!(job(&admin, &b1).unwrap()["username"], "bob");
+    let usage = common::api_get(
+        &server,
+        "/api/v1/usage/global?field=total_cpu_seconds",
+        "alice",
+    );
     assert!(
         usage["data"][0]["total_cpu_seconds"].as_f64().unwrap() > 10.0,
         "{usage}"

@@ -98,6 +98,12 @@ fn units(server: &common::Running) -> serde_json::Value {
     serde_json::from_str(&body).unwrap_or_default()
 }
 
+/// A plain number, or the one value of a CEEMS series object (`{"global": 12.5}`).
+fn number(v: &serde_json::Value) -> Option<f64> {
+    v.as_f64()
+        .or_else(|| v.as_object()?.values().next()?.as_f64())
+}
+
 fn job<'a>(units: &'a serde_json::Value, id: &str) -> Option<&'a serde_json::Value> {
     units["data"].as_array()?.iter().find(|u| u["uuid"] == id)
 }
@@ -178,7 +184,7 @@ fn aggregates_through_victoria_metrics_equal_those_through_prometheus() {
     for id in &ids {
         let (pa, pb) = (job(&a, id).unwrap(), job(&b, id).unwrap());
         for f in FIELDS {
-            let (x, y) = (pa[f].as_f64(), pb[f].as_f64());
+            let (x, y) = (number(&pa[f]), number(&pb[f]));
             println!("job {id} {f}: prometheus {x:?}, victoria-metrics {y:?}");
             let (Some(x), Some(y)) = (x, y) else {
                 differences.push(format!("job {id} {f}: {x:?} against {y:?}"));

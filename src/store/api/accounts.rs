@@ -2,22 +2,37 @@
 
 use super::*;
 
+/// The fields of `/clusters/admin`: CEEMS's two, then ours.
+const CLUSTER_FIELDS: &[&str] = &[
+    "id",
+    "manager",
+    "num_units",
+    "first_started_at_ts",
+    "last_updated_at_ts",
+    "next_window_start_ts",
+];
+
 impl Api {
-    /// Projects with their members; a user gets only their own projects, and only themselves
-    /// as a member.
+    /// Projects with all their members; a user gets the projects they are a member of.
     pub(super) async fn projects(
         &self,
         p: &Params,
         scope: Option<&str>,
     ) -> Result<Answer, ApiError> {
-        p.only(&["cluster_id", "project"])?;
         let mut q = Sql::new(
-            "SELECT p.cluster_id, p.name, a.usr FROM projects p
+            "SELECT p.cluster_id, p.name, a.usr,
+                    (SELECT c.manager FROM clusters c WHERE c.id = p.cluster_id)
+             FROM projects p
              LEFT JOIN associations a ON a.cluster_id = p.cluster_id AND a.project = p.name
              WHERE 1 = 1",
         );
         if let Some(u) = scope {
-            q.push(" AND a.usr = ").bind(u);
+            q.push(
+                " AND EXISTS (SELECT 1 FROM associations m WHERE m.cluster_id = p.cluster_id
+                   AND m.project = p.name AND m.usr = ",
+            )
+            .bind(u)
+            .push(")");
         }
         q.push_in("p.cluster_id", p.all("cluster_id"))
             .push_in("p.name", p.all("project"))
@@ -26,14 +41,12 @@ impl Api {
         Ok(Answer::data(grouped(&rows, "name", "users")))
     }
 
-    /// Users with their projects; a user gets only their own record.
+    /// Users with their projects; a user gets only their own record, whatever `user` says.
     pub(super) async fn users(&self, p: &Params, scope: Option<&str>) -> Result<Answer, ApiError> {
-        p.only(&["cluster_id", "user"])?;
-        if scope.is_some() && !p.all("user").is_empty() {
-            return Err(ApiError::bad("`user` is for /users/admin"));
-        }
         let mut q = Sql::new(
-            "SELECT u.cluster_id, u.name, a.project FROM users u
+            "SELECT u.cluster_id, u.name, a.project,
+                    (SELECT c.manager FROM clusters c WHERE c.id = u.cluster_id)
+             FROM users u
              LEFT JOIN associations a ON a.cluster_id = u.cluster_id AND a.usr = u.name
              WHERE 1 = 1",
         );
@@ -47,33 +60,48 @@ impl Api {
         Ok(Answer::data(grouped(&rows, "name", "projects")))
     }
 
+    /// The clusters this server pulls from, as CEEMS lists them (`id`, `manager`); our
+    /// counts when named with `field=`.
     pub(super) async fn clusters(&self, p: &Params) -> Result<Answer, ApiError> {
-        p.only(&[])?;
+        let fields = FieldSet::parse(CLUSTER_FIELDS, 2, p.all("field"))?;
         let q = Sql::new(
-            "SELECT u.cluster_id, count(*), min(NULLIF(u.started_at, 0)), max(u.last_updated_at),
-                    (SELECT window_start FROM ingest_state s WHERE s.cluster_id = u.cluster_id),
-                    (SELECT c.manager FROM clusters c WHERE c.id = u.cluster_id)
-             FROM units u GROUP BY u.cluster_id ORDER BY u.cluster_id",
+            "SELECT c.id, c.manager, count(u.id), min(NULLIF(u.started_at, 0)),
+                    max(u.last_updated_at),
+                    (SELECT window_start FROM ingest_state s WHERE s.cluster_id = c.id)
+             FROM clusters c LEFT JOIN units u ON u.cluster_id = c.id
+             GROUP BY c.id, c.manager ORDER BY c.id",
         );
         let rows = self.fetch(q).await?;
         let data: Vec<Value> = rows
             .iter()
             .map(|r| {
-                json!({
-                    "id": cell(r, 0, Col::Text),
-                    "manager": cell(r, 5, Col::Text),
-                    "num_units": cell(r, 1, Col::Int),
-                    "first_started_at_ts": cell(r, 2, Col::Int),
-                    "last_updated_at_ts": cell(r, 3, Col::Int),
-                    "next_window_start_ts": cell(r, 4, Col::Int),
-                })
+                let ms = |i: usize| match cell(r, i, Col::Int) {
+                    Value::Number(n) => n.as_i64().map_or(Value::Null, |s| Value::from(s * 1000)),
+                    other => other,
+                };
+                let values = [
+                    cell(r, 0, Col::Text),
+                    cell(r, 1, Col::Text),
+                    cell(r, 2, Col::Int),
+                    ms(3),
+                    ms(4),
+                    ms(5),
+                ];
+                let object: Map<String, Value> = CLUSTER_FIELDS
+                    .iter()
+                    .zip(values)
+                    .filter(|(name, _)| fields.has(CLUSTER_FIELDS, name))
+                    .map(|(name, v)| ((*name).to_owned(), v))
+                    .collect();
+                Value::Object(object)
             })
             .collect();
         Ok(Answer::data(Value::Array(data)))
     }
 }
 
-/// Rows of (cluster, name, member) → `[{cluster_id, name, <members>: [...]}]`.
+/// Rows of (cluster, name, member, manager) →
+/// `[{cluster_id, resource_manager, name, <members>: [...]}]`.
 pub(super) fn grouped(rows: &[DbRow], name: &str, members: &str) -> Value {
     let mut out: Vec<Value> = Vec::new();
     let mut last: Option<(String, String)> = None;
@@ -81,8 +109,12 @@ pub(super) fn grouped(rows: &[DbRow], name: &str, members: &str) -> Value {
         let cluster: String = r.get(0).unwrap_or_default();
         let n: String = r.get(1).unwrap_or_default();
         let member: Option<String> = r.get(2).ok().flatten();
+        let manager: Option<String> = r.get(3).ok().flatten();
         if last.as_ref() != Some(&(cluster.clone(), n.clone())) {
-            out.push(json!({"cluster_id": cluster, name: n, members: []}));
+            out.push(
+                json!({"cluster_id": cluster, "resource_manager": manager.unwrap_or_default(),
+                            name: n, members: []}),
+            );
             last = Some((cluster, n));
         }
         if let (Some(m), Some(Value::Array(list))) =

@@ -1,120 +1,148 @@
-//! The fields of `/units`, as the API names them and as SQL reads them.
+//! The fields of `/units` and `/usage`: CEEMS's, in its order, then ours, which an answer
+//! holds only when a request names them (`field=`).
 
 use super::*;
 
-/// A field of `/units`: its name in the API, its SQL expression, and its type.
-pub(super) struct UnitField {
-    pub(super) name: &'static str,
-    pub(super) sql: &'static str,
-}
-
-#[derive(Clone, Copy)]
-pub(super) enum Col {
-    Int,
-    Real,
-    Text,
-}
-
-const FINDINGS_JSON: &str = "coalesce(findings, '[]')";
-
-pub(super) const UNIT_FIELDS: &[UnitField] = &[
-    UnitField { name: "cluster_id", sql: "cluster_id" },
-    UnitField {
-        name: "resource_manager",
-        sql: "(SELECT c.manager FROM clusters c WHERE c.id = cluster_id)",
-    },
-    UnitField { name: "uuid", sql: "uuid" },
-    UnitField { name: "name", sql: "name" },
-    UnitField { name: "project", sql: "project" },
-    UnitField { name: "group", sql: "grp" },
-    UnitField { name: "user", sql: "usr" },
-    UnitField { name: "partition", sql: "partition" },
-    UnitField { name: "qos", sql: "qos" },
-    UnitField { name: "created_at_ts", sql: "submitted_at" },
-    UnitField { name: "started_at_ts", sql: "NULLIF(started_at, 0)" },
-    UnitField { name: "ended_at_ts", sql: "ended_at" },
-    UnitField { name: "elapsed_seconds", sql: "elapsed_seconds" },
-    UnitField { name: "state", sql: "state" },
-    UnitField { name: "exit_code", sql: "exit_code" },
-    UnitField { name: "alloc_cpus", sql: "alloc_cpus" },
-    UnitField { name: "alloc_mem_bytes", sql: "alloc_mem_bytes" },
-    UnitField { name: "alloc_gpus", sql: "alloc_gpus" },
-    UnitField { name: "billing", sql: "billing" },
-    UnitField { name: "nodes", sql: "nodes" },
-    UnitField { name: "workdir", sql: "workdir" },
-    UnitField { name: "total_cpu_seconds", sql: "cpu_seconds" },
-    UnitField {
-        name: "avg_cpu_usage",
-        sql: "CASE WHEN alloc_cpus * aggregated_seconds > 0 THEN 100.0 * cpu_seconds / (alloc_cpus * aggregated_seconds) END" },
-    UnitField { name: "avg_cpu_mem_usage_bytes", sql: "mean_memory_bytes" },
-    UnitField { name: "avg_gpu_usage", sql: "100.0 * mean_gpu_utilization" },
-    UnitField { name: "total_cpu_energy_usage_kwh", sql: "cpu_energy_joules / 3.6e6" },
-    UnitField { name: "total_host_energy_usage_kwh", sql: "host_energy_joules / 3.6e6" },
-    UnitField { name: "total_gpu_energy_usage_kwh", sql: "gpu_energy_joules / 3.6e6" },
-    UnitField { name: "total_emissions_gms", sql: "emissions_grams" },
-    UnitField { name: "total_io_read_bytes", sql: "io_read_bytes" },
-    UnitField { name: "total_io_write_bytes", sql: "io_write_bytes" },
-    UnitField { name: "aggregates_status", sql: "aggregates_status" },
-    UnitField { name: "aggregates_updated_at_ts", sql: "aggregates_updated_at" },
-    UnitField { name: "last_updated_at_ts", sql: "last_updated_at" },
-    UnitField { name: "time_limit_seconds", sql: "time_limit_seconds" },
-    UnitField { name: "memory_peak_bytes", sql: "memory_peak_bytes" },
-    // JSON text: embedded as JSON by `FieldSet::json_object`.
-    UnitField { name: "findings", sql: FINDINGS_JSON },
+/// The fields of `/units`. The first `CEEMS_UNIT_FIELDS` are CEEMS's `Unit` (its JSON names
+/// and order); the rest are ours.
+pub(super) const UNIT_FIELDS: &[&str] = &[
+    "cluster_id",
+    "resource_manager",
+    "uuid",
+    "name",
+    "project",
+    "groupname",
+    "username",
+    "created_at",
+    "started_at",
+    "ended_at",
+    "created_at_ts",
+    "started_at_ts",
+    "ended_at_ts",
+    "elapsed",
+    "state",
+    "allocation",
+    "total_time_seconds",
+    "avg_cpu_usage",
+    "avg_cpu_mem_usage",
+    "total_cpu_energy_usage_kwh",
+    "total_cpu_emissions_gms",
+    "avg_gpu_usage",
+    "avg_gpu_mem_usage",
+    "total_gpu_energy_usage_kwh",
+    "total_gpu_emissions_gms",
+    "total_io_write_stats",
+    "total_io_read_stats",
+    "total_ingress_stats",
+    "total_egress_stats",
+    "tags",
+    // Ours.
+    "partition",
+    "qos",
+    "elapsed_seconds",
+    "exit_code",
+    "alloc_cpus",
+    "alloc_mem_bytes",
+    "alloc_gpus",
+    "billing",
+    "nodes",
+    "workdir",
+    "total_cpu_seconds",
+    "avg_cpu_mem_usage_bytes",
+    "total_host_energy_usage_kwh",
+    "total_emissions_gms",
+    "total_io_read_bytes",
+    "total_io_write_bytes",
+    "aggregates_status",
+    "aggregates_updated_at_ts",
+    "last_updated_at_ts",
+    "time_limit_seconds",
+    "memory_peak_bytes",
+    "findings",
 ];
 
-/// The fields a `/units` request asks for, as a set over `UNIT_FIELDS` (rendered in that
-/// order, each once).
-#[derive(Clone, Copy)]
+/// How many of `UNIT_FIELDS` are CEEMS's: a request that names no field gets these.
+pub(super) const CEEMS_UNIT_FIELDS: usize = 30;
+
+/// The fields of `/usage`: CEEMS's `Usage`, then our sums.
+pub(super) const USAGE_FIELDS: &[&str] = &[
+    "cluster_id",
+    "resource_manager",
+    "num_units",
+    "project",
+    "groupname",
+    "username",
+    "total_time_seconds",
+    "avg_cpu_usage",
+    "avg_cpu_mem_usage",
+    "total_cpu_energy_usage_kwh",
+    "total_cpu_emissions_gms",
+    "avg_gpu_usage",
+    "avg_gpu_mem_usage",
+    "total_gpu_energy_usage_kwh",
+    "total_gpu_emissions_gms",
+    "total_io_write_stats",
+    "total_io_read_stats",
+    "total_ingress_stats",
+    "total_egress_stats",
+    // Ours.
+    "total_elapsed_seconds",
+    "total_cpu_seconds",
+    "total_host_energy_usage_kwh",
+    "total_emissions_gms",
+    "total_io_read_bytes",
+    "total_io_write_bytes",
+];
+
+/// How many of `USAGE_FIELDS` are CEEMS's.
+pub(super) const CEEMS_USAGE_FIELDS: usize = 19;
+
+/// Bits of a `FieldSet` that name fields; the byte above them names the time zone a rendered
+/// job was written in (see `Api::render_key`).
+pub(super) const FIELD_BITS: u32 = 56;
+
+const _: () = assert!(UNIT_FIELDS.len() <= FIELD_BITS as usize);
+const _: () = assert!(USAGE_FIELDS.len() <= FIELD_BITS as usize);
+
+/// The fields a request asks for, as a set over a field list (rendered in the list's order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct FieldSet(pub(super) u64);
 
-const _: () = assert!(UNIT_FIELDS.len() <= 64, "FieldSet holds one bit per field");
-
 impl FieldSet {
-    pub(super) const ALL: FieldSet = FieldSet(u64::MAX >> (64 - UNIT_FIELDS.len()));
-
-    pub(super) fn parse(names: &[String]) -> Result<FieldSet, ApiError> {
-        if names.is_empty() {
-            return Ok(FieldSet::ALL);
-        }
-        let mut set = 0u64;
-        for name in names {
-            let i = UNIT_FIELDS
-                .iter()
-                .position(|u| u.name == name)
-                .ok_or_else(|| {
-                    ApiError::bad(format!(
-                        "unknown field `{name}` (known: {})",
-                        UNIT_FIELDS
-                            .iter()
-                            .map(|u| u.name)
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ))
-                })?;
-            set |= 1 << i;
-        }
-        Ok(FieldSet(set))
+    /// The first `n` fields of a list.
+    pub(super) const fn first(n: usize) -> FieldSet {
+        FieldSet(u64::MAX >> (64 - n))
     }
 
-    /// The fields as one JSON object per row (text), in the database's own spelling.
-    pub(super) fn json_object(self, backend: Backend) -> String {
-        let pairs = UNIT_FIELDS
+    /// Every unit field, CEEMS's and ours.
+    pub(super) const ALL_UNIT: FieldSet = FieldSet::first(UNIT_FIELDS.len());
+
+    /// `field=` values as CEEMS reads them: a name the list does not have is dropped; none
+    /// given is the first `default` fields; some given but none known is an error.
+    pub(super) fn parse(
+        list: &[&str],
+        default: usize,
+        names: &[String],
+    ) -> Result<FieldSet, ApiError> {
+        if names.is_empty() {
+            return Ok(FieldSet::first(default));
+        }
+        let set = names
             .iter()
-            .enumerate()
-            .filter(|(i, _)| self.0 & (1 << i) != 0)
-            .map(|(_, f)| match f.sql {
-                FINDINGS_JSON => format!("'{}', {}", f.name, backend.json_column(f.sql)),
-                sql => format!("'{}', {sql}", f.name),
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
-        backend.json_object(&pairs)
+            .filter_map(|n| list.iter().position(|f| f == n))
+            .fold(0u64, |set, i| set | (1 << i));
+        match set {
+            0 => Err(ApiError::bad("invalid query fields")),
+            set => Ok(FieldSet(set)),
+        }
+    }
+
+    pub(super) fn has(self, list: &[&str], name: &str) -> bool {
+        list.iter()
+            .position(|f| *f == name)
+            .is_some_and(|i| self.0 & (1 << i) != 0)
     }
 }
-
-/// Jobs per `RENDER_CHUNK` rendered by one query, under SQLite's bound-variable limit.
-pub(super) const RENDER_CHUNK: usize = 4096;
 
 pub(super) fn cell(row: &DbRow, i: usize, kind: Col) -> Value {
     match kind {
@@ -123,12 +151,6 @@ pub(super) fn cell(row: &DbRow, i: usize, kind: Col) -> Value {
             .ok()
             .flatten()
             .map_or(Value::Null, Value::from),
-        Col::Real => row
-            .get::<Option<f64>>(i)
-            .ok()
-            .flatten()
-            .and_then(serde_json::Number::from_f64)
-            .map_or(Value::Null, Value::Number),
         Col::Text => row
             .get::<Option<String>>(i)
             .ok()
@@ -136,3 +158,12 @@ pub(super) fn cell(row: &DbRow, i: usize, kind: Col) -> Value {
             .map_or(Value::Null, Value::from),
     }
 }
+
+#[derive(Clone, Copy)]
+pub(super) enum Col {
+    Int,
+    Text,
+}
+
+/// Jobs per `RENDER_CHUNK` rendered by one query, under SQLite's bound-variable limit.
+pub(super) const RENDER_CHUNK: usize = 4096;

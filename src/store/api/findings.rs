@@ -37,17 +37,14 @@ impl Api {
         row.get(0).map_err(query_failed)
     }
 
-    /// Every unit field of the row `id`, as a JSON object.
+    /// Every unit field of the row `id`, CEEMS's and ours, as a JSON object (null when the
+    /// job is gone), its times in the server's zone.
     pub async fn unit(&self, id: i64) -> Result<Value, ApiError> {
-        let mut q = Sql::new("SELECT ");
-        q.push(&FieldSet::ALL.json_object(self.store.backend()))
-            .push(" FROM units WHERE id = ")
-            .bind(id);
-        let rows = self.fetch(q).await?;
-        let json: String = rows
-            .first()
-            .and_then(|r| r.get(0).ok())
-            .unwrap_or_else(|| "null".to_owned());
+        let rows = self.unit_rows(&[id]).await?;
+        let Some(row) = rows.first() else {
+            return Ok(Value::Null);
+        };
+        let json = row.render(FieldSet::ALL_UNIT, &self.time_zone, &self.emissions_key);
         serde_json::from_str(&json).map_err(|e| ApiError::Internal(e.to_string()))
     }
 

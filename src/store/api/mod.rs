@@ -23,7 +23,7 @@ mod answer;
 mod fields;
 mod findings;
 mod params;
-
+mod render;
 mod units;
 mod usage;
 
@@ -32,6 +32,7 @@ pub use answer::{Answer, ApiError};
 use fields::*;
 pub use params::Params;
 use params::*;
+use render::*;
 
 /// Default window of `/units` and `/usage/current` when `from` is not given.
 pub const DEFAULT_WINDOW_SECONDS: i64 = 24 * 3600;
@@ -56,12 +57,23 @@ struct Cache {
 /// lines, and no directory gives longer names (the Linux login limit is 32 bytes).
 pub const MAX_USER_BYTES: usize = 256;
 
+/// Time zones a request named (`timezone=`) and jobs were rendered in: a rendered job's cache
+/// key holds the index (1-based; 0 is the server's zone). Past this many, jobs in a zone not
+/// in the list are rendered for the one request.
+const MAX_ZONES: usize = 254;
+
 /// The API over a store.
 pub struct Api {
     store: std::sync::Arc<Store>,
     pub user_header: String,
     cache: std::sync::Mutex<Cache>,
     units: UnitCache,
+    /// Where times are written when a request names no `timezone`.
+    time_zone: jiff::tz::TimeZone,
+    zones: std::sync::Mutex<Vec<String>>,
+    /// The sub-key of the emissions series (`owid_total`): the provider our recording rules
+    /// take the factor from.
+    emissions_key: String,
 }
 
 impl Api {
@@ -88,7 +100,44 @@ impl Api {
             user_header: user_header.to_owned(),
             cache: Default::default(),
             units: Default::default(),
+            time_zone: jiff::tz::TimeZone::system(),
+            zones: Default::default(),
+            emissions_key: "owid_total".to_owned(),
         }
+    }
+
+    /// Times are written in `zone` unless a request names one.
+    pub fn with_time_zone(mut self, zone: jiff::tz::TimeZone) -> Api {
+        self.time_zone = zone;
+        self
+    }
+
+    /// Emissions are `<provider>_total` in the series objects.
+    pub fn with_emissions_provider(mut self, provider: &str) -> Api {
+        self.emissions_key = format!("{provider}_total");
+        self
+    }
+
+    /// The zone a request names (`timezone=Europe/Athens`) and the byte of a rendered job's
+    /// cache key that names it; `None` for the byte when the zone list is full.
+    fn zone(&self, p: &Params) -> Result<(jiff::tz::TimeZone, Option<u64>), ApiError> {
+        let Some(name) = p.one("timezone").filter(|n| !n.is_empty()) else {
+            return Ok((self.time_zone.clone(), Some(0)));
+        };
+        let zone =
+            jiff::tz::TimeZone::get(name).map_err(|e| ApiError::bad(format!("`timezone`: {e}")))?;
+        let Ok(mut zones) = self.zones.lock() else {
+            return Ok((zone, None));
+        };
+        let index = match zones.iter().position(|z| z == name) {
+            Some(i) => Some(i),
+            None if zones.len() < MAX_ZONES => {
+                zones.push(name.to_owned());
+                Some(zones.len() - 1)
+            }
+            None => None,
+        };
+        Ok((zone, index.map(|i| i as u64 + 1)))
     }
 
     fn cached(&self, key: &str, generation: u64) -> Option<Answer> {
@@ -172,7 +221,12 @@ impl Api {
         if admin_route {
             match self.store.is_admin(user).await {
                 Ok(true) => {}
-                Ok(false) => return ApiError::Forbidden(format!("{user} is not an admin")).into(),
+                Ok(false) => {
+                    return ApiError::Forbidden(
+                        "current user does not have admin privileges".to_owned(),
+                    )
+                    .into()
+                }
                 Err(e) => return ApiError::Internal(e.to_string()).into(),
             }
         }
@@ -207,5 +261,7 @@ impl Api {
     }
 }
 
+#[cfg(test)]
+mod dashboard_tests;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -74,20 +74,10 @@ impl Api {
         now: i64,
         generation: u64,
     ) -> Result<Answer, ApiError> {
-        p.only(&[
-            "uuid",
-            "project",
-            "cluster_id",
-            "running",
-            "from",
-            "to",
-            "field",
-            "user",
-        ])?;
-        if scope.is_some() && !p.all("user").is_empty() {
-            return Err(ApiError::bad("`user` is for /units/admin"));
-        }
-        let fields = FieldSet::parse(p.all("field"))?;
+        // CEEMS ignores what it does not know, `user` on a user's route included (its
+        // dashboards send it everywhere).
+        let fields = FieldSet::parse(UNIT_FIELDS, CEEMS_UNIT_FIELDS, p.all("field"))?;
+        let (zone, zone_key) = self.zone(p)?;
         let (from, to) = window(p, now)?;
         let running = p.flag("running")?;
         let mut users: Vec<String> = match scope {
@@ -133,13 +123,18 @@ impl Api {
                     .unwrap_or_default()
             }
         };
-        if let Some(body) = self.units.answer(generation, fields.0, &ids) {
+        // The cache key of a rendered job: its fields and the zone its times are in.
+        let key = zone_key.map(|z| fields.0 | z << FIELD_BITS);
+        if let Some(body) = key.and_then(|k| self.units.answer(generation, k, &ids)) {
             return Ok(Answer {
                 status: StatusCode::OK,
                 body,
             });
         }
-        let mut rendered = self.units.rows(generation, fields.0, &ids);
+        let mut rendered = match key {
+            Some(k) => self.units.rows(generation, k, &ids),
+            None => vec![None; ids.len()],
+        };
         let missing: Vec<i64> = ids
             .iter()
             .zip(&rendered)
@@ -148,17 +143,9 @@ impl Api {
             .collect();
         let mut fresh = std::collections::HashMap::with_capacity(missing.len());
         for chunk in missing.chunks(RENDER_CHUNK) {
-            let mut q = Sql::new("SELECT id, ");
-            q.push(&fields.json_object(self.store.backend()))
-                .push(" FROM units WHERE id IN (");
-            for (i, id) in chunk.iter().enumerate() {
-                q.push(if i == 0 { "" } else { ", " }).bind(*id);
-            }
-            q.push(")");
-            for row in self.fetch(q).await? {
-                if let (Ok(id), Ok(json)) = (row.get::<i64>(0), row.get::<String>(1)) {
-                    fresh.insert(id, Rendered::from(json));
-                }
+            for row in self.unit_rows(chunk).await? {
+                let json = row.render(fields, &zone, &self.emissions_key);
+                fresh.insert(row.id, Rendered::from(json));
             }
         }
         for (id, json) in ids.iter().zip(rendered.iter_mut()) {
@@ -186,8 +173,26 @@ impl Api {
         }
         body.push(']');
         let answer = Answer::success_body(body);
-        self.units
-            .keep_answer(generation, fields.0, &fresh, ids, &answer.body);
+        if let Some(k) = key {
+            self.units
+                .keep_answer(generation, k, &fresh, ids, &answer.body);
+        }
         Ok(answer)
+    }
+
+    /// The rows of the jobs `ids` (those still there).
+    pub(super) async fn unit_rows(&self, ids: &[i64]) -> Result<Vec<UnitRow>, ApiError> {
+        let mut q = Sql::new("SELECT ");
+        q.push(UNIT_COLUMNS).push(" FROM units WHERE id IN (");
+        for (i, id) in ids.iter().enumerate() {
+            q.push(if i == 0 { "" } else { ", " }).bind(*id);
+        }
+        q.push(")");
+        let rows = self.fetch(q).await?;
+        // A row that cannot be read is an error, not a job left out of the answer.
+        rows.iter()
+            .map(UnitRow::read)
+            .collect::<Result<_, _>>()
+            .map_err(query_failed)
     }
 }

@@ -1,66 +1,132 @@
-//! `/usage`: summed use by user and project.
+//! `/usage`: use summed by cluster, project and user, as CEEMS's `Usage` rows.
 
 use super::*;
+use crate::store::db::USAGE_SUMS;
 
-/// Summed usage columns: name, column (the same in `units` and `usage`), and a scale.
-pub(super) const USAGE_SUMS: &[(&str, &str, &str)] = &[
-    ("total_elapsed_seconds", "elapsed_seconds", ""),
-    ("total_cpu_seconds", "cpu_seconds", ""),
-    (
-        "total_cpu_energy_usage_kwh",
-        "cpu_energy_joules",
-        " / 3.6e6",
-    ),
-    (
-        "total_host_energy_usage_kwh",
-        "host_energy_joules",
-        " / 3.6e6",
-    ),
-    (
-        "total_gpu_energy_usage_kwh",
-        "gpu_energy_joules",
-        " / 3.6e6",
-    ),
-    ("total_emissions_gms", "emissions_grams", ""),
-    ("total_io_read_bytes", "io_read_bytes", ""),
-    ("total_io_write_bytes", "io_write_bytes", ""),
-];
+/// One group's sums, by the names of `USAGE_SUMS`.
+struct UsageRow {
+    cluster_id: String,
+    manager: String,
+    num_units: i64,
+    project: String,
+    group: String,
+    user: String,
+    sums: Vec<f64>,
+}
 
-/// Usage columns per group, over jobs (`units`) or over the pre-aggregated `usage` rows.
-pub(super) fn usage_columns(pre_aggregated: bool) -> Vec<(&'static str, String)> {
-    // PostgreSQL sums integers as numeric: cast back, as SQLite's sums already are.
-    let (count, cpu_time) = if pre_aggregated {
-        ("CAST(sum(num_units) AS BIGINT)", "sum(alloc_cpu_seconds)")
-    } else {
-        ("count(*)", "sum(alloc_cpus * aggregated_seconds)")
-    };
-    let mut cols = vec![
-        ("num_units", count.to_owned()),
-        (
-            "avg_cpu_usage",
-            format!("100.0 * sum(cpu_seconds) / NULLIF({cpu_time}, 0)"),
-        ),
-    ];
-    cols.extend(USAGE_SUMS.iter().map(|(name, col, scale)| match *name {
-        "total_elapsed_seconds" => (*name, format!("CAST(sum({col}) AS BIGINT)")),
-        _ => (*name, format!("sum({col}){scale}")),
-    }));
-    cols
+impl UsageRow {
+    fn read(r: &DbRow) -> Result<UsageRow, sqlx::Error> {
+        Ok(UsageRow {
+            cluster_id: r.get(0)?,
+            project: r.get(1)?,
+            user: r.get(2)?,
+            group: r.get::<Option<String>>(3)?.unwrap_or_default(),
+            manager: r.get::<Option<String>>(4)?.unwrap_or_default(),
+            num_units: r.get(5)?,
+            sums: (0..USAGE_SUMS.len())
+                .map(|i| r.get::<Option<f64>>(6 + i).map(Option::unwrap_or_default))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    fn sum(&self, name: &str) -> f64 {
+        USAGE_SUMS
+            .iter()
+            .position(|(n, _)| *n == name)
+            .and_then(|i| self.sums.get(i).copied())
+            .unwrap_or(0.0)
+    }
+
+    /// CEEMS writes its six plain fields always (empty when not asked for) and a series
+    /// only when asked for and not empty.
+    fn render(&self, fields: FieldSet, emissions_key: &str) -> String {
+        let mut out = JsonObject::default();
+        let has = |name: &str| fields.has(USAGE_FIELDS, name);
+        let text = |name: &str, v: &str| Value::from(if has(name) { v } else { "" });
+        out.value("cluster_id", text("cluster_id", &self.cluster_id));
+        out.value("resource_manager", text("resource_manager", &self.manager));
+        let units = if has("num_units") { self.num_units } else { 0 };
+        out.value("num_units", Value::from(units));
+        out.value("project", text("project", &self.project));
+        out.value("groupname", text("groupname", &self.group));
+        out.value("username", text("username", &self.user));
+        let agg = self.sum("aggregated_seconds") > 0.0;
+        let gpus = self.sum("alloc_gpu_seconds") > 0.0;
+        for name in &USAGE_FIELDS[6..] {
+            if !has(name) {
+                continue;
+            }
+            let s = |n: &str| self.sum(n);
+            match *name {
+                "total_time_seconds" => out.value(
+                    name,
+                    total_time(&TimeSums {
+                        walltime: s("elapsed_seconds"),
+                        cputime: s("alloc_cpu_wall_seconds"),
+                        cpumemtime: s("alloc_mem_mib_wall_seconds"),
+                        gputime: s("alloc_gpu_wall_seconds"),
+                        gpumemtime: s("gpu_wall_seconds"),
+                    }),
+                ),
+                "avg_cpu_usage" if agg => out.series(
+                    name,
+                    "global",
+                    percent(s("cpu_seconds"), s("alloc_cpu_seconds")),
+                ),
+                "avg_cpu_mem_usage" if agg => out.series(
+                    name,
+                    "global",
+                    percent(s("memory_byte_seconds"), s("alloc_memory_byte_seconds")),
+                ),
+                "total_cpu_energy_usage_kwh" if agg => {
+                    out.series(name, "total", Some(s("cpu_energy_joules") / JOULES_PER_KWH))
+                }
+                "total_cpu_emissions_gms" if agg => {
+                    out.series(name, emissions_key, Some(s("emissions_grams")))
+                }
+                "avg_gpu_usage" if gpus => out.series(
+                    name,
+                    "global",
+                    percent(s("gpu_utilization_seconds"), s("alloc_gpu_seconds")),
+                ),
+                "total_gpu_energy_usage_kwh" if gpus => {
+                    out.series(name, "total", Some(s("gpu_energy_joules") / JOULES_PER_KWH))
+                }
+                "total_io_write_stats" if agg => {
+                    out.series(name, "bytes", Some(s("io_write_bytes")))
+                }
+                "total_io_read_stats" if agg => out.series(name, "bytes", Some(s("io_read_bytes"))),
+                "total_elapsed_seconds" => {
+                    out.value(name, Value::from(s("elapsed_seconds").round() as i64))
+                }
+                "total_cpu_seconds" => out.value(name, number(s("cpu_seconds"))),
+                "total_host_energy_usage_kwh" => {
+                    out.value(name, number(s("host_energy_joules") / JOULES_PER_KWH))
+                }
+                "total_emissions_gms" => out.value(name, number(s("emissions_grams"))),
+                "total_io_read_bytes" => out.value(name, number(s("io_read_bytes"))),
+                "total_io_write_bytes" => out.value(name, number(s("io_write_bytes"))),
+                // A series we have no value of.
+                _ => {}
+            }
+        }
+        out.finish()
+    }
 }
 
 impl Api {
-    /// `groupby`: `user` and/or `project` (default both), always within a cluster.
-    pub(super) fn group_columns(p: &Params) -> Result<Vec<(&'static str, &'static str)>, ApiError> {
+    /// `groupby`: `user` and/or `project` (default both), always within a cluster. A group
+    /// left out reads as empty.
+    fn group_columns(p: &Params) -> Result<(bool, bool), ApiError> {
         let wanted = p.all("groupby");
-        let mut cols = vec![("cluster_id", "cluster_id")];
         if wanted.is_empty() {
-            cols.extend([("project", "project"), ("user", "usr")]);
-            return Ok(cols);
+            return Ok((true, true));
         }
+        let (mut project, mut user) = (false, false);
         for g in wanted {
             match g.as_str() {
-                "project" => cols.push(("project", "project")),
-                "user" => cols.push(("user", "usr")),
+                "project" => project = true,
+                "user" => user = true,
                 other => {
                     return Err(ApiError::bad(format!(
                         "`groupby`: `{other}` is not user or project"
@@ -68,33 +134,7 @@ impl Api {
                 }
             }
         }
-        Ok(cols)
-    }
-
-    pub(super) fn usage_rows(
-        rows: &[DbRow],
-        groups: &[(&str, &str)],
-        sums: &[(&str, String)],
-    ) -> Value {
-        Value::Array(
-            rows.iter()
-                .map(|r| {
-                    let mut m = Map::new();
-                    for (i, (name, _)) in groups.iter().enumerate() {
-                        m.insert((*name).to_owned(), cell(r, i, Col::Text));
-                    }
-                    for (j, (name, _)) in sums.iter().enumerate() {
-                        let kind = if *name == "num_units" || *name == "total_elapsed_seconds" {
-                            Col::Int
-                        } else {
-                            Col::Real
-                        };
-                        m.insert((*name).to_owned(), cell(r, groups.len() + j, kind));
-                    }
-                    Value::Object(m)
-                })
-                .collect(),
-        )
+        Ok((project, user))
     }
 
     pub(super) async fn usage_current(
@@ -103,9 +143,8 @@ impl Api {
         scope: Option<&str>,
         now: i64,
     ) -> Result<Answer, ApiError> {
-        p.only(&["from", "to", "cluster_id", "project", "user", "groupby"])?;
         let window = window(p, now)?;
-        self.usage(p, scope, "/usage/current", Some(window)).await
+        self.usage(p, scope, Some(window)).await
     }
 
     pub(super) async fn usage_global(
@@ -113,33 +152,39 @@ impl Api {
         p: &Params,
         scope: Option<&str>,
     ) -> Result<Answer, ApiError> {
-        p.only(&["cluster_id", "project", "user", "groupby"])?;
-        self.usage(p, scope, "/usage/global", None).await
+        self.usage(p, scope, None).await
     }
 
     /// Usage sums per group: over the jobs that overlap `window`, or, without one, over the
-    /// pre-aggregated `usage` table (all time).
+    /// pre-aggregated `usage` table (all time). A user's route sums their own jobs only,
+    /// whatever `user` says.
     pub(super) async fn usage(
         &self,
         p: &Params,
         scope: Option<&str>,
-        route: &str,
         window: Option<(i64, i64)>,
     ) -> Result<Answer, ApiError> {
-        if scope.is_some() && !p.all("user").is_empty() {
-            return Err(ApiError::bad(format!("`user` is for {route}/admin")));
-        }
-        let groups = Self::group_columns(p)?;
-        let cols: Vec<&str> = groups.iter().map(|g| g.1).collect();
-        let mut q = Sql::new("SELECT ");
-        q.push(&cols.join(", "));
-        let sums = usage_columns(window.is_none());
-        for (_, sql) in &sums {
-            q.push(", ").push(sql);
+        let fields = FieldSet::parse(USAGE_FIELDS, CEEMS_USAGE_FIELDS, p.all("field"))?;
+        let (by_project, by_user) = Self::group_columns(p)?;
+        let project = if by_project { "project" } else { "''" };
+        let user = if by_user { "usr" } else { "''" };
+        let group = if by_user { "max(grp)" } else { "''" };
+        let mut q = Sql::new(&format!(
+            "SELECT cluster_id, {project}, {user}, {group},
+                (SELECT c.manager FROM clusters c WHERE c.id = g.cluster_id), "
+        ));
+        // PostgreSQL sums integers as numeric: cast back, as SQLite's sums already are.
+        q.push(match window {
+            Some(_) => "CAST(count(*) AS BIGINT)",
+            None => "CAST(sum(num_units) AS BIGINT)",
+        });
+        for (column, expr) in USAGE_SUMS {
+            let summed = if window.is_some() { expr } else { column };
+            q.push(&format!(", CAST(sum({summed}) AS DOUBLE PRECISION)"));
         }
         q.push(match window {
-            Some(_) => " FROM units WHERE started_at > 0",
-            None => " FROM usage WHERE 1 = 1",
+            Some(_) => " FROM units g WHERE started_at > 0",
+            None => " FROM usage g WHERE 1 = 1",
         });
         let users: Vec<String> = scope
             .map(|u| vec![u.to_owned()])
@@ -150,12 +195,23 @@ impl Api {
         if let Some((from, to)) = window {
             q.push_overlap(from, to, false);
         }
-        q.push(&format!(
-            " GROUP BY {} ORDER BY {}",
-            cols.join(", "),
-            cols.join(", ")
-        ));
+        // PostgreSQL takes no constant as a key.
+        let mut keys = vec!["cluster_id"];
+        keys.extend(by_project.then_some("project"));
+        keys.extend(by_user.then_some("usr"));
+        let keys = keys.join(", ");
+        q.push(&format!(" GROUP BY {keys} ORDER BY {keys}"));
         let rows = self.fetch(q).await?;
-        Ok(Answer::data(Self::usage_rows(&rows, &groups, &sums)))
+        let mut body = String::from(SUCCESS_HEAD);
+        body.push('[');
+        for (i, r) in rows.iter().enumerate() {
+            let row = UsageRow::read(r).map_err(query_failed)?;
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str(&row.render(fields, &self.emissions_key));
+        }
+        body.push(']');
+        Ok(Answer::success_body(body))
     }
 }

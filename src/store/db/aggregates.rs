@@ -172,18 +172,20 @@ impl Store {
         let mut tx = self.write_tx().await?;
         tx.execute(&Sql::new("DELETE FROM usage WHERE cluster_id = $1").arg(cluster))
             .await?;
+        let columns: Vec<&str> = USAGE_SUMS.iter().map(|(c, _)| *c).collect();
+        let sums: Vec<String> = USAGE_SUMS
+            .iter()
+            .map(|(_, e)| format!("sum({e})"))
+            .collect();
         tx.execute(
-            &Sql::new(
-                "INSERT INTO usage (cluster_id, project, usr, num_units, elapsed_seconds, cpu_seconds,
-                    alloc_cpu_seconds, cpu_energy_joules, host_energy_joules, gpu_energy_joules,
-                    emissions_grams, io_read_bytes, io_write_bytes, last_updated_at)
-                 SELECT cluster_id, project, usr, count(*), sum(elapsed_seconds), sum(cpu_seconds),
-                    sum(alloc_cpus * aggregated_seconds), sum(cpu_energy_joules),
-                    sum(host_energy_joules), sum(gpu_energy_joules), sum(emissions_grams),
-                    sum(io_read_bytes), sum(io_write_bytes), $2
+            &Sql::new(&format!(
+                "INSERT INTO usage (cluster_id, project, usr, grp, num_units, {}, last_updated_at)
+                 SELECT cluster_id, project, usr, max(grp), count(*), {}, $2
                  FROM units WHERE cluster_id = $1 AND started_at > 0
                  GROUP BY cluster_id, project, usr",
-            )
+                columns.join(", "),
+                sums.join(", ")
+            ))
             .arg(cluster)
             .arg(now),
         )
@@ -193,6 +195,50 @@ impl Store {
         Ok(())
     }
 }
+
+/// What a usage row sums over its jobs: its column in `usage` and the expression over a job
+/// (`units`) summed into it. Products are real: a sum of integer products can overflow.
+pub const USAGE_SUMS: &[(&str, &str)] = &[
+    ("elapsed_seconds", "elapsed_seconds"),
+    ("cpu_seconds", "cpu_seconds"),
+    ("alloc_cpu_seconds", "1.0 * alloc_cpus * aggregated_seconds"),
+    ("cpu_energy_joules", "cpu_energy_joules"),
+    ("host_energy_joules", "host_energy_joules"),
+    ("gpu_energy_joules", "gpu_energy_joules"),
+    ("emissions_grams", "emissions_grams"),
+    ("io_read_bytes", "io_read_bytes"),
+    ("io_write_bytes", "io_write_bytes"),
+    ("aggregated_seconds", "aggregated_seconds"),
+    (
+        "alloc_cpu_wall_seconds",
+        "1.0 * alloc_cpus * elapsed_seconds",
+    ),
+    (
+        "alloc_mem_mib_wall_seconds",
+        "alloc_mem_bytes / 1048576.0 * elapsed_seconds",
+    ),
+    (
+        "alloc_gpu_wall_seconds",
+        "1.0 * alloc_gpus * elapsed_seconds",
+    ),
+    (
+        "gpu_wall_seconds",
+        "CASE WHEN alloc_gpus > 0 THEN elapsed_seconds ELSE 0 END",
+    ),
+    (
+        "memory_byte_seconds",
+        "mean_memory_bytes * aggregated_seconds",
+    ),
+    (
+        "alloc_memory_byte_seconds",
+        "1.0 * alloc_mem_bytes * aggregated_seconds",
+    ),
+    (
+        "gpu_utilization_seconds",
+        "mean_gpu_utilization * alloc_gpus * aggregated_seconds",
+    ),
+    ("alloc_gpu_seconds", "1.0 * alloc_gpus * aggregated_seconds"),
+];
 
 impl Store {
     /// On PostgreSQL, refreshes the planner's statistics of the jobs table when `written` rows

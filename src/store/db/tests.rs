@@ -272,3 +272,68 @@ async fn a_user_reads_the_units_they_ran_and_those_of_their_projects() {
         .unwrap()
         .is_empty());
 }
+
+/// A SQLite database written by the release before migration 0010 opens with its jobs, and
+/// its usage, rebuilt by the migration, already holds the group and allocated times CEEMS's
+/// usage answers need.
+#[tokio::test]
+async fn a_database_of_the_previous_schema_opens_with_its_usage_rebuilt() {
+    use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("ceems.db");
+    let options = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true);
+    let pool = SqlitePool::connect_with(options).await.unwrap();
+    let mut previous = sqlx::migrate!("./migrations");
+    let before: Vec<_> = previous
+        .migrations
+        .iter()
+        .filter(|m| m.version < 10)
+        .cloned()
+        .collect();
+    previous.migrations = before.into();
+    previous.run(&pool).await.unwrap();
+    for (uuid, user, cpus, gpus) in [("1", "alice", 4, 0), ("2", "alice", 2, 1)] {
+        sqlx::query(
+            "INSERT INTO units (cluster_id, uuid, started_at, usr, grp, project, alloc_cpus,
+                alloc_gpus, alloc_mem_bytes, elapsed_seconds, ended_at, last_updated_at)
+             VALUES ('lab', ?, 1000, ?, 'physicists', 'physics', ?, ?, 1073741824, 600, 1600,
+                1600)",
+        )
+        .bind(uuid)
+        .bind(user)
+        .bind(cpus)
+        .bind(gpus)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    sqlx::query(
+        "INSERT INTO usage (cluster_id, project, usr, num_units, elapsed_seconds, cpu_seconds,
+            alloc_cpu_seconds, cpu_energy_joules, host_energy_joules, gpu_energy_joules,
+            emissions_grams, io_read_bytes, io_write_bytes, last_updated_at)
+         VALUES ('lab', 'physics', 'alice', 2, 1200, 0, 0, 0, 0, 0, 0, 0, 0, 1600)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+
+    let store = Store::open(&path).await.unwrap();
+    assert_eq!(store.count_units("lab").await.unwrap(), 2);
+    let rows = store
+        .fetch_all(&Sql::new(
+            "SELECT grp, num_units, alloc_cpu_wall_seconds, alloc_gpu_wall_seconds,
+                alloc_mem_mib_wall_seconds FROM usage",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    let row = &rows[0];
+    assert_eq!(row.get::<String>(0).unwrap(), "physicists");
+    assert_eq!(row.get::<i64>(1).unwrap(), 2);
+    assert_eq!(row.get::<f64>(2).unwrap(), 6.0 * 600.0);
+    assert_eq!(row.get::<f64>(3).unwrap(), 600.0);
+    assert_eq!(row.get::<f64>(4).unwrap(), 2.0 * 1024.0 * 600.0);
+}

@@ -18,8 +18,14 @@ margin:.6rem 0;background:#f6f6f6}.critical{border-color:#c0392b}.warning{border
 pub(super) fn render_html(cluster: &str, job: &str, data: &ReportData) -> String {
     let j = &data.job;
     let text = |k: &str| escape(j[k].as_str().unwrap_or(""));
-    let num = |k: &str| j[k].as_f64().unwrap_or(0.0);
-    let time = |k: &str| match j[k].as_i64().and_then(|t| u64::try_from(t).ok()) {
+    // A plain number, or the one value of a CEEMS series object (`{"total": 1.2}`).
+    let num = |k: &str| {
+        j[k].as_f64()
+            .or_else(|| j[k].as_object()?.values().next()?.as_f64())
+            .unwrap_or(0.0)
+    };
+    // CEEMS's `_ts` are milliseconds.
+    let time = |k: &str| match j[k].as_i64().and_then(|t| u64::try_from(t / 1000).ok()) {
         Some(t) => {
             let at = humantime::format_rfc3339_seconds(
                 std::time::UNIX_EPOCH + std::time::Duration::from_secs(t),
@@ -57,7 +63,7 @@ table{{border-collapse:collapse}}td,th{{text-align:left;padding:.2rem .8rem .2re
         escape(job),
         text("name"),
         escape(cluster),
-        text("user"),
+        text("username"),
         text("project"),
         text("partition"),
         text("state"),
@@ -85,7 +91,7 @@ table{{border-collapse:collapse}}td,th{{text-align:left;padding:.2rem .8rem .2re
         num("total_gpu_energy_usage_kwh"),
         num("total_emissions_gms"),
         num("total_cpu_seconds"),
-        match j["avg_cpu_usage"].as_f64() {
+        match j["avg_cpu_usage"]["global"].as_f64() {
             Some(u) => format!("{u:.0}% of the allocated cores"),
             None => "unknown".to_owned(),
         },

@@ -232,8 +232,12 @@ impl Reports {
         let findings = facts.get("findings").cloned().unwrap_or(json!([]));
         let mut notes = Vec::new();
         let mut plots = Vec::new();
-        let start = facts["started_at_ts"].as_i64();
-        let end = facts["ended_at_ts"].as_i64().unwrap_or(now).min(now);
+        // CEEMS's `_ts` are milliseconds.
+        let start = facts["started_at_ts"].as_i64().map(|ms| ms / 1000);
+        let end = facts["ended_at_ts"]
+            .as_i64()
+            .map_or(now, |ms| ms / 1000)
+            .min(now);
         match (start, self.prometheus.get(cluster)) {
             (None, _) => notes.push("No plots: the job has not started.".to_owned()),
             (_, None) => notes.push(
@@ -487,7 +491,7 @@ mod tests {
         .unwrap();
         let data = &json["data"];
         assert_eq!(data["job"]["uuid"], "1");
-        assert_eq!(data["job"]["user"], "alice");
+        assert_eq!(data["job"]["username"], "alice");
         assert_eq!(data["findings"][0]["id"], "job_failed");
         let titles: Vec<&str> = data["plots"]
             .as_array()

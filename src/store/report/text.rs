@@ -90,7 +90,12 @@ fn amount(value: f64, unit: &str) -> String {
 pub(super) fn render_text(cluster: &str, job: &str, data: &ReportData) -> String {
     let j = &data.job;
     let text = |k: &str| clean(j[k].as_str().unwrap_or(""));
-    let num = |k: &str| j[k].as_f64().unwrap_or(0.0);
+    // A plain number, or the one value of a CEEMS series object (`{"total": 1.2}`).
+    let num = |k: &str| {
+        j[k].as_f64()
+            .or_else(|| j[k].as_object()?.values().next()?.as_f64())
+            .unwrap_or(0.0)
+    };
     let mut t = String::new();
     let _ = writeln!(
         t,
@@ -100,15 +105,18 @@ pub(super) fn render_text(cluster: &str, job: &str, data: &ReportData) -> String
         clean(cluster)
     );
     let rows = [
-        ("User", text("user")),
+        ("User", text("username")),
         ("Project", text("project")),
         ("Partition", text("partition")),
         (
             "State",
             format!("{} (exit code {})", text("state"), text("exit_code")),
         ),
-        ("Started", utc(j["started_at_ts"].as_i64())),
-        ("Ended", utc(j["ended_at_ts"].as_i64())),
+        (
+            "Started",
+            utc(j["started_at_ts"].as_i64().map(|ms| ms / 1000)),
+        ),
+        ("Ended", utc(j["ended_at_ts"].as_i64().map(|ms| ms / 1000))),
         (
             "Elapsed",
             format!(
@@ -148,7 +156,7 @@ pub(super) fn render_text(cluster: &str, job: &str, data: &ReportData) -> String
             format!(
                 "{:.0} s (mean use {})",
                 num("total_cpu_seconds"),
-                match j["avg_cpu_usage"].as_f64() {
+                match j["avg_cpu_usage"]["global"].as_f64() {
                     Some(u) => format!("{u:.0}% of the allocated cores"),
                     None => "unknown".to_owned(),
                 }
