@@ -2,6 +2,7 @@
 //! a cap on requests in flight, gzip, and graceful shutdown.
 
 pub mod client;
+pub mod cors;
 pub mod toolkit;
 
 use std::convert::Infallible;
@@ -331,7 +332,10 @@ pub async fn serve(
                 let stream = Box::pin(stream);
                 let http = {
                     let mut b = hyper::server::conn::http1::Builder::new();
+                    // Header names as Go's servers write them (`Content-Type`), which
+                    // clients that compare them byte for byte expect.
                     b.timer(hyper_util::rt::TokioTimer::new())
+                        .title_case_headers(true)
                         .header_read_timeout(options.header_read_timeout)
                         .max_buf_size(MAX_REQUEST_HEAD_BYTES);
                     b

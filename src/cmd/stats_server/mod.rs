@@ -54,6 +54,12 @@ pub fn opts() -> Vec<Opt> {
         .default(""),
         web::user_header_opt(),
         Opt::new(
+            "web.cors.origin",
+            Kind::Str,
+            "Regex of the origins a browser may call the API from (anchored at both ends)",
+        )
+        .default(".*"),
+        Opt::new(
             "storage.data.path",
             Kind::Str,
             "Directory of the SQLite database (ceems.db)",
@@ -299,6 +305,9 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("--storage.data.time-zone `{name}`"))?,
     };
     let emissions_provider: String = settings.get("prometheus.emissions-provider")?;
+    let cors = web::cors::Cors::new(&settings.get::<String>("web.cors.origin")?, &user_header)
+        .map_err(anyhow::Error::msg)?;
+    let cors = Arc::new(cors);
     hyper::header::HeaderName::from_bytes(user_header.as_bytes())
         .with_context(|| format!("--web.user-header-name `{user_header}` is not a header name"))?;
     let cluster_list = clusters(&settings, &slurm)?;
@@ -516,7 +525,11 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             let mail = Arc::clone(&mail);
             let api = Arc::clone(&api);
             let reports = Arc::clone(&reports);
+            let cors = Arc::clone(&cors);
             Box::pin(async move {
+                if let Some(preflight) = cors.preflight(&req) {
+                    return preflight;
+                }
                 if req.method() != Method::GET {
                     return web::text_response(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
                 }
@@ -540,6 +553,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                         web::accepts_gzip(&req),
                     );
                     *resp.status_mut() = answer.status;
+                    cors.allow(&req, &mut resp);
                     return resp;
                 }
                 match path {

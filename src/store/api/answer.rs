@@ -42,9 +42,10 @@ impl Answer {
     fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Answer {
         Answer {
             status,
-            body: json!({"status": "error", "errorType": kind, "error": message.into()})
-                .to_string()
-                .into(),
+            body:
+                json!({"status": "error", "data": null, "errorType": kind, "error": message.into()})
+                    .to_string()
+                    .into(),
         }
     }
 

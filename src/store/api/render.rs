@@ -121,6 +121,53 @@ impl UnitRow {
         out.finish()
     }
 
+    /// A made-up job, the `i`th of a demo answer.
+    pub(super) fn demo(i: i64) -> UnitRow {
+        let start = 1_700_000_000 + i * 3600;
+        UnitRow {
+            id: i,
+            cluster_id: "demo-0".into(),
+            manager: Some("slurm".into()),
+            uuid: (1000 + i).to_string(),
+            name: format!("demo-job-{i}"),
+            project: format!("project{}", i % 3),
+            group: format!("group{}", i % 4),
+            user: format!("user{}", i % 4),
+            submitted_at: Some(start - 60),
+            started_at: start,
+            ended_at: Some(start + 1800 + 60 * i),
+            elapsed_seconds: 1800 + 60 * i,
+            state: "COMPLETED".into(),
+            alloc_cpus: 4 << (i % 3),
+            alloc_mem_bytes: 8 << 30,
+            alloc_gpus: i % 2,
+            billing: 4 << (i % 3),
+            nodes: format!("node{i:02}"),
+            partition: "cpu".into(),
+            qos: "normal".into(),
+            gid: Some(1000 + i % 4),
+            uid: Some(1000 + i % 4),
+            exit_code: "0:0".into(),
+            workdir: format!("/home/user{}", i % 4),
+            cpu_seconds: 1000.0 * (1 + i) as f64,
+            aggregated_seconds: 1800 + 60 * i,
+            mean_memory_bytes: 2e9,
+            mean_gpu_utilization: 0.4,
+            cpu_energy_joules: 2e5,
+            host_energy_joules: 4e5,
+            gpu_energy_joules: 3e5 * (i % 2) as f64,
+            emissions_grams: 12.5,
+            io_read_bytes: 1e9,
+            io_write_bytes: 2e8,
+            aggregates_status: "done".into(),
+            aggregates_updated_at: Some(start + 3600),
+            last_updated_at: start + 3600,
+            time_limit_seconds: Some(7200),
+            memory_peak_bytes: Some(4e9),
+            findings: "[]".into(),
+        }
+    }
+
     fn aggregated(&self) -> bool {
         self.aggregated_seconds > 0
     }

@@ -644,3 +644,74 @@ async fn each_cluster_answers_with_its_own_manager() {
     assert_eq!(of("9"), Some(Value::from("openstack")));
     assert_eq!(of("1"), Some(Value::from("slurm")));
 }
+
+/// `/units/verify`: a user's own units and those of their projects pass, any other or an
+/// unknown one is CEEMS's 403; `/stats/*/admin` counts units, active ones, projects, users.
+#[tokio::test]
+async fn units_are_verified_and_clusters_counted_as_ceems_does() {
+    let mut lines = sample();
+    // carol is in physics with alice.
+    lines.push(line(5, "carol", "physics", NOW - 3000, Some(NOW - 100)));
+    let (api, _tmp) = api_with(&lines, &["root"]).await;
+    let verify = |user: &'static str, uuids: &'static str| {
+        let api = &api;
+        async move {
+            api.handle(
+                "/api/v1/units/verify",
+                Some(&format!("cluster_id=lab&{uuids}")),
+                Some(user),
+                NOW,
+            )
+            .await
+        }
+    };
+    let own_and_mates = verify("alice", "uuid=1&uuid=5").await;
+    assert_eq!(
+        own_and_mates.status,
+        StatusCode::OK,
+        "{}",
+        own_and_mates.text()
+    );
+    assert_eq!(
+        own_and_mates.json(),
+        json!({"status": "success", "data": null})
+    );
+    for (user, uuids) in [
+        ("alice", "uuid=1&uuid=2"),
+        ("bob", "uuid=1"),
+        ("alice", "uuid=99"),
+    ] {
+        let denied = verify(user, uuids).await;
+        assert_eq!(denied.status, StatusCode::FORBIDDEN, "{user} {uuids}");
+        assert_eq!(
+            denied.json()["error"],
+            "user do not have permissions on uuids"
+        );
+    }
+    assert_eq!(verify("root", "uuid=2").await.status, StatusCode::OK);
+    let stats = api
+        .handle("/api/v1/stats/global/admin", None, Some("root"), NOW)
+        .await;
+    assert_eq!(
+        data(&stats),
+        [
+            json!({"cluster_id": "lab", "resource_manager": "slurm", "num_units": 4,
+                "num_inactive_units": 3, "num_active_units": 1, "num_projects": 2,
+                "num_users": 3})
+        ]
+    );
+    // The last hour: jobs 1, 2 (running) and 5.
+    let stats = api
+        .handle(
+            "/api/v1/stats/current/admin",
+            Some(&format!("from={}&to={NOW}", NOW - 3600)),
+            Some("root"),
+            NOW,
+        )
+        .await;
+    assert_eq!(data(&stats)[0]["num_units"], 3);
+    let refused = api
+        .handle("/api/v1/stats/global/admin", None, Some("alice"), NOW)
+        .await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+}

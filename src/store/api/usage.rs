@@ -115,6 +115,24 @@ impl UsageRow {
 }
 
 impl Api {
+    /// A made-up usage row, the `i`th of a demo answer.
+    pub(super) fn demo_usage_row(&self, i: i64) -> String {
+        let row = UsageRow {
+            cluster_id: "demo-0".into(),
+            manager: "slurm".into(),
+            num_units: 10 + i,
+            project: format!("project{}", i % 3),
+            group: format!("group{i}"),
+            user: format!("user{i}"),
+            sums: USAGE_SUMS
+                .iter()
+                .enumerate()
+                .map(|(k, _)| 1000.0 * (1 + i + k as i64) as f64)
+                .collect(),
+        };
+        row.render(FieldSet::first(CEEMS_USAGE_FIELDS), &self.emissions_key)
+    }
+
     /// `groupby`: `user` and/or `project` (default both), always within a cluster. A group
     /// left out reads as empty.
     fn group_columns(p: &Params) -> Result<(bool, bool), ApiError> {
