@@ -30,15 +30,33 @@ pub const FIELDS: &[&str] = &[
 ];
 
 /// `1795358897` → Some; `Unknown`, `None` and empty → None.
+/// A time as we ask for it (`SLURM_TIME_FORMAT=%s`: epoch seconds) or as CEEMS asks for it
+/// (`2023-02-21T15:48:20+0100`).
 fn time(line: usize, field: &str, v: &str) -> Result<Option<i64>, ParseError> {
     match v {
         "" | "Unknown" | "None" => Ok(None),
         v => v
             .parse()
+            .ok()
+            .or_else(|| {
+                jiff::Timestamp::strptime("%Y-%m-%dT%H:%M:%S%z", v)
+                    .ok()
+                    .map(|t| t.as_second())
+            })
             .map(Some)
-            .map_err(|_| ParseError::new(line, format!("{field} `{v}` is not epoch seconds"))),
+            .ok_or_else(|| {
+                ParseError::new(
+                    line,
+                    format!("{field} `{v}` is neither epoch seconds nor a time with its offset"),
+                )
+            }),
     }
 }
+
+/// CEEMS's sacct fields: ours but `timelimitraw`, with the job's name before its directory.
+/// A line of 19 fields is one of these (ours has 20, the name last so that a `|` in it stays
+/// in it): a site's sacct wrapper made for CEEMS answers in this order whatever it is asked.
+pub const CEEMS_FIELDS: usize = 19;
 
 fn optional_u32(line: usize, field: &str, v: &str) -> Result<Option<u32>, ParseError> {
     if v.is_empty() {
@@ -154,7 +172,13 @@ pub fn expand_nodelist(text: &str) -> Result<Vec<String>, String> {
 
 /// Parses one record. `line` numbers the error.
 pub fn parse_line(line_no: usize, line: &str) -> Result<UnitRecord, ParseError> {
-    let f: Vec<&str> = line.splitn(FIELDS.len(), '|').collect();
+    let mut f: Vec<&str> = line.splitn(FIELDS.len(), '|').collect();
+    if f.len() == CEEMS_FIELDS {
+        // ...|nodelist|jobname|workdir → ...|nodelist|workdir|(no limit)|jobname
+        let (name, workdir) = (f[17], f[18]);
+        f.truncate(17);
+        f.extend([workdir, "", name]);
+    }
     if f.len() != FIELDS.len() {
         return Err(ParseError::new(
             line_no,
@@ -279,6 +303,35 @@ mod tests {
             ]
         );
         assert_eq!(errors.iter().map(|e| e.line).collect::<Vec<_>>(), [7, 8]);
+    }
+
+    /// Lines of CEEMS's sacct stand-in (`pkg/api/testdata/sacct`): its fields, in its order,
+    /// its times with their offset.
+    #[test]
+    fn lines_in_ceems_order_and_time_format() {
+        let (jobs, errors) = parse_output(
+            "1481508|part1|qos1|acc2|grp2|1002|usr2|1002|2023-02-21T15:48:20+0100|2023-02-21T15:49:06+0100|2023-02-21T15:57:23+0100|00:08:17|4500|0:0|CANCELLED by 1002|billing=160,cpu=16,energy=1439089,gres/gpu=0,mem=320.5G,node=2|compute-[0-2]|test_script2|/home/usr2\n\
+             2009248|part2|qos3|acc3|grp3|1003|usr3|1003|2023-02-21T15:48:20+0100|2023-02-21T15:49:06+0100|Unknown|00:00:17|17|0:0|RUNNING|billing=0,cpu=0,gres/gpu=0,mem=0,node=2|compute-[0-2]|test_script2|/home/usr3\n\
+             7|p|q|a|g|1|u|1|2023-02-21T15:48:20 CET|||00:00:01|1|0:0|COMPLETED||n|j|/w",
+        );
+        assert_eq!(jobs.len(), 2, "{errors:?}");
+        let job = &jobs[0];
+        assert_eq!(job.submit, Some(1676990900));
+        assert_eq!(job.start, Some(1676990946));
+        assert_eq!(job.end, Some(1676991443));
+        assert_eq!(
+            (job.name.as_str(), job.workdir.as_str()),
+            ("test_script2", "/home/usr2")
+        );
+        assert_eq!(job.time_limit_seconds, None);
+        assert_eq!(job.allocation.cpus, 16);
+        assert_eq!(job.nodes.len(), 3);
+        assert_eq!(jobs[1].end, None);
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0].message.contains("neither epoch seconds"),
+            "{errors:?}"
+        );
     }
 
     /// Lines from the lab's Slurm 22.05 (`scripts/slurm-lab.sh`), with SLURM_TIME_FORMAT=%s.
