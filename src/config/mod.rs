@@ -9,6 +9,7 @@
 //! Keys mirror flags: `--web.listen-address` is `listen-address` in `[exporter.web]`. CEEMS's
 //! own YAML files are read into the same tree (`redfish_proxy_yaml`).
 
+mod api_yaml;
 mod lb_yaml;
 mod opt;
 pub mod redfish_proxy_yaml;
@@ -52,6 +53,8 @@ pub enum ConfigError {
     ProxyYaml { path: PathBuf, message: String },
     #[error("config file {path} is not a valid ceems_lb YAML file: {message}")]
     LbYaml { path: PathBuf, message: String },
+    #[error("config file {path} (CEEMS's API server YAML): {message}")]
+    ApiYaml { path: PathBuf, message: String },
     #[error("config file {path}: unknown table `{table}` (expected one of: {expected})")]
     UnknownTable {
         path: PathBuf,
@@ -292,6 +295,16 @@ pub fn read_file(path: &Path, subcommand: &str) -> Result<Table, ConfigError> {
     if yaml && subcommand == "lb" {
         // CEEMS's ceems_lb file, possibly shared with its API server.
         return lb_yaml::to_table(&text).map_err(|message| ConfigError::LbYaml {
+            path: path.to_owned(),
+            message,
+        });
+    }
+    if yaml && subcommand == "stats-server" {
+        // CEEMS's ceems_api_server file.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        return api_yaml::to_table(&text, now).map_err(|message| ConfigError::ApiYaml {
             path: path.to_owned(),
             message,
         });

@@ -43,6 +43,34 @@ pub struct Queries {
     pub memory_peak_bytes: String,
     pub memory_fail_count: String,
     pub gpu_utilization_max: String,
+    /// CEEMS's queries: series → sub-key → template with `{{.UUIDs}}` (and `{{.Range}}`,
+    /// `{{.ScrapeInterval}}`, `{{.RateInterval}}`, `{{.EvaluationInterval}}`). A series named
+    /// `avg_…` is a mean weighted by time over the windows, any other a total.
+    pub series: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
+}
+
+/// Our aggregates off: a cluster configured by CEEMS's file asks only its `series`.
+impl Queries {
+    pub fn series_only(
+        series: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
+    ) -> Queries {
+        let off = String::new;
+        Queries {
+            cpu_seconds: off(),
+            cpu_power_watts: off(),
+            host_power_watts: off(),
+            gpu_energy_joules: off(),
+            emissions_grams_per_second: off(),
+            memory_bytes: off(),
+            gpu_utilization: off(),
+            io_read_bytes: off(),
+            io_write_bytes: off(),
+            memory_peak_bytes: off(),
+            memory_fail_count: off(),
+            gpu_utilization_max: off(),
+            series,
+        }
+    }
 }
 
 impl Default for Queries {
@@ -87,6 +115,7 @@ impl Default for Queries {
             gpu_utilization_max: q(
                 r#"max by (uuid) (max_over_time(ceems_compute_unit_gpu_utilization_ratio{uuid=~"$uuids"}[$range]))"#,
             ),
+            series: Default::default(),
         }
     }
 }
@@ -129,6 +158,15 @@ impl Queries {
 
     /// Checks that every query names both placeholders, at start-up.
     pub fn validate(&self) -> Result<(), String> {
+        for (series, subs) in &self.series {
+            for (sub, q) in subs {
+                if !q.contains("{{.UUIDs}}") {
+                    return Err(format!(
+                        "query {series}.{sub}: `{q}` does not name the units ({{{{.UUIDs}}}})"
+                    ));
+                }
+            }
+        }
         for (field, _, q) in self.list() {
             let complete = q.contains("$uuids") && q.contains("$range");
             if !q.is_empty() && !complete {
@@ -207,6 +245,18 @@ pub fn render(template: &str, uuids: &[&str], range: i64) -> String {
     template
         .replace("$uuids", &alternation(uuids))
         .replace("$range", &format!("{}s", range.max(1)))
+}
+
+/// Fills the placeholders of one of CEEMS's templates (Go's `{{.Name}}`), as its updater
+/// does: the units, the window, and the intervals a rate needs.
+pub fn render_ceems(template: &str, uuids: &[&str], range: i64, scrape_interval: i64) -> String {
+    let seconds = |s: i64| format!("{}s", s.max(1));
+    template
+        .replace("{{.UUIDs}}", &alternation(uuids))
+        .replace("{{.Range}}", &seconds(range))
+        .replace("{{.ScrapeInterval}}", &seconds(scrape_interval))
+        .replace("{{.EvaluationInterval}}", &seconds(scrape_interval))
+        .replace("{{.RateInterval}}", &seconds(4 * scrape_interval))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -295,7 +345,7 @@ pub async fn update(
             if batch.is_empty() {
                 continue;
             }
-            match query_batch(&prometheus, queries, &batch, range, now).await {
+            match query_batch(&prometheus, queries, limits, &batch, range, now).await {
                 Ok((deltas, n)) => {
                     report.queries += n;
                     store.apply_aggregates(&deltas, now).await?;
@@ -317,6 +367,7 @@ pub async fn update(
 async fn query_batch(
     prometheus: &std::sync::Arc<dyn Prometheus>,
     queries: &Queries,
+    limits: &Limits,
     batch: &[&AggregateTarget],
     range: i64,
     now: i64,
@@ -372,6 +423,22 @@ async fn query_batch(
                     Field::MemoryPeak => d.memory_peak_bytes = Some(add),
                     Field::MemoryFails => d.memory_fail_count = Some(add),
                     Field::GpuUtilizationMax => d.gpu_utilization_max = Some(add),
+                }
+            }
+        }
+    }
+    let scrape = i64::try_from(limits.scrape_interval.as_secs()).unwrap_or(15);
+    for (series, subs) in &queries.series {
+        for (sub, template) in subs {
+            let promql = render_ceems(template, &uuids, range, scrape);
+            let p = std::sync::Arc::clone(prometheus);
+            let values = tokio::task::spawn_blocking(move || p.query(&promql, now))
+                .await
+                .map_err(|e| AggregateError::Task(e.to_string()))??;
+            asked += 1;
+            for (uuid, v) in values {
+                for &i in index.get(uuid.as_str()).into_iter().flatten() {
+                    deltas[i].series.push((series.clone(), sub.clone(), v));
                 }
             }
         }

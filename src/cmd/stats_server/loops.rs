@@ -23,6 +23,8 @@ pub(super) use crate::manager::unix_now;
 pub(super) struct Source {
     pub(super) cluster: Cluster,
     pub(super) prometheus: Option<Arc<HttpPrometheus>>,
+    /// This cluster's own queries (CEEMS's series), instead of the server's.
+    pub(super) queries: Option<Queries>,
     pub(super) stats: Stats,
 }
 
@@ -179,7 +181,7 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                 match aggregate::update(
                     &store,
                     Arc::clone(prometheus) as Arc<dyn Prometheus>,
-                    &queries,
+                    s.queries.as_ref().unwrap_or(&queries),
                     &limits,
                     id,
                     None,

@@ -77,6 +77,16 @@ pub fn opts() -> Vec<Opt> {
             "Time zone of the times the API writes as text (created_at, started_at, ended_at) when a request names none (timezone=); empty: this host's",
         )
         .default(""),
+        Opt::flag(
+            "storage.data.skip.delete.old.units",
+            "Keep jobs past the retention period (CEEMS's test flag)",
+        )
+        .hidden(),
+        Opt::flag(
+            "test.disable.checks",
+            "Accepted for CEEMS's e2e scripts; ceems has no checks to skip",
+        )
+        .hidden(),
         Opt::new(
             "storage.data.retention-period",
             Kind::Duration,
@@ -177,7 +187,7 @@ pub fn opts() -> Vec<Opt> {
         Opt::new(
             "clusters",
             Kind::FileOnly,
-            "Clusters in one database: [[stats-server.clusters]] with id, manager (slurm, lsf, k8s or openpbs), sacct-path, sacctmgr-path, slurm-cluster-name, slurmrestd-url, lsf-bin-dir, lsf-env, openpbs-accounting-dir, openpbs-bin-dir, openpbs-env, kubeconfig, k8s-user-annotations, k8s-project-annotations, k8s-gpu-resources, prometheus-url",
+            "Clusters in one database: [[stats-server.clusters]] with id, manager (slurm, lsf, k8s or openpbs), sacct-path, sacctmgr-path, slurm-cluster-name, slurmrestd-url, lsf-bin-dir, lsf-env, openpbs-accounting-dir, openpbs-bin-dir, openpbs-env, kubeconfig, k8s-user-annotations, k8s-project-annotations, k8s-gpu-resources, prometheus-url, series-queries (CEEMS's updater queries)",
         ),
         Opt::new(
             "prometheus.url",
@@ -305,6 +315,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("--storage.data.time-zone `{name}`"))?,
     };
     let emissions_provider: String = settings.get("prometheus.emissions-provider")?;
+    let keep_old_units: bool = settings.get("storage.data.skip.delete.old.units")?;
     let cors = web::cors::Cors::new(&settings.get::<String>("web.cors.origin")?, &user_header)
         .map_err(anyhow::Error::msg)?;
     let cors = Arc::new(cors);
@@ -428,6 +439,15 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 },
                 prometheus: (!url.is_empty())
                     .then(|| Arc::new(HttpPrometheus::new(&url, prom.timeout))),
+                queries: match c.series_queries.is_empty() {
+                    true => None,
+                    false => {
+                        let q = Queries::series_only(c.series_queries.clone());
+                        q.validate()
+                            .map_err(|e| anyhow::anyhow!("clusters: `{}`: {e}", c.id))?;
+                        Some(q)
+                    }
+                },
                 stats: Stats::default(),
             })
         })
@@ -485,7 +505,11 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 thresholds,
                 interval: storage.update_interval,
                 first_window: storage.first_window,
-                retention: storage.data.retention_period,
+                retention: match keep_old_units {
+                    // A hundred years: nothing is old enough.
+                    true => Duration::from_secs(100 * 365 * 86400),
+                    false => storage.data.retention_period,
+                },
             },
         ));
         let mail = Arc::new(MailStats::default());

@@ -157,6 +157,11 @@ pub(super) struct ClusterSettings {
     pub(super) slurm_cluster_name: Option<String>,
     #[serde(default)]
     pub(super) prometheus_url: Option<String>,
+    /// CEEMS's updater queries (series → sub-key → template with `{{.UUIDs}}`): a cluster
+    /// with them asks Prometheus only these (as CEEMS's `updaters` do).
+    #[serde(default)]
+    pub(super) series_queries:
+        std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
     /// This cluster's slurmrestd, with `--slurm.source=slurmrestd`.
     #[serde(default, deserialize_with = "de_endpoint")]
     pub(super) slurmrestd_url: Option<rest::Endpoint>,
@@ -227,6 +232,7 @@ pub(super) fn clusters(
             sacctmgr_path: None,
             slurm_cluster_name: None,
             prometheus_url: None,
+            series_queries: Default::default(),
             slurmrestd_url: None,
         }]
     });

@@ -40,6 +40,7 @@ async fn aggregated_api() -> (Api, tempfile::TempDir) {
             memory_peak_bytes: None,
             memory_fail_count: None,
             gpu_utilization_max: None,
+            series: Vec::new(),
         })
         .collect();
     api.store.apply_aggregates(&deltas, NOW).await.unwrap();

@@ -17,7 +17,7 @@ pub(super) const UNIT_COLUMNS: &str = "id, cluster_id,
     cpu_seconds, aggregated_seconds, mean_memory_bytes, mean_gpu_utilization,
     cpu_energy_joules, host_energy_joules, gpu_energy_joules, emissions_grams, io_read_bytes,
     io_write_bytes, aggregates_status, aggregates_updated_at, last_updated_at,
-    time_limit_seconds, memory_peak_bytes, coalesce(findings, '[]')";
+    time_limit_seconds, memory_peak_bytes, coalesce(findings, '[]'), series";
 
 /// One job, as stored.
 pub(super) struct UnitRow {
@@ -61,6 +61,38 @@ pub(super) struct UnitRow {
     time_limit_seconds: Option<i64>,
     memory_peak_bytes: Option<f64>,
     findings: String,
+    /// Values of CEEMS's series queries; when there are any, the series objects are these.
+    series: Map<String, Value>,
+}
+
+/// The series objects of a job or a usage row, in CEEMS's order.
+pub(super) const SERIES: &[&str] = &[
+    "avg_cpu_usage",
+    "avg_cpu_mem_usage",
+    "total_cpu_energy_usage_kwh",
+    "total_cpu_emissions_gms",
+    "avg_gpu_usage",
+    "avg_gpu_mem_usage",
+    "total_gpu_energy_usage_kwh",
+    "total_gpu_emissions_gms",
+    "total_io_write_stats",
+    "total_io_read_stats",
+    "total_ingress_stats",
+    "total_egress_stats",
+];
+
+/// Writes the series `name` of CEEMS's queries, rounded as CEEMS writes numbers, when it has
+/// values.
+pub(super) fn stored_series(out: &mut JsonObject, series: &Map<String, Value>, name: &str) {
+    if let Some(Value::Object(subs)) = series.get(name) {
+        if !subs.is_empty() {
+            let rounded: Map<String, Value> = subs
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_f64().map_or(Value::Null, number)))
+                .collect();
+            out.value(name, Value::Object(rounded));
+        }
+    }
 }
 
 impl UnitRow {
@@ -106,6 +138,7 @@ impl UnitRow {
             time_limit_seconds: r.get(37)?,
             memory_peak_bytes: r.get(38)?,
             findings: r.get(39)?,
+            series: serde_json::from_str(&r.get::<String>(40)?).unwrap_or_default(),
         })
     }
 
@@ -165,6 +198,7 @@ impl UnitRow {
             time_limit_seconds: Some(7200),
             memory_peak_bytes: Some(4e9),
             findings: "[]".into(),
+            series: Map::new(),
         }
     }
 
@@ -176,6 +210,9 @@ impl UnitRow {
         let started = (self.started_at > 0).then_some(self.started_at);
         let gpus = self.alloc_gpus > 0;
         let agg = self.aggregated();
+        if !self.series.is_empty() && SERIES.contains(&name) {
+            return stored_series(out, &self.series, name);
+        }
         match name {
             "cluster_id" => out.text(name, &self.cluster_id),
             "resource_manager" => out.text(name, self.manager.as_deref().unwrap_or("")),

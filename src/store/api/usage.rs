@@ -1,7 +1,7 @@
 //! `/usage`: use summed by cluster, project and user, as CEEMS's `Usage` rows.
 
 use super::*;
-use crate::store::db::USAGE_SUMS;
+use crate::store::db::{SeriesFold, USAGE_SUMS};
 
 /// One group's sums, by the names of `USAGE_SUMS`.
 struct UsageRow {
@@ -12,6 +12,8 @@ struct UsageRow {
     group: String,
     user: String,
     sums: Vec<f64>,
+    /// CEEMS's series of its jobs; when there are any, the series objects are these.
+    series: Map<String, Value>,
 }
 
 impl UsageRow {
@@ -26,6 +28,7 @@ impl UsageRow {
             sums: (0..USAGE_SUMS.len())
                 .map(|i| r.get::<Option<f64>>(6 + i).map(Option::unwrap_or_default))
                 .collect::<Result<_, _>>()?,
+            series: Map::new(),
         })
     }
 
@@ -54,6 +57,10 @@ impl UsageRow {
         let gpus = self.sum("alloc_gpu_seconds") > 0.0;
         for name in &USAGE_FIELDS[6..] {
             if !has(name) {
+                continue;
+            }
+            if !self.series.is_empty() && SERIES.contains(name) {
+                stored_series(&mut out, &self.series, name);
                 continue;
             }
             let s = |n: &str| self.sum(n);
@@ -129,6 +136,7 @@ impl Api {
                 .enumerate()
                 .map(|(k, _)| 1000.0 * (1 + i + k as i64) as f64)
                 .collect(),
+            series: Map::new(),
         };
         row.render(FieldSet::first(CEEMS_USAGE_FIELDS), &self.emissions_key)
     }
@@ -207,12 +215,15 @@ impl Api {
         let users: Vec<String> = scope
             .map(|u| vec![u.to_owned()])
             .unwrap_or_else(|| p.all("user").to_vec());
-        q.push_in("usr", &users)
-            .push_in("project", p.all("project"))
-            .push_in("cluster_id", p.all("cluster_id"));
-        if let Some((from, to)) = window {
-            q.push_overlap(from, to, false);
-        }
+        let filter = |q: &mut Sql| {
+            q.push_in("usr", &users)
+                .push_in("project", p.all("project"))
+                .push_in("cluster_id", p.all("cluster_id"));
+            if let Some((from, to)) = window {
+                q.push_overlap(from, to, false);
+            }
+        };
+        filter(&mut q);
         // PostgreSQL takes no constant as a key.
         let mut keys = vec!["cluster_id"];
         keys.extend(by_project.then_some("project"));
@@ -220,10 +231,37 @@ impl Api {
         let keys = keys.join(", ");
         q.push(&format!(" GROUP BY {keys} ORDER BY {keys}"));
         let rows = self.fetch(q).await?;
+        // CEEMS's series, summed per group in Rust: they are JSON.
+        let mut s = Sql::new(&format!(
+            "SELECT cluster_id, {project}, {user}, series, elapsed_seconds FROM {} g
+             WHERE series <> '{{}}'",
+            if window.is_some() { "units" } else { "usage" }
+        ));
+        filter(&mut s);
+        let mut folds: std::collections::HashMap<(String, String, String), SeriesFold> =
+            Default::default();
+        for r in self.fetch(s).await? {
+            let key = (
+                r.get(0).map_err(query_failed)?,
+                r.get(1).map_err(query_failed)?,
+                r.get(2).map_err(query_failed)?,
+            );
+            let series: String = r.get(3).map_err(query_failed)?;
+            let weight = r.get::<i64>(4).map_err(query_failed)? as f64;
+            folds.entry(key).or_default().add(&series, weight);
+        }
         let mut body = String::from(SUCCESS_HEAD);
         body.push('[');
         for (i, r) in rows.iter().enumerate() {
-            let row = UsageRow::read(r).map_err(query_failed)?;
+            let mut row = UsageRow::read(r).map_err(query_failed)?;
+            let key = (
+                row.cluster_id.clone(),
+                row.project.clone(),
+                row.user.clone(),
+            );
+            if let Some(fold) = folds.get(&key) {
+                row.series = fold.finish();
+            }
             if i > 0 {
                 body.push(',');
             }

@@ -40,6 +40,103 @@ pub struct AggregateDelta {
     pub memory_peak_bytes: Option<f64>,
     pub memory_fail_count: Option<f64>,
     pub gpu_utilization_max: Option<f64>,
+    /// Values of CEEMS's series queries for this window: (series, sub-key, value).
+    pub series: Vec<(String, String, f64)>,
+}
+
+/// CEEMS's series of several jobs (or usage rows) summed into one usage row: means weighted
+/// by each one's wall time (each once when none has any), totals added.
+#[derive(Default)]
+pub struct SeriesFold {
+    sums: std::collections::BTreeMap<(String, String), SeriesSum>,
+}
+
+#[derive(Default)]
+struct SeriesSum {
+    /// Σ value, and Σ value × weight and Σ weight for means.
+    plain: f64,
+    weighted: f64,
+    weights: f64,
+    count: f64,
+}
+
+impl SeriesFold {
+    /// Adds one job's (or row's) series, `series` its JSON object.
+    pub fn add(&mut self, series: &str, weight: f64) {
+        let Ok(all) = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(series)
+        else {
+            return;
+        };
+        let weight = weight.max(0.0);
+        for (name, subs) in all {
+            let Some(subs) = subs.as_object() else {
+                continue;
+            };
+            for (sub, v) in subs {
+                if let Some(v) = v.as_f64() {
+                    let e = self.sums.entry((name.clone(), sub.clone())).or_default();
+                    e.plain += v;
+                    e.weighted += v * weight;
+                    e.weights += weight;
+                    e.count += 1.0;
+                }
+            }
+        }
+    }
+
+    /// The sums as a JSON object of series.
+    pub fn finish(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut out = serde_json::Map::new();
+        for ((name, sub), e) in &self.sums {
+            let v = match name.starts_with("avg_") {
+                true if e.weights > 0.0 => e.weighted / e.weights,
+                true => e.plain / e.count.max(1.0),
+                false => e.plain,
+            };
+            let subs = out
+                .entry(name.clone())
+                .or_insert_with(|| serde_json::Value::Object(Default::default()));
+            if let (Some(subs), Some(n)) = (subs.as_object_mut(), serde_json::Number::from_f64(v)) {
+                subs.insert(sub.clone(), serde_json::Value::Number(n));
+            }
+        }
+        out
+    }
+}
+
+/// Adds one window's values of CEEMS's series to a job's: a series named `avg_…` is a mean
+/// weighted by the seconds each window covered, any other a total. `stored` is the job's
+/// JSON object, `seconds_before` the seconds its means cover.
+pub fn merge_series(
+    stored: &str,
+    seconds_before: i64,
+    window_seconds: i64,
+    values: &[(String, String, f64)],
+) -> String {
+    let mut all: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(stored).unwrap_or_default();
+    let (before, window) = (seconds_before.max(0) as f64, window_seconds.max(0) as f64);
+    for (series, sub, v) in values {
+        let entry = all
+            .entry(series.clone())
+            .or_insert_with(|| serde_json::Value::Object(Default::default()));
+        let Some(subs) = entry.as_object_mut() else {
+            continue;
+        };
+        let old = subs.get(sub).and_then(serde_json::Value::as_f64);
+        let new = match (series.starts_with("avg_"), old) {
+            (_, None) => *v,
+            (true, Some(o)) if before + window > 0.0 => {
+                (o * before + v * window) / (before + window)
+            }
+            (true, Some(_)) => *v,
+            (false, Some(o)) => o + v,
+        };
+        if let Some(n) = serde_json::Number::from_f64(new) {
+            subs.insert(sub.clone(), serde_json::Value::Number(n));
+        }
+    }
+    serde_json::Value::Object(all).to_string()
 }
 
 impl Store {
@@ -110,6 +207,23 @@ impl Store {
     ) -> Result<(), StoreError> {
         let mut tx = self.write_tx().await?;
         for d in deltas {
+            // CEEMS's series, merged here: the job's stored ones, read in this transaction.
+            let series = match d.series.is_empty() {
+                true => None,
+                false => {
+                    let row = tx
+                        .fetch_optional(
+                            &Sql::new("SELECT series, aggregated_seconds FROM units WHERE id = $1")
+                                .arg(d.row),
+                        )
+                        .await?;
+                    let (stored, seconds): (String, i64) = match &row {
+                        Some(r) => (r.get(0)?, r.get(1)?),
+                        None => continue,
+                    };
+                    Some(merge_series(&stored, seconds, d.seconds, &d.series))
+                }
+            };
             // A mean absent from this window keeps its value; weights are the covered seconds.
             // A peak keeps the higher of the stored one and this window's.
             let q = Sql::new(
@@ -139,7 +253,8 @@ impl Store {
                         ELSE gpu_utilization_max END,
                     aggregates_until = $12,
                     aggregates_status = CASE WHEN $13 THEN 'done' ELSE 'partial' END,
-                    aggregates_updated_at = $14
+                    aggregates_updated_at = $14,
+                    series = coalesce($19, series)
                  WHERE id = $1 AND aggregates_until IS NOT DISTINCT FROM $18",
             )
             .arg(d.row)
@@ -159,7 +274,8 @@ impl Store {
             .arg(d.memory_peak_bytes)
             .arg(d.memory_fail_count)
             .arg(d.gpu_utilization_max)
-            .arg(d.counted_until);
+            .arg(d.counted_until)
+            .arg(series);
             tx.execute(&q).await?;
         }
         tx.commit().await?;
@@ -190,6 +306,40 @@ impl Store {
             .arg(now),
         )
         .await?;
+        // CEEMS's series, summed per group here (JSON the SQL above cannot add up).
+        let rows = tx
+            .fetch_all(
+                &Sql::new(
+                    "SELECT project, usr, series, elapsed_seconds FROM units
+                     WHERE cluster_id = $1 AND started_at > 0 AND series <> '{}'",
+                )
+                .arg(cluster),
+            )
+            .await?;
+        let mut groups: std::collections::BTreeMap<(String, String), SeriesFold> =
+            Default::default();
+        for r in &rows {
+            let key = (r.get::<String>(0)?, r.get::<String>(1)?);
+            let weight = r.get::<i64>(3)? as f64;
+            groups
+                .entry(key)
+                .or_default()
+                .add(&r.get::<String>(2)?, weight);
+        }
+        for ((project, user), fold) in groups {
+            let series = serde_json::Value::Object(fold.finish()).to_string();
+            tx.execute(
+                &Sql::new(
+                    "UPDATE usage SET series = $4 WHERE cluster_id = $1 AND project = $2
+                     AND usr = $3",
+                )
+                .arg(cluster)
+                .arg(project)
+                .arg(user)
+                .arg(series),
+            )
+            .await?;
+        }
         tx.commit().await?;
         self.written();
         Ok(())

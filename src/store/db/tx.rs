@@ -144,6 +144,26 @@ impl Tx {
         })
     }
 
+    pub async fn fetch_all(&mut self, q: &Sql) -> Result<Vec<DbRow>, sqlx::Error> {
+        Ok(match self {
+            Tx::Sqlite(t) => {
+                let text = q.sqlite_text();
+                bind_args!(sqlx::query(&text), &q.args)
+                    .fetch_all(&mut **t)
+                    .await?
+                    .into_iter()
+                    .map(DbRow::Sqlite)
+                    .collect()
+            }
+            Tx::Postgres(t) => bind_args!(sqlx::query(q.text()), &q.args)
+                .fetch_all(&mut **t)
+                .await?
+                .into_iter()
+                .map(DbRow::Postgres)
+                .collect(),
+        })
+    }
+
     pub async fn fetch_one(&mut self, q: &Sql) -> Result<DbRow, sqlx::Error> {
         self.fetch_optional(q)
             .await?

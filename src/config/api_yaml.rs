@@ -1,0 +1,421 @@
+//! CEEMS's API server configuration file (YAML: `ceems_api_server`, `clusters`, `updaters`),
+//! read as the `stats-server` table of the shared loader, so that a CEEMS site starts
+//! `ceems stats-server --config.file=config.yml` with the file it has. A key this reading
+//! does not carry over stops the start and is named, rather than being silently dropped.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use toml::{Table, Value};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    ceems_api_server: ApiServer,
+    #[serde(default)]
+    clusters: Vec<ClusterConfig>,
+    #[serde(default)]
+    updaters: Vec<UpdaterConfig>,
+    /// The load balancer's section, when the file is shared with `ceems_lb`.
+    #[serde(default)]
+    #[allow(dead_code)]
+    ceems_lb: serde_norway::Value,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApiServer {
+    #[serde(default)]
+    data: Data,
+    #[serde(default)]
+    admin: Admin,
+    #[serde(default)]
+    web: ApiWeb,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Data {
+    path: Option<String>,
+    backup_path: Option<String>,
+    backup_interval: Option<String>,
+    retention_period: Option<String>,
+    update_interval: Option<String>,
+    /// CEEMS splits a long gap into windows this long; each pull here covers the whole gap.
+    #[allow(dead_code)]
+    max_update_interval: Option<String>,
+    time_zone: Option<String>,
+    /// `2024-09-08T00:00:00Z`: where the first pull of an empty database starts.
+    update_from: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Admin {
+    #[serde(default)]
+    users: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApiWeb {
+    /// CEEMS's rate limit per client; requests here are bounded by concurrency instead.
+    #[allow(dead_code)]
+    requests_limit: Option<u64>,
+    url: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClusterConfig {
+    id: String,
+    manager: String,
+    #[serde(default)]
+    updaters: Vec<String>,
+    #[serde(default)]
+    cli: Option<Cli>,
+    #[serde(default)]
+    web: Option<serde_norway::Value>,
+    #[serde(default)]
+    extra_config: Option<ExtraConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Cli {
+    path: Option<String>,
+    #[serde(default)]
+    environment_variables: BTreeMap<String, String>,
+}
+
+/// Kubernetes' `extra_config`; OpenStack's is refused with its manager.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExtraConfig {
+    kubeconfig_file: Option<String>,
+    ns_users_list_file: Option<String>,
+    #[serde(default)]
+    gpu_resource_names: Vec<String>,
+    #[serde(default)]
+    project_annotations: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpdaterConfig {
+    id: String,
+    updater: String,
+    web: UpdaterWeb,
+    #[serde(default)]
+    extra_config: UpdaterExtra,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpdaterWeb {
+    url: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpdaterExtra {
+    cutoff_duration: Option<String>,
+    query_batch_size: Option<u64>,
+    #[serde(default)]
+    queries: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+/// The `stats-server` table that CEEMS's YAML `text` means, `now` the time `update_from` is
+/// measured back from.
+pub fn to_table(text: &str, now: i64) -> Result<Table, String> {
+    let file: File = serde_norway::from_str(text).map_err(|e| e.to_string())?;
+    let mut table = Table::new();
+    let api = file.ceems_api_server;
+    if api.web.url.is_some() {
+        return Err(
+            "ceems_api_server.web.url: a client setting (cacct, ceems_lb); the server listens at --web.listen-address".into(),
+        );
+    }
+    let data = api.data;
+    let mut set = |key: &str, v: Option<Value>| {
+        if let Some(v) = v {
+            insert(&mut table, key, v);
+        }
+    };
+    let text = |s: Option<String>| s.map(Value::String);
+    set("storage.data.path", text(data.path));
+    set("storage.data.backup.path", text(data.backup_path));
+    set("storage.data.backup.interval", text(data.backup_interval));
+    set("storage.data.retention-period", text(data.retention_period));
+    set("storage.data.time-zone", text(data.time_zone));
+    set("storage.update-interval", text(data.update_interval));
+    if let Some(from) = data.update_from {
+        let t: jiff::Timestamp = from
+            .parse()
+            .map_err(|e| format!("ceems_api_server.data.update_from `{from}`: {e}"))?;
+        set(
+            "storage.first-window",
+            Some(Value::String(format!("{}s", (now - t.as_second()).max(0)))),
+        );
+    }
+    if !api.admin.users.is_empty() {
+        let users = api.admin.users.into_iter().map(Value::String).collect();
+        set("web.admin-users", Some(Value::Array(users)));
+    }
+    let updaters: BTreeMap<&str, &UpdaterConfig> =
+        file.updaters.iter().map(|u| (u.id.as_str(), u)).collect();
+    for u in &file.updaters {
+        if u.updater != "tsdb" {
+            return Err(format!(
+                "updaters `{}`: updater `{}` is not supported: tsdb is",
+                u.id, u.updater
+            ));
+        }
+    }
+    let cutoffs: std::collections::BTreeSet<&str> = file
+        .updaters
+        .iter()
+        .filter_map(|u| u.extra_config.cutoff_duration.as_deref())
+        .collect();
+    match cutoffs.len() {
+        0 => {}
+        1 => set(
+            "prometheus.cutoff",
+            cutoffs.first().map(|c| Value::String((*c).to_owned())),
+        ),
+        _ => return Err(format!(
+            "updaters: cutoff_duration differs ({cutoffs:?}); one is used for every cluster here"
+        )),
+    }
+    if let Some(batch) = file
+        .updaters
+        .iter()
+        .filter_map(|u| u.extra_config.query_batch_size)
+        .min()
+    {
+        set("prometheus.max-batch", Some(Value::Integer(batch as i64)));
+    }
+    let mut clusters = Vec::new();
+    for c in file.clusters {
+        clusters.push(Value::Table(cluster(c, &updaters)?));
+    }
+    set("clusters", Some(Value::Array(clusters)));
+    Ok(table)
+}
+
+/// One `[[clusters]]` entry of ours from one of CEEMS's.
+fn cluster(c: ClusterConfig, updaters: &BTreeMap<&str, &UpdaterConfig>) -> Result<Table, String> {
+    let at = |key: &str| format!("clusters `{}`: {key}", c.id);
+    let mut t = Table::new();
+    t.insert("id".into(), Value::String(c.id.clone()));
+    let manager = match c.manager.as_str() {
+        "slurm" | "k8s" => c.manager.clone(),
+        other => return Err(format!(
+            "{}: `{other}` is not supported (slurm and k8s are; lsf and openpbs in our TOML file)",
+            at("manager")
+        )),
+    };
+    t.insert("manager".into(), Value::String(manager.clone()));
+    if c.web.is_some() {
+        return Err(format!(
+            "{}: HTTP client settings are not supported",
+            at("web")
+        ));
+    }
+    if let Some(cli) = c.cli {
+        if !cli.environment_variables.is_empty() {
+            return Err(format!(
+                "{}: not supported",
+                at("cli.environment_variables")
+            ));
+        }
+        if let Some(dir) = cli.path {
+            let dir = std::path::Path::new(&dir);
+            let path = |cmd: &str| Value::String(dir.join(cmd).display().to_string());
+            t.insert("sacct-path".into(), path("sacct"));
+            t.insert("sacctmgr-path".into(), path("sacctmgr"));
+        }
+    }
+    if let Some(extra) = c.extra_config {
+        if manager != "k8s" {
+            return Err(format!(
+                "{}: only Kubernetes clusters take one",
+                at("extra_config")
+            ));
+        }
+        if extra.ns_users_list_file.is_some() {
+            return Err(format!(
+                "{}: not supported: users are the pods' annotations and the namespaces' RoleBindings",
+                at("extra_config.ns_users_list_file")
+            ));
+        }
+        let list = |v: Vec<String>| Value::Array(v.into_iter().map(Value::String).collect());
+        if let Some(k) = extra.kubeconfig_file {
+            t.insert("kubeconfig".into(), Value::String(k));
+        }
+        if !extra.gpu_resource_names.is_empty() {
+            t.insert("k8s-gpu-resources".into(), list(extra.gpu_resource_names));
+        }
+        if !extra.project_annotations.is_empty() {
+            t.insert(
+                "k8s-project-annotations".into(),
+                list(extra.project_annotations),
+            );
+        }
+    }
+    let mut url: Option<&str> = None;
+    let mut series = Table::new();
+    for id in &c.updaters {
+        let u = updaters
+            .get(id.as_str())
+            .ok_or_else(|| format!("{}: no updater `{id}` in updaters", at("updaters")))?;
+        match url {
+            Some(other) if other != u.web.url => {
+                return Err(format!(
+                    "{}: `{other}` and `{}`: one TSDB per cluster here",
+                    at("updaters"),
+                    u.web.url
+                ))
+            }
+            _ => url = Some(&u.web.url),
+        }
+        for (name, subs) in &u.extra_config.queries {
+            let entry = series
+                .entry(name.clone())
+                .or_insert_with(|| Value::Table(Table::new()));
+            if let Value::Table(entry) = entry {
+                for (sub, q) in subs {
+                    entry.insert(sub.clone(), Value::String(q.clone()));
+                }
+            }
+        }
+    }
+    if let Some(url) = url {
+        t.insert("prometheus-url".into(), Value::String(url.to_owned()));
+        t.insert("series-queries".into(), Value::Table(series));
+    }
+    Ok(t)
+}
+
+/// Sets `dotted.key` in `table`, making the tables on the way.
+fn insert(table: &mut Table, key: &str, v: Value) {
+    match key.split_once('.') {
+        None => {
+            table.insert(key.to_owned(), v);
+        }
+        Some((head, rest)) => {
+            let sub = table
+                .entry(head.to_owned())
+                .or_insert_with(|| Value::Table(Table::new()));
+            if let Value::Table(sub) = sub {
+                insert(sub, rest, v);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PACK: &str = "ceems_api_server:
+  data:
+    path: /var/lib/ceems
+    backup_path: /var/backups/ceems
+    time_zone: 'Europe/Paris'
+    max_update_interval: 24h
+    update_from: '2026-11-25T00:00:00Z'
+  admin:
+    users: [grafana, __test_admin]
+  web:
+    requests_limit: 30
+clusters:
+  - id: slurm-0
+    manager: slurm
+    updaters: [tsdb-0, tsdb-1]
+    cli:
+      path: pkg/api/testdata
+  - id: k8s-1
+    manager: k8s
+    updaters: [tsdb-0]
+    extra_config:
+      kubeconfig_file: pkg/api/testdata/k8s/kubeconfig.yaml
+      gpu_resource_names: [nvidia.com/gpu]
+      project_annotations: [ceems.io/project]
+updaters:
+  - id: tsdb-0
+    updater: tsdb
+    web:
+      url: http://localhost:9090
+    extra_config:
+      cutoff_duration: 0s
+      queries:
+        avg_cpu_usage:
+          global: avg_cpu_usage{uuid=~\"{{.UUIDs}}\"}
+  - id: tsdb-1
+    updater: tsdb
+    web:
+      url: http://localhost:9090
+    extra_config:
+      cutoff_duration: 0s
+      queries:
+        total_io_read_stats:
+          bytes: total_io_read_stats_bytes{uuid=~\"{{.UUIDs}}\"}
+          requests: total_io_read_stats_requests{uuid=~\"{{.UUIDs}}\"}
+";
+
+    #[test]
+    fn the_packs_file_becomes_our_table() {
+        let now = 1_795_651_200; // 2026-11-26T00:00:00Z
+        let t = to_table(PACK, now).unwrap();
+        let get = |path: &str| {
+            let mut v = Value::Table(t.clone());
+            for k in path.split('.') {
+                v = v.get(k)?.clone();
+            }
+            Some(v)
+        };
+        assert_eq!(
+            get("storage.data.path"),
+            Some(Value::from("/var/lib/ceems"))
+        );
+        assert_eq!(
+            get("storage.data.time-zone"),
+            Some(Value::from("Europe/Paris"))
+        );
+        assert_eq!(get("storage.first-window"), Some(Value::from("86400s")));
+        assert_eq!(get("prometheus.cutoff"), Some(Value::from("0s")));
+        let clusters = t["clusters"].as_array().unwrap();
+        let slurm = clusters[0].as_table().unwrap();
+        assert_eq!(slurm["sacct-path"].as_str(), Some("pkg/api/testdata/sacct"));
+        assert_eq!(
+            slurm["prometheus-url"].as_str(),
+            Some("http://localhost:9090")
+        );
+        let series = slurm["series-queries"].as_table().unwrap();
+        assert_eq!(series.len(), 2);
+        assert_eq!(series["total_io_read_stats"].as_table().unwrap().len(), 2);
+        let k8s = clusters[1].as_table().unwrap();
+        assert_eq!(
+            k8s["kubeconfig"].as_str(),
+            Some("pkg/api/testdata/k8s/kubeconfig.yaml")
+        );
+        assert_eq!(k8s["series-queries"].as_table().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn what_is_not_carried_over_is_named() {
+        for (edit, says) in [
+            (("manager: k8s", "manager: openstack"), "`openstack` is not supported"),
+            (("kubeconfig_file:", "ns_users_list_file: u.yaml\n      kubeconfig_file:"), "ns_users_list_file"),
+            (("    max_update_interval: 24h", "    bogus_key: 1"), "bogus_key"),
+            (("updater: tsdb\n    web:\n      url: http://localhost:9090\n    extra_config:\n      cutoff_duration: 0s\n      queries:\n        total", "updater: tsdb\n    web:\n      url: http://other:9090\n    extra_config:\n      cutoff_duration: 0s\n      queries:\n        total"), "one TSDB per cluster"),
+        ] {
+            let text = PACK.replacen(edit.0, edit.1, 1);
+            assert_ne!(text, PACK, "{says}");
+            let e = to_table(&text, 0).unwrap_err();
+            assert!(e.contains(says), "{says}: {e}");
+        }
+    }
+}
