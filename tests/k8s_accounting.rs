@@ -159,7 +159,7 @@ fn pods_are_listed_watched_resumed_and_listed_again_after_410() {
         }),
     );
     let (_tmp, server) = stats_server_of(&api, "s3cret");
-    let all = "/api/v1/units/admin?from=0&field=uuid&field=username&field=project&field=qos&field=state&field=exit_code&field=alloc_cpus&field=alloc_gpus&field=alloc_mem_bytes&field=ended_at_ts&field=resource_manager";
+    let all = "/api/v1/units/admin?from=0&running&field=uuid&field=username&field=project&field=qos&field=state&field=exit_code&field=alloc_cpus&field=alloc_gpus&field=alloc_mem_bytes&field=ended_at_ts&field=resource_manager";
     let start = Instant::now();
     let admin = loop {
         let got = units(&server, all, "root");
@@ -237,7 +237,7 @@ fn pods_are_listed_watched_resumed_and_listed_again_after_410() {
     );
 
     // Each user's units are their own pods; alice's projects are her RoleBindings' namespaces.
-    let mine = "/api/v1/units?from=0&field=uuid";
+    let mine = "/api/v1/units?from=0&running&field=uuid";
     let ids = |user: &str| {
         let mut v: Vec<String> = units(&server, mine, user)
             .iter()
@@ -334,7 +334,11 @@ fn a_large_cluster_is_listed_in_pages_and_again_when_a_token_expires() {
     let (_tmp, server) = stats_server_of(&api, "t");
     let start = Instant::now();
     let got = loop {
-        let got = units(&server, "/api/v1/units/admin?from=0&field=uuid", "root");
+        let got = units(
+            &server,
+            "/api/v1/units/admin?from=0&running&field=uuid",
+            "root",
+        );
         if got.len() >= PODS || start.elapsed() > Duration::from_secs(30) {
             break got;
         }

@@ -85,7 +85,7 @@ fn lsf_jobs_reach_the_api_with_their_owner_state_and_allocation() {
         ],
         &[],
     );
-    let all = "/api/v1/units/admin?from=0&field=uuid&field=username&field=project&field=groupname&field=partition&field=state&field=exit_code&field=alloc_cpus&field=alloc_gpus&field=alloc_mem_bytes&field=nodes&field=elapsed_seconds&field=resource_manager&field=time_limit_seconds";
+    let all = "/api/v1/units/admin?from=0&running&field=uuid&field=username&field=project&field=groupname&field=partition&field=state&field=exit_code&field=alloc_cpus&field=alloc_gpus&field=alloc_mem_bytes&field=nodes&field=elapsed_seconds&field=resource_manager&field=time_limit_seconds";
     let start = Instant::now();
     let admin = loop {
         let got = units(&server, all, "root");
@@ -146,7 +146,7 @@ fn lsf_jobs_reach_the_api_with_their_owner_state_and_allocation() {
     );
 
     // Each user sees only their own: LSF's projects are names anyone may give.
-    let mine = "/api/v1/units?from=0&field=uuid";
+    let mine = "/api/v1/units?from=0&running&field=uuid";
     let mut alice: Vec<String> = units(&server, mine, "alice")
         .iter()
         .filter_map(|u| u["uuid"].as_str().map(str::to_owned))

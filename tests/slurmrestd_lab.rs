@@ -126,6 +126,12 @@ fn jobs(server: &common::Running) -> std::collections::BTreeMap<String, serde_js
             let o = u.as_object_mut().unwrap();
             o.remove("last_updated_at_ts");
             o.remove("aggregates_updated_at_ts");
+            // sacct says who cancelled (`CANCELLED by 0`), slurmrestd does not.
+            if let Some(state) = o.get_mut("state") {
+                if let Some(s) = state.as_str().and_then(|s| s.split(" by ").next()) {
+                    *state = s.into();
+                }
+            }
             (o["uuid"].as_str().unwrap().to_owned(), u)
         })
         .collect()

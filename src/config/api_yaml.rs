@@ -184,9 +184,11 @@ pub fn to_table(text: &str, now: i64) -> Result<Table, String> {
             "prometheus.cutoff",
             cutoffs.first().map(|c| Value::String((*c).to_owned())),
         ),
-        _ => return Err(format!(
+        _ => {
+            return Err(format!(
             "updaters: cutoff_duration differs ({cutoffs:?}); one is used for every cluster here"
-        )),
+        ))
+        }
     }
     if let Some(batch) = file
         .updaters
@@ -211,10 +213,12 @@ fn cluster(c: ClusterConfig, updaters: &BTreeMap<&str, &UpdaterConfig>) -> Resul
     t.insert("id".into(), Value::String(c.id.clone()));
     let manager = match c.manager.as_str() {
         "slurm" | "k8s" => c.manager.clone(),
-        other => return Err(format!(
+        other => {
+            return Err(format!(
             "{}: `{other}` is not supported (slurm and k8s are; lsf and openpbs in our TOML file)",
             at("manager")
-        )),
+        ))
+        }
     };
     t.insert("manager".into(), Value::String(manager.clone()));
     if c.web.is_some() {

@@ -92,6 +92,36 @@ pub struct UnitRecord {
     /// The requested time limit (None: unlimited or the queue's).
     pub time_limit_seconds: Option<u64>,
     pub name: String,
+    /// What the manager said in its own words, for CEEMS's answers.
+    pub reported: Reported,
+}
+
+/// A unit's facts as its manager wrote them, where CEEMS answers them so: Slurm's state with
+/// its detail (`CANCELLED by 1002`), its `Elapsed` (`00:08:17`), its compact node list
+/// (`compute-[0-2]`). Empty where a manager has no such words.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Reported {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub state: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub elapsed: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub nodelist: String,
+    /// How many nodes it was given (Slurm's `AllocTRES` `node=`), which a node list written
+    /// as a range does not say without expanding it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub nodes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl Reported {
+    /// As stored: a JSON object, `{}` when empty.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|_| "{}".to_owned())
+    }
 }
 
 /// What a unit holds.

@@ -41,9 +41,9 @@ pub struct JobSpan {
     pub running: bool,
 }
 
-/// The ids of the jobs among `spans` whose life overlaps `from..=to` (ended at or after
-/// `from`, started at or before `to`), or, with `running`, that are running; newest start
-/// first, at most `limit`. The same selection as the API's SQL (`Sql::push_overlap`).
+/// The ids of the jobs among `spans` that ended in `from..=to`, or, with `running`, that are
+/// running (CEEMS's window); newest start first, at most `limit`. The same selection as the
+/// API's SQL (`Sql::push_ended_in`).
 pub fn select<'a>(
     spans: impl IntoIterator<Item = &'a JobSpan>,
     from: i64,
@@ -53,7 +53,7 @@ pub fn select<'a>(
 ) -> Vec<i64> {
     let mut hits: Vec<(i64, i64)> = spans
         .into_iter()
-        .filter(|s| s.ended_at >= from && (s.started_at <= to || (running && s.running)))
+        .filter(|s| s.ended_at >= from && (s.ended_at <= to || (running && s.running)))
         .map(|s| (s.started_at, s.id))
         .collect();
     hits.sort_unstable_by(|a, b| b.cmp(a));
@@ -198,7 +198,7 @@ mod tests {
     }
 
     #[test]
-    fn a_window_selects_overlapping_jobs_newest_first() {
+    fn a_window_selects_the_jobs_that_ended_in_it_newest_first() {
         let spans = [
             span(1, 100, Some(200), false),
             span(2, 150, None, true),
@@ -206,15 +206,13 @@ mod tests {
             span(4, 0, None, false),  // pending
             span(5, 500, None, true), // started after the window
         ];
-        // Both ends count: a job that ended as the window begins is in it.
-        assert_eq!(select(&spans, 200, 350, false, 10), vec![3, 2, 1, 4]);
-        assert_eq!(select(&spans, 201, 350, false, 10), vec![3, 2, 4]);
-        assert_eq!(select(&spans, 0, 100, false, 10), vec![1, 4]);
-        assert_eq!(select(&spans, 0, 99, false, 10), vec![4]);
-        assert_eq!(select(&spans, 401, 450, false, 10), vec![2, 4]);
-        // `running` adds the running jobs whenever they started.
-        assert_eq!(select(&spans, 401, 450, true, 10), vec![5, 2, 4]);
-        assert_eq!(select(&spans, 0, 1000, false, 2), vec![5, 3]);
+        // Both ends count: a job that ended as the window begins or ends is in it.
+        assert_eq!(select(&spans, 200, 400, false, 10), vec![3, 1]);
+        assert_eq!(select(&spans, 201, 399, false, 10), Vec::<i64>::new());
+        assert_eq!(select(&spans, 0, 1000, false, 10), vec![3, 1]);
+        // `running` adds the running jobs whenever they started, not the pending one.
+        assert_eq!(select(&spans, 401, 450, true, 10), vec![5, 2]);
+        assert_eq!(select(&spans, 0, 1000, true, 3), vec![5, 3, 2]);
     }
 
     #[test]

@@ -250,6 +250,7 @@ pub fn record(pod: &Pod, policy: &PodPolicy, deleted_at: Option<i64>, now: i64) 
         workdir: String::new(),
         time_limit_seconds: None,
         name: m.name.clone(),
+        reported: Default::default(),
     }
 }
 

@@ -265,6 +265,8 @@ fn record(job: Job, names: &mut dyn NameIds) -> Result<UnitRecord, String> {
         workdir: text(job.working_directory),
         time_limit_seconds: job.time.limit.map(|m| m.saturating_mul(60)),
         name: text(job.name),
+        // slurmrestd's answers are not sacct's words.
+        reported: Default::default(),
     })
 }
 
@@ -391,6 +393,7 @@ mod tests {
                 workdir: "/tmp".into(),
                 time_limit_seconds: None,
                 name: "vm-long".into(),
+                reported: Default::default(),
             }
         );
     }

@@ -193,6 +193,7 @@ pub fn parse_line(line_no: usize, line: &str) -> Result<UnitRecord, ParseError> 
         ));
     }
     let bad = |m: String| ParseError::new(line_no, m);
+    let allocation = parse_tres(f[15]).map_err(bad)?;
     Ok(UnitRecord {
         uuid: job_id.to_owned(),
         partition: f[1].to_owned(),
@@ -218,7 +219,7 @@ pub fn parse_line(line_no: usize, line: &str) -> Result<UnitRecord, ParseError> 
             .next()
             .unwrap_or_default()
             .to_owned(),
-        allocation: parse_tres(f[15]).map_err(bad)?,
+        allocation,
         nodes: expand_nodelist(f[16]).map_err(bad)?,
         workdir: f[17].to_owned(),
         time_limit_seconds: match f[18] {
@@ -230,6 +231,12 @@ pub fn parse_line(line_no: usize, line: &str) -> Result<UnitRecord, ParseError> 
             ),
         },
         name: f[19].to_owned(),
+        reported: crate::manager::Reported {
+            state: f[14].to_owned(),
+            elapsed: f[11].to_owned(),
+            nodelist: f[16].to_owned(),
+            nodes: allocation.nodes,
+        },
     })
 }
 

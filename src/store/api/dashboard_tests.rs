@@ -202,7 +202,8 @@ async fn aggregates_are_answered_as_ceems_series() {
     assert_eq!(job["total_gpu_energy_usage_kwh"], json!({"total": 0.05}));
     assert_eq!(job["total_io_read_stats"], json!({"bytes": 4096.0}));
     assert_eq!(job["allocation"]["gpus"], 1);
-    assert_eq!(job["total_time_seconds"]["alloc_gputime"], 600);
+    // One GPU for the job's 900 s from start to end.
+    assert_eq!(job["total_time_seconds"]["alloc_gputime"], 900);
     // Job 1 holds no GPU: no GPU series.
     let a = api
         .handle("/api/v1/units", Some("uuid=1"), Some("alice"), NOW)

@@ -17,7 +17,7 @@ pub(super) const UNIT_COLUMNS: &str = "id, cluster_id,
     cpu_seconds, aggregated_seconds, mean_memory_bytes, mean_gpu_utilization,
     cpu_energy_joules, host_energy_joules, gpu_energy_joules, emissions_grams, io_read_bytes,
     io_write_bytes, aggregates_status, aggregates_updated_at, last_updated_at,
-    time_limit_seconds, memory_peak_bytes, coalesce(findings, '[]'), series";
+    time_limit_seconds, memory_peak_bytes, coalesce(findings, '[]'), series, reported";
 
 /// One job, as stored.
 pub(super) struct UnitRow {
@@ -63,6 +63,8 @@ pub(super) struct UnitRow {
     findings: String,
     /// Values of CEEMS's series queries; when there are any, the series objects are these.
     series: Map<String, Value>,
+    /// What the manager said in its own words; where it did, CEEMS's fields say the same.
+    reported: crate::manager::Reported,
 }
 
 /// The series objects of a job or a usage row, in CEEMS's order.
@@ -139,6 +141,7 @@ impl UnitRow {
             memory_peak_bytes: r.get(38)?,
             findings: r.get(39)?,
             series: serde_json::from_str(&r.get::<String>(40)?).unwrap_or_default(),
+            reported: serde_json::from_str(&r.get::<String>(41)?).unwrap_or_default(),
         })
     }
 
@@ -199,6 +202,7 @@ impl UnitRow {
             memory_peak_bytes: Some(4e9),
             findings: "[]".into(),
             series: Map::new(),
+            reported: Default::default(),
         }
     }
 
@@ -233,10 +237,19 @@ impl UnitRow {
             "created_at_ts" => out.millis(name, self.submitted_at),
             "started_at_ts" => out.millis(name, started),
             "ended_at_ts" => out.millis(name, self.ended_at),
-            "elapsed" => out.text(name, &elapsed(self.elapsed_seconds)),
-            "state" => out.text(name, &self.state),
+            "elapsed" => match self.reported.elapsed.as_str() {
+                "" => out.text(name, &elapsed(self.elapsed_seconds)),
+                said => out.text(name, said),
+            },
+            "state" => match self.reported.state.as_str() {
+                "" => out.text(name, &self.state),
+                said => out.text(name, said),
+            },
             "allocation" => {
-                let nodes = self.nodes.split(',').filter(|n| !n.is_empty()).count();
+                let nodes = match self.reported.nodes {
+                    0 => self.nodes.split(',').filter(|n| !n.is_empty()).count() as u64,
+                    n => n,
+                };
                 out.value(
                     name,
                     json!({"billing": self.billing, "cpus": self.alloc_cpus,
@@ -323,7 +336,10 @@ impl UnitRow {
             }
         };
         text("exit_code", &self.exit_code);
-        text("nodelist", &self.nodes);
+        match self.reported.nodelist.as_str() {
+            "" => text("nodelist", &self.nodes),
+            said => text("nodelist", said),
+        }
         text("nodelistexp", &self.nodes.replace(',', "|"));
         text("partition", &self.partition);
         text("qos", &self.qos);
@@ -353,8 +369,14 @@ pub(super) struct TimeSums {
 }
 
 impl TimeSums {
+    /// CEEMS counts wall time from the job's start to its end, or to the last update while
+    /// it runs.
     fn of(u: &UnitRow) -> TimeSums {
-        let wall = u.elapsed_seconds as f64;
+        let wall = match (u.started_at, u.ended_at) {
+            (0, _) => 0.0,
+            (start, Some(end)) => (end - start).max(0) as f64,
+            (start, None) => (u.last_updated_at - start).max(0) as f64,
+        };
         TimeSums {
             walltime: wall,
             cputime: u.alloc_cpus as f64 * wall,
@@ -383,9 +405,14 @@ pub(super) fn percent(part: f64, whole: f64) -> Option<f64> {
     (whole > 0.0).then(|| 100.0 * part / whole)
 }
 
-/// A value as CEEMS writes it: to 8 decimals; a value that is not a number as null.
+/// A value as CEEMS writes it: to 8 decimals (the nearest double to that decimal, so a large
+/// integer stays exact); a value that is not a number as null.
 pub(super) fn number(v: f64) -> Value {
-    serde_json::Number::from_f64((v * 1e8).round() / 1e8).map_or(Value::Null, Value::Number)
+    format!("{v:.8}")
+        .parse::<f64>()
+        .ok()
+        .and_then(serde_json::Number::from_f64)
+        .map_or(Value::Null, Value::Number)
 }
 
 /// `seconds` as Slurm writes a duration: `[D-]HH:MM:SS`.
@@ -477,6 +504,7 @@ mod tests {
         assert_eq!(elapsed(2 * 86400 + 620), "2-00:10:20");
         assert_eq!(number(53.477015404), json!(53.4770154));
         assert_eq!(number(f64::NAN), Value::Null);
+        assert_eq!(number(2972084252000.0), json!(2972084252000.0));
     }
 
     #[test]

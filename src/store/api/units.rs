@@ -109,9 +109,12 @@ impl Api {
                 q.push_in("usr", &users)
                     .push_in("uuid", p.all("uuid"))
                     .push_in("project", p.all("project"))
-                    .push_in("cluster_id", p.all("cluster_id"))
-                    .push_overlap(from, to, running)
-                    .push(" ORDER BY started_at DESC, id DESC LIMIT ")
+                    .push_in("cluster_id", p.all("cluster_id"));
+                // As in CEEMS, units named by uuid are answered whenever they ended.
+                if p.all("uuid").is_empty() {
+                    q.push_ended_in(from, to, running);
+                }
+                q.push(" ORDER BY started_at DESC, id DESC LIMIT ")
                     .bind(MAX_UNITS)
                     .push(") AS newest");
                 // The ids in one row: sqlx hands each row over from its thread on its own.

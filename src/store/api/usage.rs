@@ -68,7 +68,7 @@ impl UsageRow {
                 "total_time_seconds" => out.value(
                     name,
                     total_time(&TimeSums {
-                        walltime: s("elapsed_seconds"),
+                        walltime: s("wall_seconds"),
                         cputime: s("alloc_cpu_wall_seconds"),
                         cpumemtime: s("alloc_mem_mib_wall_seconds"),
                         gputime: s("alloc_gpu_wall_seconds"),
@@ -216,8 +216,24 @@ impl Api {
             .map(|u| vec![u.to_owned()])
             .unwrap_or_else(|| p.all("user").to_vec());
         let filter = |q: &mut Sql| {
-            q.push_in("usr", &users)
-                .push_in("project", p.all("project"))
+            match scope {
+                // As in CEEMS, a user sees the usage of the projects they are a member of,
+                // and their own anywhere.
+                Some(user) => {
+                    q.push(" AND (usr = ")
+                        .bind(user)
+                        .push(
+                            " OR project IN (SELECT a.project FROM associations a
+                               WHERE a.cluster_id = g.cluster_id AND a.usr = ",
+                        )
+                        .bind(user)
+                        .push("))");
+                }
+                None => {
+                    q.push_in("usr", &users);
+                }
+            }
+            q.push_in("project", p.all("project"))
                 .push_in("cluster_id", p.all("cluster_id"));
             if let Some((from, to)) = window {
                 q.push_overlap(from, to, false);

@@ -346,6 +346,15 @@ impl Store {
     }
 }
 
+/// A job's wall time as CEEMS counts it: from its start to its end, or to the last update
+/// while it runs.
+macro_rules! wall {
+    () => {
+        "(CASE WHEN started_at > 0 THEN coalesce(ended_at, last_updated_at) - started_at ELSE 0 END)"
+    };
+}
+const WALL: &str = wall!();
+
 /// What a usage row sums over its jobs: its column in `usage` and the expression over a job
 /// (`units`) summed into it. Products are real: a sum of integer products can overflow.
 pub const USAGE_SUMS: &[(&str, &str)] = &[
@@ -359,21 +368,22 @@ pub const USAGE_SUMS: &[(&str, &str)] = &[
     ("io_read_bytes", "io_read_bytes"),
     ("io_write_bytes", "io_write_bytes"),
     ("aggregated_seconds", "aggregated_seconds"),
+    ("wall_seconds", WALL),
     (
         "alloc_cpu_wall_seconds",
-        "1.0 * alloc_cpus * elapsed_seconds",
+        concat!("1.0 * alloc_cpus * ", wall!()),
     ),
     (
         "alloc_mem_mib_wall_seconds",
-        "alloc_mem_bytes / 1048576.0 * elapsed_seconds",
+        concat!("alloc_mem_bytes / 1048576.0 * ", wall!()),
     ),
     (
         "alloc_gpu_wall_seconds",
-        "1.0 * alloc_gpus * elapsed_seconds",
+        concat!("1.0 * alloc_gpus * ", wall!()),
     ),
     (
         "gpu_wall_seconds",
-        "CASE WHEN alloc_gpus > 0 THEN elapsed_seconds ELSE 0 END",
+        concat!("CASE WHEN alloc_gpus > 0 THEN ", wall!(), " ELSE 0 END"),
     ),
     (
         "memory_byte_seconds",

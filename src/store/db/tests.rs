@@ -337,3 +337,45 @@ async fn a_database_of_the_previous_schema_opens_with_its_usage_rebuilt() {
     assert_eq!(row.get::<f64>(3).unwrap(), 600.0);
     assert_eq!(row.get::<f64>(4).unwrap(), 2.0 * 1024.0 * 600.0);
 }
+
+/// CEEMS's series over windows: a mean weighted by the seconds each covered, a total added;
+/// over a usage group: a mean weighted by wall time, a total added.
+#[test]
+fn series_add_up_over_windows_and_over_jobs() {
+    use super::{merge_series, SeriesFold};
+    let first = merge_series(
+        "{}",
+        0,
+        100,
+        &[
+            ("avg_cpu_usage".into(), "global".into(), 50.0),
+            ("total_io_read_stats".into(), "bytes".into(), 1000.0),
+        ],
+    );
+    let second = merge_series(
+        &first,
+        100,
+        300,
+        &[
+            ("avg_cpu_usage".into(), "global".into(), 10.0),
+            ("total_io_read_stats".into(), "bytes".into(), 500.0),
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&second).unwrap();
+    assert_eq!(v["avg_cpu_usage"]["global"], 20.0);
+    assert_eq!(v["total_io_read_stats"]["bytes"], 1500.0);
+
+    let mut fold = SeriesFold::default();
+    fold.add(
+        r#"{"avg_cpu_usage":{"global":10.0},"total_cpu_energy_usage_kwh":{"total":1.0}}"#,
+        100.0,
+    );
+    fold.add(
+        r#"{"avg_cpu_usage":{"global":40.0},"total_cpu_energy_usage_kwh":{"total":2.0}}"#,
+        200.0,
+    );
+    fold.add("not json", 1000.0);
+    let sums = serde_json::Value::Object(fold.finish());
+    assert_eq!(sums["avg_cpu_usage"]["global"], 30.0);
+    assert_eq!(sums["total_cpu_energy_usage_kwh"]["total"], 3.0);
+}

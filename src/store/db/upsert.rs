@@ -85,12 +85,13 @@ impl Store {
     }
 }
 
-/// Rows per INSERT: 24 parameters each stays far below SQLite's limit of 32766.
+/// Rows per INSERT: 25 parameters each stays far below SQLite's limit of 32766.
 const ROWS_PER_STATEMENT: usize = 500;
 
 const UNIT_COLUMNS: &str = "cluster_id, uuid, started_at, name, project, grp, gid, usr, uid,
     partition, qos, submitted_at, ended_at, elapsed_seconds, state, exit_code, alloc_cpus,
-    alloc_mem_bytes, alloc_gpus, billing, nodes, workdir, time_limit_seconds, last_updated_at";
+    alloc_mem_bytes, alloc_gpus, billing, nodes, workdir, time_limit_seconds, last_updated_at,
+    reported";
 
 const UPSERT_SET: &str = "ON CONFLICT (cluster_id, uuid, started_at) DO UPDATE SET
     name = excluded.name, project = excluded.project, grp = excluded.grp, gid = excluded.gid,
@@ -100,7 +101,8 @@ const UPSERT_SET: &str = "ON CONFLICT (cluster_id, uuid, started_at) DO UPDATE S
     exit_code = excluded.exit_code, alloc_cpus = excluded.alloc_cpus,
     alloc_mem_bytes = excluded.alloc_mem_bytes, alloc_gpus = excluded.alloc_gpus,
     billing = excluded.billing, nodes = excluded.nodes, workdir = excluded.workdir,
-    time_limit_seconds = excluded.time_limit_seconds, last_updated_at = excluded.last_updated_at";
+    time_limit_seconds = excluded.time_limit_seconds, last_updated_at = excluded.last_updated_at,
+    reported = excluded.reported";
 
 async fn upsert(
     tx: &mut Tx,
@@ -134,7 +136,7 @@ async fn upsert(
     }
 }
 
-/// SQLite's upsert: rows of 24 placeholders, ROWS_PER_STATEMENT at a time. Built with sqlx's
+/// SQLite's upsert: rows of 25 placeholders, ROWS_PER_STATEMENT at a time. Built with sqlx's
 /// own builder, which binds the jobs' strings without copying them; each statement is built
 /// while SQLite's thread runs the one before, instead of that thread waiting for it.
 async fn upsert_sqlite(
@@ -176,7 +178,8 @@ async fn upsert_sqlite(
                 .push_bind(j.nodes.join(","))
                 .push_bind(j.workdir.as_str())
                 .push_bind(j.time_limit_seconds.map(int))
-                .push_bind(now);
+                .push_bind(now)
+                .push_bind(j.reported.to_json());
         });
         q.push(" ").push(UPSERT_SET);
         q
@@ -255,7 +258,8 @@ async fn upsert_postgres(
             unnest($12::bigint[]), unnest($13::bigint[]), unnest($14::bigint[]),
             unnest($15::text[]), unnest($16::text[]), unnest($17::bigint[]),
             unnest($18::bigint[]), unnest($19::bigint[]), unnest($20::bigint[]),
-            unnest($21::text[]), unnest($22::text[]), unnest($23::bigint[]), $24"
+            unnest($21::text[]), unnest($22::text[]), unnest($23::bigint[]), $24,
+            unnest($25::text[])"
     );
     let unseen = |j: &&UnitRecord| match (j.start, unseen_after) {
         (Some(start), Some(after)) => start != 0 && start > after,
@@ -293,6 +297,7 @@ async fn upsert_postgres(
 struct UnitColumns<'a> {
     texts: [Vec<&'a str>; 10],
     nodes: Vec<String>,
+    reported: Vec<String>,
     counts: [Vec<i64>; 5],
     optional: [Vec<Option<i64>>; 5],
     started_at: Vec<i64>,
@@ -323,6 +328,7 @@ impl<'a> UnitColumns<'a> {
                 text(|j| &j.workdir),
             ],
             nodes: jobs.iter().map(|j| j.nodes.join(",")).collect(),
+            reported: jobs.iter().map(|j| j.reported.to_json()).collect(),
             counts: [
                 count(|j| j.elapsed_seconds),
                 count(|j| j.allocation.cpus),
@@ -376,5 +382,6 @@ impl<'a> UnitColumns<'a> {
             .bind(workdir)
             .bind(time_limit)
             .bind(now)
+            .bind(&self.reported)
     }
 }
