@@ -91,13 +91,23 @@ impl Store {
             .connect_with(opts)
             .await
             .map_err(open_err)?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        super::ceems_import::set_aside(&pool, path, now).await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
-        drop(lock);
-        Ok(Store {
+        let imported = super::ceems_import::copy_rows(&pool).await?;
+        let store = Store {
             pool: Pool::Sqlite(pool),
             generation: Default::default(),
             generation_reads: Default::default(),
-        })
+        };
+        // A CEEMS database's usage, in our terms, before anyone asks.
+        for cluster in &imported {
+            store.rebuild_usage(cluster, now).await?;
+        }
+        drop(lock);
+        Ok(store)
     }
 
     /// Connects to the PostgreSQL database at `url` and brings its schema up to date (sqlx

@@ -3,6 +3,7 @@
 
 mod accounts;
 mod aggregates;
+mod ceems_import;
 mod connect;
 mod retention;
 #[doc(hidden)]

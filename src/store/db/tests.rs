@@ -379,3 +379,84 @@ fn series_add_up_over_windows_and_over_jobs() {
     assert_eq!(sums["avg_cpu_usage"]["global"], 30.0);
     assert_eq!(sums["total_cpu_energy_usage_kwh"]["total"], 3.0);
 }
+
+/// CEEMS's own database (the pack's `ceems.db`, 24 jobs on two clusters) opens in place: a
+/// copy is made first, CEEMS's tables stay as `ceems_*`, and every job is answered with its
+/// series, users and projects; a second opening copies nothing twice.
+#[tokio::test]
+async fn a_ceems_database_is_opened_with_its_whole_history() {
+    use crate::store::api::Api;
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("ceems.db");
+    std::fs::copy(
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/ceems-api/pkg/api/testdata/ceems.db"
+        ),
+        &path,
+    )
+    .unwrap();
+    let store = Store::open(&path).await.unwrap();
+    let backups: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".ceems-"))
+        .collect();
+    assert_eq!(backups.len(), 1, "no copy made before the change");
+    let kept = store
+        .fetch_one(&Sql::new("SELECT count(*) FROM ceems_units"))
+        .await
+        .unwrap();
+    assert_eq!(kept.get::<i64>(0).unwrap(), 24);
+    drop(store);
+    let store = Store::open(&path).await.unwrap();
+    assert_eq!(store.count_units("slurm-0").await.unwrap(), 12);
+    assert_eq!(store.count_units("slurm-1").await.unwrap(), 12);
+    store
+        .set_admins("config", &["grafana".into()])
+        .await
+        .unwrap();
+    let api = Api::new(std::sync::Arc::new(store), "X-Grafana-User");
+    let now = 1_800_000_000;
+    let all = api
+        .handle(
+            "/api/v1/units/admin",
+            Some("from=0&running&cluster_id=slurm-0"),
+            Some("grafana"),
+            now,
+        )
+        .await;
+    let units = all.json()["data"].as_array().cloned().unwrap_or_default();
+    assert_eq!(units.len(), 12, "{}", all.text());
+    let job = units.iter().find(|u| u["uuid"] == "1481508").unwrap();
+    assert_eq!(job["username"], "usr2");
+    assert_eq!(job["state"], "CANCELLED by 1002");
+    assert_eq!(job["started_at_ts"], 1676990946000i64);
+    assert_eq!(job["allocation"]["cpus"], 16);
+    assert_eq!(job["tags"]["nodelist"], "compute-[0-2]");
+    assert_eq!(job["total_io_read_stats"]["bytes"], 1481508.0);
+    let users = api.handle("/api/v1/users", None, Some("usr1"), now).await;
+    let slurm0 = users.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["cluster_id"] == "slurm-0")
+        .cloned()
+        .unwrap();
+    assert_eq!(slurm0["projects"], serde_json::json!(["acc1", "acc2"]));
+    let usage = api
+        .handle(
+            "/api/v1/usage/global",
+            Some("cluster_id=slurm-0"),
+            Some("usr1"),
+            now,
+        )
+        .await;
+    assert!(
+        usage.json()["data"].as_array().is_some_and(|rows| rows
+            .iter()
+            .any(|r| r["username"] == "usr1" && r.get("total_io_read_stats").is_some())),
+        "{}",
+        usage.text()
+    );
+}
