@@ -51,65 +51,12 @@ fn slurmrestd(auth: &str, listen: &str) -> KillOnDrop {
 }
 
 /// Every job the server holds, every field but the times of its own writes, by job id.
-/// Every field of `/units`: CEEMS's, then ours.
-const EVERY_FIELD: &[&str] = &[
-    "cluster_id",
-    "resource_manager",
-    "uuid",
-    "name",
-    "project",
-    "groupname",
-    "username",
-    "created_at",
-    "started_at",
-    "ended_at",
-    "created_at_ts",
-    "started_at_ts",
-    "ended_at_ts",
-    "elapsed",
-    "state",
-    "allocation",
-    "total_time_seconds",
-    "avg_cpu_usage",
-    "avg_cpu_mem_usage",
-    "total_cpu_energy_usage_kwh",
-    "total_cpu_emissions_gms",
-    "avg_gpu_usage",
-    "avg_gpu_mem_usage",
-    "total_gpu_energy_usage_kwh",
-    "total_gpu_emissions_gms",
-    "total_io_write_stats",
-    "total_io_read_stats",
-    "total_ingress_stats",
-    "total_egress_stats",
-    "tags",
-    "partition",
-    "qos",
-    "elapsed_seconds",
-    "exit_code",
-    "alloc_cpus",
-    "alloc_mem_bytes",
-    "alloc_gpus",
-    "billing",
-    "nodes",
-    "workdir",
-    "total_cpu_seconds",
-    "avg_cpu_mem_usage_bytes",
-    "total_host_energy_usage_kwh",
-    "total_emissions_gms",
-    "total_io_read_bytes",
-    "total_io_write_bytes",
-    "aggregates_status",
-    "aggregates_updated_at_ts",
-    "last_updated_at_ts",
-    "time_limit_seconds",
-    "memory_peak_bytes",
-    "findings",
-];
-
 fn jobs(server: &common::Running) -> std::collections::BTreeMap<String, serde_json::Value> {
     // CEEMS's fields and ours.
-    let fields: String = EVERY_FIELD.iter().map(|f| format!("&field={f}")).collect();
+    let fields: String = ceems::store::api::UNIT_FIELDS
+        .iter()
+        .map(|f| format!("&field={f}"))
+        .collect();
     let body = ureq::get(&server.url(&format!("/api/v1/units/admin?from=0{fields}")))
         .set("X-Grafana-User", "root")
         .call()

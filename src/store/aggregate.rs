@@ -364,6 +364,18 @@ pub async fn update(
     }
 }
 
+/// One instant query, off the async threads (the client blocks).
+async fn ask(
+    prometheus: &std::sync::Arc<dyn Prometheus>,
+    promql: String,
+    now: i64,
+) -> Result<Vec<(String, f64)>, AggregateError> {
+    let p = std::sync::Arc::clone(prometheus);
+    Ok(tokio::task::spawn_blocking(move || p.query(&promql, now))
+        .await
+        .map_err(|e| AggregateError::Task(e.to_string()))??)
+}
+
 async fn query_batch(
     prometheus: &std::sync::Arc<dyn Prometheus>,
     queries: &Queries,
@@ -396,11 +408,7 @@ async fn query_batch(
         if template.is_empty() {
             continue;
         }
-        let promql = render(template, &uuids, range);
-        let p = std::sync::Arc::clone(prometheus);
-        let values = tokio::task::spawn_blocking(move || p.query(&promql, now))
-            .await
-            .map_err(|e| AggregateError::Task(e.to_string()))??;
+        let values = ask(prometheus, render(template, &uuids, range), now).await?;
         asked += 1;
         for (uuid, v) in values {
             for &i in index.get(uuid.as_str()).into_iter().flatten() {
@@ -431,10 +439,7 @@ async fn query_batch(
     for (series, subs) in &queries.series {
         for (sub, template) in subs {
             let promql = render_ceems(template, &uuids, range, scrape);
-            let p = std::sync::Arc::clone(prometheus);
-            let values = tokio::task::spawn_blocking(move || p.query(&promql, now))
-                .await
-                .map_err(|e| AggregateError::Task(e.to_string()))??;
+            let values = ask(prometheus, promql, now).await?;
             asked += 1;
             for (uuid, v) in values {
                 for &i in index.get(uuid.as_str()).into_iter().flatten() {

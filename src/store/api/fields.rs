@@ -4,8 +4,8 @@
 use super::*;
 
 /// The fields of `/units`. The first `CEEMS_UNIT_FIELDS` are CEEMS's `Unit` (its JSON names
-/// and order); the rest are ours.
-pub(super) const UNIT_FIELDS: &[&str] = &[
+/// and order; `SERIES` is the slice of its series objects); the rest are ours.
+pub const UNIT_FIELDS: &[&str] = &[
     "cluster_id",
     "resource_manager",
     "uuid",
@@ -100,6 +100,14 @@ pub(super) const CEEMS_USAGE_FIELDS: usize = 19;
 /// Bits of a `FieldSet` that name fields; the byte above them names the time zone a rendered
 /// job was written in (see `Api::render_key`).
 pub(super) const FIELD_BITS: u32 = 56;
+
+#[cfg(test)]
+#[test]
+fn usage_has_the_series_of_units_in_the_same_order() {
+    assert_eq!(SERIES.first(), Some(&"avg_cpu_usage"));
+    assert_eq!(SERIES.last(), Some(&"total_egress_stats"));
+    assert_eq!(&USAGE_FIELDS[7..19], SERIES);
+}
 
 const _: () = assert!(UNIT_FIELDS.len() <= FIELD_BITS as usize);
 const _: () = assert!(USAGE_FIELDS.len() <= FIELD_BITS as usize);

@@ -30,6 +30,7 @@ mod usage;
 
 use answer::*;
 pub use answer::{Answer, ApiError};
+pub use fields::UNIT_FIELDS;
 use fields::*;
 pub use params::Params;
 use params::*;

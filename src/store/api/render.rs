@@ -68,20 +68,7 @@ pub(super) struct UnitRow {
 }
 
 /// The series objects of a job or a usage row, in CEEMS's order.
-pub(super) const SERIES: &[&str] = &[
-    "avg_cpu_usage",
-    "avg_cpu_mem_usage",
-    "total_cpu_energy_usage_kwh",
-    "total_cpu_emissions_gms",
-    "avg_gpu_usage",
-    "avg_gpu_mem_usage",
-    "total_gpu_energy_usage_kwh",
-    "total_gpu_emissions_gms",
-    "total_io_write_stats",
-    "total_io_read_stats",
-    "total_ingress_stats",
-    "total_egress_stats",
-];
+pub(super) const SERIES: &[&str] = UNIT_FIELDS.split_at(17).1.split_at(12).0;
 
 /// Writes the series `name` of CEEMS's queries, rounded as CEEMS writes numbers, when it has
 /// values.
