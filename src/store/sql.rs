@@ -242,10 +242,8 @@ impl Sql {
         self
     }
 
-    /// ` AND` jobs whose life overlaps `from`..`to`: ended after `from`, or still running, and
-    /// started before `to`; with `running`, also every job still running whenever it started.
-    /// Jobs that ended between `from` and `to`, and with `running` those running (CEEMS's
-    /// window of `/units`). The same selection as `unit_cache::select`.
+    /// ` AND` jobs that ended between `from` and `to`, and with `running` those running
+    /// (CEEMS's window of `/units`). The same selection as `unit_cache::select`.
     pub fn push_ended_in(&mut self, from: i64, to: i64, running: bool) -> &mut Sql {
         self.push(" AND ").push(OPEN_END).push(" >= ").bind(from);
         self.push(" AND (").push(OPEN_END).push(" <= ").bind(to);
@@ -255,6 +253,8 @@ impl Sql {
         self.push(")")
     }
 
+    /// ` AND` jobs whose life overlaps `from`..`to`: ended after `from`, or still running, and
+    /// started before `to`; with `running`, also every job still running whenever it started.
     pub fn push_overlap(&mut self, from: i64, to: i64, running: bool) -> &mut Sql {
         self.push(" AND ").push(OPEN_END).push(" >= ").bind(from);
         self.push(" AND (started_at <= ").bind(to);

@@ -345,6 +345,20 @@ async fn usage_sums_jobs_per_project_and_user() {
                     "users": ["alice"]})
         ]
     );
+    // An admin naming a user gets the usage of the user's projects, every member's.
+    let a = api
+        .handle(
+            "/api/v1/usage/global/admin",
+            Some("user=bob"),
+            Some("root"),
+            NOW,
+        )
+        .await;
+    let rows: Vec<(Value, Value)> = data(&a)
+        .iter()
+        .map(|r| (r["project"].clone(), r["username"].clone()))
+        .collect();
+    assert_eq!(rows, [(json!("chemistry"), json!("bob"))]);
     // CEEMS's usage row: the plain fields always, the series objects, ours when named.
     let a = api
         .handle("/api/v1/usage/current", Some("from=0"), Some("alice"), NOW)
@@ -721,4 +735,32 @@ async fn units_are_verified_and_clusters_counted_as_ceems_does() {
         .handle("/api/v1/stats/global/admin", None, Some("alice"), NOW)
         .await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN);
+}
+
+/// An admin naming a user gets, as in CEEMS, the usage of that user's projects: every
+/// member's row, no one else's.
+#[tokio::test]
+async fn an_admin_naming_a_user_gets_the_usage_of_their_projects() {
+    let mut lines = sample();
+    lines.push(line(6, "carol", "chemistry", NOW - 3000, Some(NOW - 100)));
+    let (api, _tmp) = api_with(&lines, &["root"]).await;
+    let a = api
+        .handle(
+            "/api/v1/usage/global/admin",
+            Some("user=bob"),
+            Some("root"),
+            NOW,
+        )
+        .await;
+    let rows: Vec<(Value, Value)> = data(&a)
+        .iter()
+        .map(|r| (r["project"].clone(), r["username"].clone()))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (json!("chemistry"), json!("bob")),
+            (json!("chemistry"), json!("carol"))
+        ]
+    );
 }

@@ -229,9 +229,23 @@ impl Api {
                         .bind(user)
                         .push("))");
                 }
-                None => {
-                    q.push_in("usr", &users);
+                // An admin naming users gets, as in CEEMS, the usage of their projects.
+                None if !users.is_empty() => {
+                    let list = |q: &mut Sql| {
+                        for (i, u) in users.iter().enumerate() {
+                            q.push(if i == 0 { "" } else { ", " }).bind(u.as_str());
+                        }
+                    };
+                    q.push(" AND (usr IN (");
+                    list(q);
+                    q.push(
+                        ") OR project IN (SELECT a.project FROM associations a
+                           WHERE a.cluster_id = g.cluster_id AND a.usr IN (",
+                    );
+                    list(q);
+                    q.push(")))");
                 }
+                None => {}
             }
             q.push_in("project", p.all("project"))
                 .push_in("cluster_id", p.all("cluster_id"));
