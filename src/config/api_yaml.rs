@@ -31,6 +31,7 @@ struct ApiServer {
     #[serde(default)]
     admin: Admin,
     #[serde(default)]
+    #[allow(dead_code)]
     web: ApiWeb,
 }
 
@@ -57,12 +58,15 @@ struct Admin {
     users: Vec<String>,
 }
 
+/// Read so that an unknown key is named; nothing in it applies to the server.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[allow(dead_code)]
 struct ApiWeb {
     /// CEEMS's rate limit per client; requests here are bounded by concurrency instead.
-    #[allow(dead_code)]
     requests_limit: Option<u64>,
+    /// Where `ceems_lb` reaches this server, in a file the two share; the server listens at
+    /// `--web.listen-address`.
     url: Option<String>,
 }
 
@@ -132,11 +136,6 @@ pub fn to_table(text: &str, now: i64) -> Result<Table, String> {
     let file: File = serde_norway::from_str(text).map_err(|e| e.to_string())?;
     let mut table = Table::new();
     let api = file.ceems_api_server;
-    if api.web.url.is_some() {
-        return Err(
-            "ceems_api_server.web.url: a client setting (cacct, ceems_lb); the server listens at --web.listen-address".into(),
-        );
-    }
     let data = api.data;
     let mut set = |key: &str, v: Option<Value>| {
         if let Some(v) = v {
@@ -334,6 +333,7 @@ mod tests {
     users: [grafana, __test_admin]
   web:
     requests_limit: 30
+    url: http://localhost:9020
 clusters:
   - id: slurm-0
     manager: slurm
