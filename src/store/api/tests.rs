@@ -302,6 +302,55 @@ async fn units_filter_by_window_and_fields_and_reject_bad_parameters() {
     assert!(data(&a).is_empty());
 }
 
+/// As CEEMS: current usage is of the jobs written (listed by the manager) in the window,
+/// which is widened to a 15-minute grid; `__terminated` keeps the ended ones.
+#[tokio::test]
+async fn current_usage_is_of_the_jobs_written_in_the_window() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = crate::store::db::testing::store(tmp.path()).await;
+    store.register_cluster("lab", "slurm").await.unwrap();
+    let written = |lines: Vec<String>| sacct::parse_output(&lines.join("\n")).0;
+    // Job 3 was last listed nine days ago; jobs 1 and 2 (running) at NOW.
+    let old = written(vec![line(
+        3,
+        "alice",
+        "physics",
+        NOW - 10 * 86400,
+        Some(NOW - 9 * 86400),
+    )]);
+    store.ingest("lab", &old, 0, NOW - 9 * 86400).await.unwrap();
+    let recent = written(vec![
+        line(1, "alice", "physics", NOW - 3600, Some(NOW - 600)),
+        line(2, "alice", "physics", NOW - 3600, None),
+    ]);
+    store.ingest("lab", &recent, 0, NOW).await.unwrap();
+    let api = Api::new(Arc::new(store), "X-Grafana-User");
+    let units = |query: String| {
+        let api = &api;
+        async move {
+            let a = api
+                .handle("/api/v1/usage/current", Some(&query), Some("alice"), NOW)
+                .await;
+            data(&a)
+                .first()
+                .map_or(0, |r| r["num_units"].as_i64().unwrap())
+        }
+    };
+    assert_eq!(units(String::new()).await, 2);
+    assert_eq!(units("__terminated".into()).await, 1);
+    assert_eq!(units(format!("from={}", NOW - 10 * 86400)).await, 3);
+    // The grid (NOW is on it): a window ending 100 s before NOW is widened to reach it, one
+    // ending 950 s before is not.
+    assert_eq!(
+        units(format!("from={}&to={}", NOW - 200, NOW - 100)).await,
+        2
+    );
+    assert_eq!(
+        units(format!("from={}&to={}", NOW - 1000, NOW - 950)).await,
+        0
+    );
+}
+
 #[tokio::test]
 async fn usage_sums_jobs_per_project_and_user() {
     let (api, _tmp) = api_with(&sample(), &["root"]).await;
@@ -325,7 +374,8 @@ async fn usage_sums_jobs_per_project_and_user() {
     let a = api
         .handle("/api/v1/usage/current", None, Some("alice"), NOW)
         .await;
-    assert_eq!(data(&a)[0]["num_units"], 1);
+    // Both of alice's jobs were written at NOW, the old one too.
+    assert_eq!(data(&a)[0]["num_units"], 2);
     let a = api
         .handle(
             "/api/v1/usage/current",

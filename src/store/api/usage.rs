@@ -1,7 +1,10 @@
 //! `/usage`: use summed by cluster, project and user, as CEEMS's `Usage` rows.
 
 use super::*;
-use crate::store::db::{SeriesFold, USAGE_SUMS};
+use crate::store::db::{SeriesFold, SeriesWeights, USAGE_SUMS};
+
+/// `/usage/current` rounds its window out to this grid, as CEEMS does.
+const USAGE_GRID_SECONDS: i64 = 900;
 
 /// One group's sums, by the names of `USAGE_SUMS`.
 struct UsageRow {
@@ -169,8 +172,19 @@ impl Api {
         scope: Option<&str>,
         now: i64,
     ) -> Result<Answer, ApiError> {
-        let window = window(p, now)?;
-        self.usage(p, scope, Some(window)).await
+        let (from, to) = window(p, now)?;
+        // As CEEMS: the window widened to its 15-minute grid, so that a dashboard's moving
+        // `now` hits the same rows (and the same cache) for a while.
+        let grid = |t: i64, up: bool| {
+            let down = t.div_euclid(USAGE_GRID_SECONDS) * USAGE_GRID_SECONDS;
+            if up && down < t {
+                down + USAGE_GRID_SECONDS
+            } else {
+                down
+            }
+        };
+        self.usage(p, scope, Some((grid(from, false), grid(to, true))))
+            .await
     }
 
     pub(super) async fn usage_global(
@@ -181,8 +195,9 @@ impl Api {
         self.usage(p, scope, None).await
     }
 
-    /// Usage sums per group: over the jobs that overlap `window`, or, without one, over the
-    /// pre-aggregated `usage` table (all time). A user's route sums their own jobs only,
+    /// Usage sums per group: over the jobs written in `window` (listed by their manager or
+    /// given their aggregates then, as CEEMS selects them: a running job is rewritten at every
+    /// pull), or, without one, over the pre-aggregated `usage` table (all time). A user's route sums their own jobs only,
     /// whatever `user` says.
     pub(super) async fn usage(
         &self,
@@ -212,6 +227,8 @@ impl Api {
             Some(_) => " FROM units g WHERE started_at > 0",
             None => " FROM usage g WHERE 1 = 1",
         });
+        // CEEMS's test switch: only the jobs that have ended.
+        let terminated_only = p.flag("__terminated")?;
         let users: Vec<String> = scope
             .map(|u| vec![u.to_owned()])
             .unwrap_or_else(|| p.all("user").to_vec());
@@ -250,7 +267,13 @@ impl Api {
             q.push_in("project", p.all("project"))
                 .push_in("cluster_id", p.all("cluster_id"));
             if let Some((from, to)) = window {
-                q.push_overlap(from, to, false);
+                q.push(" AND last_updated_at BETWEEN ")
+                    .bind(from)
+                    .push(" AND ")
+                    .bind(to);
+                if terminated_only {
+                    q.push(" AND ended_at IS NOT NULL");
+                }
             }
         };
         filter(&mut q);
@@ -263,8 +286,9 @@ impl Api {
         let rows = self.fetch(q).await?;
         // CEEMS's series, summed per group in Rust: they are JSON.
         let mut s = Sql::new(&format!(
-            "SELECT cluster_id, {project}, {user}, series, elapsed_seconds FROM {} g
+            "SELECT cluster_id, {project}, {user}, series, {} FROM {} g
              WHERE series <> '{{}}'",
+            SeriesWeights::select(window.is_some()),
             if window.is_some() { "units" } else { "usage" }
         ));
         filter(&mut s);
@@ -277,8 +301,8 @@ impl Api {
                 r.get(2).map_err(query_failed)?,
             );
             let series: String = r.get(3).map_err(query_failed)?;
-            let weight = r.get::<i64>(4).map_err(query_failed)? as f64;
-            folds.entry(key).or_default().add(&series, weight);
+            let weights = SeriesWeights::read(&r, 4).map_err(query_failed)?;
+            folds.entry(key).or_default().add(&series, &weights);
         }
         let mut body = String::from(SUCCESS_HEAD);
         body.push('[');

@@ -2,7 +2,7 @@
 
 use super::{Pool, Store, StoreError};
 use crate::store::findings::{evaluate, JobFacts, Thresholds};
-use crate::store::sql::{Backend, Sql};
+use crate::store::sql::{Backend, DbRow, Sql};
 
 /// A job whose aggregates are due: the window from `from` to `to` is not yet counted.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,8 +44,9 @@ pub struct AggregateDelta {
     pub series: Vec<(String, String, f64)>,
 }
 
-/// CEEMS's series of several jobs (or usage rows) summed into one usage row: means weighted
-/// by each one's wall time (each once when none has any), totals added.
+/// CEEMS's series of several jobs (or usage rows) summed into one usage row: totals added,
+/// means weighted as CEEMS weighs them (by the allocated time of what they measure, see
+/// `SeriesWeights::of`), 0 when nothing weighs.
 #[derive(Default)]
 pub struct SeriesFold {
     sums: std::collections::BTreeMap<(String, String), SeriesSum>,
@@ -57,28 +58,93 @@ struct SeriesSum {
     plain: f64,
     weighted: f64,
     weights: f64,
-    count: f64,
+}
+
+/// What a job (or a usage row) weighs in the means of a usage group: CEEMS's
+/// `total_time_seconds` (wall time, and CPUs, MiB, GPUs allocated times it).
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct SeriesWeights {
+    pub walltime: f64,
+    pub cputime: f64,
+    pub cpumemtime: f64,
+    pub gputime: f64,
+    pub gpumemtime: f64,
+}
+
+/// The columns of `USAGE_SUMS` that make `SeriesWeights`, in its order.
+pub const SERIES_WEIGHT_SUMS: [&str; 5] = [
+    "wall_seconds",
+    "alloc_cpu_wall_seconds",
+    "alloc_mem_mib_wall_seconds",
+    "alloc_gpu_wall_seconds",
+    "gpu_wall_seconds",
+];
+
+impl SeriesWeights {
+    /// `SERIES_WEIGHT_SUMS` as select expressions, as reals: over `units` (`per_job`) or
+    /// over `usage`.
+    pub fn select(per_job: bool) -> String {
+        SERIES_WEIGHT_SUMS
+            .iter()
+            .map(|name| match per_job {
+                true => USAGE_SUMS
+                    .iter()
+                    .find(|(column, _)| column == name)
+                    .map_or("0", |(_, expr)| expr),
+                false => name,
+            })
+            .map(|expr| format!("CAST({expr} AS DOUBLE PRECISION)"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The weights selected by `select` from column `first` on.
+    pub fn read(r: &DbRow, first: usize) -> Result<SeriesWeights, sqlx::Error> {
+        let at = |i: usize| {
+            r.get::<Option<f64>>(first + i)
+                .map(Option::unwrap_or_default)
+        };
+        Ok(SeriesWeights {
+            walltime: at(0)?,
+            cputime: at(1)?,
+            cpumemtime: at(2)?,
+            gputime: at(3)?,
+            gpumemtime: at(4)?,
+        })
+    }
+
+    /// The weight of a mean: CPU use by CPU time, memory use by memory time, GPU use by GPU
+    /// time, GPU memory by GPU wall time, any other mean by wall time.
+    fn of(&self, series: &str) -> f64 {
+        let w = match series {
+            "avg_cpu_usage" => self.cputime,
+            "avg_cpu_mem_usage" => self.cpumemtime,
+            "avg_gpu_usage" => self.gputime,
+            "avg_gpu_mem_usage" => self.gpumemtime,
+            _ => self.walltime,
+        };
+        w.max(0.0)
+    }
 }
 
 impl SeriesFold {
     /// Adds one job's (or row's) series, `series` its JSON object.
-    pub fn add(&mut self, series: &str, weight: f64) {
+    pub fn add(&mut self, series: &str, weights: &SeriesWeights) {
         let Ok(all) = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(series)
         else {
             return;
         };
-        let weight = weight.max(0.0);
         for (name, subs) in all {
             let Some(subs) = subs.as_object() else {
                 continue;
             };
+            let weight = weights.of(&name);
             for (sub, v) in subs {
                 if let Some(v) = v.as_f64() {
                     let e = self.sums.entry((name.clone(), sub.clone())).or_default();
                     e.plain += v;
                     e.weighted += v * weight;
                     e.weights += weight;
-                    e.count += 1.0;
                 }
             }
         }
@@ -90,7 +156,8 @@ impl SeriesFold {
         for ((name, sub), e) in &self.sums {
             let v = match name.starts_with("avg_") {
                 true if e.weights > 0.0 => e.weighted / e.weights,
-                true => e.plain / e.count.max(1.0),
+                // As CEEMS: a mean over no allocated time is 0 (a job without GPUs).
+                true => 0.0,
                 false => e.plain,
             };
             let subs = out
@@ -309,10 +376,11 @@ impl Store {
         // CEEMS's series, summed per group here (JSON the SQL above cannot add up).
         let rows = tx
             .fetch_all(
-                &Sql::new(
-                    "SELECT project, usr, series, elapsed_seconds FROM units
-                     WHERE cluster_id = $1 AND started_at > 0 AND series <> '{}'",
-                )
+                &Sql::new(&format!(
+                    "SELECT project, usr, series, {} FROM units
+                     WHERE cluster_id = $1 AND started_at > 0 AND series <> '{{}}'",
+                    SeriesWeights::select(true)
+                ))
                 .arg(cluster),
             )
             .await?;
@@ -320,11 +388,11 @@ impl Store {
             Default::default();
         for r in &rows {
             let key = (r.get::<String>(0)?, r.get::<String>(1)?);
-            let weight = r.get::<i64>(3)? as f64;
+            let weights = SeriesWeights::read(r, 3)?;
             groups
                 .entry(key)
                 .or_default()
-                .add(&r.get::<String>(2)?, weight);
+                .add(&r.get::<String>(2)?, &weights);
         }
         for ((project, user), fold) in groups {
             let series = serde_json::Value::Object(fold.finish()).to_string();

@@ -21,7 +21,9 @@ use sqlx::sqlite::{Sqlite, SqlitePool};
 use super::shared_read::SharedRead;
 use super::sql::Backend;
 
-pub use aggregates::{merge_series, AggregateDelta, AggregateTarget, SeriesFold, USAGE_SUMS};
+pub use aggregates::{
+    merge_series, AggregateDelta, AggregateTarget, SeriesFold, SeriesWeights, USAGE_SUMS,
+};
 pub use connect::{describe_postgres_url, is_postgres_url};
 pub use retention::{backup_name, prune_backups};
 pub use tx::Lease;

@@ -339,10 +339,11 @@ async fn a_database_of_the_previous_schema_opens_with_its_usage_rebuilt() {
 }
 
 /// CEEMS's series over windows: a mean weighted by the seconds each covered, a total added;
-/// over a usage group: a mean weighted by wall time, a total added.
+/// over a usage group: a mean weighted by the allocated time of what it measures, a total
+/// added.
 #[test]
 fn series_add_up_over_windows_and_over_jobs() {
-    use super::{merge_series, SeriesFold};
+    use super::{merge_series, SeriesFold, SeriesWeights};
     let first = merge_series(
         "{}",
         0,
@@ -365,19 +366,47 @@ fn series_add_up_over_windows_and_over_jobs() {
     assert_eq!(v["avg_cpu_usage"]["global"], 20.0);
     assert_eq!(v["total_io_read_stats"]["bytes"], 1500.0);
 
+    // usr3's two jobs of CEEMS's pack: CPU use weighs by CPU time, memory use by memory time;
+    // a job without GPUs adds nothing to the GPU use but its energy to the total.
+    let big = SeriesWeights {
+        walltime: 2962.0,
+        cputime: 23696.0,
+        cpumemtime: 970588160.0,
+        gputime: 23696.0,
+        gpumemtime: 2962.0,
+    };
+    let small = SeriesWeights {
+        walltime: 497.0,
+        cputime: 7952.0,
+        cpumemtime: 162856960.0,
+        gputime: 0.0,
+        gpumemtime: 0.0,
+    };
     let mut fold = SeriesFold::default();
     fold.add(
-        r#"{"avg_cpu_usage":{"global":10.0},"total_cpu_energy_usage_kwh":{"total":1.0}}"#,
-        100.0,
+        r#"{"avg_cpu_usage":{"global":29.72084252},"avg_cpu_mem_usage":{"global":29.72084252},
+            "avg_gpu_usage":{"global":29.72084252},"total_cpu_energy_usage_kwh":{"total":1.0}}"#,
+        &big,
     );
     fold.add(
-        r#"{"avg_cpu_usage":{"global":40.0},"total_cpu_energy_usage_kwh":{"total":2.0}}"#,
-        200.0,
+        r#"{"avg_cpu_usage":{"global":50.1362011},"avg_cpu_mem_usage":{"global":50.1362011},
+            "avg_gpu_usage":{"global":50.1362011},"total_cpu_energy_usage_kwh":{"total":2.0}}"#,
+        &small,
     );
-    fold.add("not json", 1000.0);
+    fold.add("not json", &big);
     let sums = serde_json::Value::Object(fold.finish());
-    assert_eq!(sums["avg_cpu_usage"]["global"], 30.0);
+    let mean = |name: &str| (sums[name]["global"].as_f64().unwrap() * 1e8).round() / 1e8;
+    assert_eq!(mean("avg_cpu_usage"), 34.8504852);
+    assert_eq!(mean("avg_cpu_mem_usage"), 32.65418546);
+    assert_eq!(mean("avg_gpu_usage"), 29.72084252);
     assert_eq!(sums["total_cpu_energy_usage_kwh"]["total"], 3.0);
+    // Nothing allocated, nothing to weigh: 0, as CEEMS answers a job without GPUs.
+    let mut fold = SeriesFold::default();
+    fold.add(r#"{"avg_gpu_usage":{"global":53.5}}"#, &small);
+    assert_eq!(
+        serde_json::Value::Object(fold.finish())["avg_gpu_usage"]["global"],
+        0.0
+    );
 }
 
 /// CEEMS's own database (the pack's `ceems.db`, 24 jobs on two clusters) opens in place: a
