@@ -205,6 +205,9 @@ pub fn to_table(text: &str, now: i64) -> Result<Table, String> {
     Ok(table)
 }
 
+/// Where CEEMS reads a Kubernetes cluster's namespaces' users when its config names no file.
+const CEEMS_NS_USERS_FILE: &str = "/var/run/ceems/users.yaml";
+
 /// One `[[clusters]]` entry of ours from one of CEEMS's.
 fn cluster(c: ClusterConfig, updaters: &BTreeMap<&str, &UpdaterConfig>) -> Result<Table, String> {
     let at = |key: &str| format!("clusters `{}`: {key}", c.id);
@@ -247,11 +250,8 @@ fn cluster(c: ClusterConfig, updaters: &BTreeMap<&str, &UpdaterConfig>) -> Resul
                 at("extra_config")
             ));
         }
-        if extra.ns_users_list_file.is_some() {
-            return Err(format!(
-                "{}: not supported: users are the pods' annotations and the namespaces' RoleBindings",
-                at("extra_config.ns_users_list_file")
-            ));
+        if let Some(f) = extra.ns_users_list_file {
+            t.insert("k8s-ns-users-file".into(), Value::String(f));
         }
         let list = |v: Vec<String>| Value::Array(v.into_iter().map(Value::String).collect());
         if let Some(k) = extra.kubeconfig_file {
@@ -266,6 +266,13 @@ fn cluster(c: ClusterConfig, updaters: &BTreeMap<&str, &UpdaterConfig>) -> Resul
                 list(extra.project_annotations),
             );
         }
+    }
+    // CEEMS reads its default users file when none is named (nothing when it is absent).
+    if manager == "k8s" && !t.contains_key("k8s-ns-users-file") {
+        t.insert(
+            "k8s-ns-users-file".into(),
+            Value::String(CEEMS_NS_USERS_FILE.to_owned()),
+        );
     }
     let mut url: Option<&str> = None;
     let mut series = Table::new();
@@ -405,6 +412,11 @@ updaters:
             k8s["kubeconfig"].as_str(),
             Some("pkg/api/testdata/k8s/kubeconfig.yaml")
         );
+        // CEEMS's default path where a cluster names none.
+        assert_eq!(
+            k8s["k8s-ns-users-file"].as_str(),
+            Some("/var/run/ceems/users.yaml")
+        );
         assert_eq!(k8s["series-queries"].as_table().unwrap().len(), 1);
     }
 
@@ -412,7 +424,6 @@ updaters:
     fn what_is_not_carried_over_is_named() {
         for (edit, says) in [
             (("manager: k8s", "manager: openstack"), "`openstack` is not supported"),
-            (("kubeconfig_file:", "ns_users_list_file: u.yaml\n      kubeconfig_file:"), "ns_users_list_file"),
             (("    max_update_interval: 24h", "    bogus_key: 1"), "bogus_key"),
             (("updater: tsdb\n    web:\n      url: http://localhost:9090\n    extra_config:\n      cutoff_duration: 0s\n      queries:\n        total", "updater: tsdb\n    web:\n      url: http://other:9090\n    extra_config:\n      cutoff_duration: 0s\n      queries:\n        total"), "one TSDB per cluster"),
         ] {

@@ -111,10 +111,29 @@ pub struct Reported {
     /// as a range does not say without expanding it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub nodes: u64,
+    /// What the manager says the unit holds, in its own names (a pod's `vcpus`, `mem` and
+    /// GPU resources), answered in place of the common allocation.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub allocation: serde_json::Map<String, serde_json::Value>,
+    /// The manager's own tags (a pod's `qos`, `annotations`, `labels`), answered in place of
+    /// the batch schedulers' ones.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub tags: serde_json::Map<String, serde_json::Value>,
 }
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+/// A duration as sacct writes `Elapsed` and CEEMS answers it: `HH:MM:SS`, `D-HH:MM:SS` past
+/// a day.
+pub fn elapsed_text(seconds: i64) -> String {
+    let s = seconds.max(0);
+    let (days, h, m, s) = (s / 86400, s / 3600 % 24, s / 60 % 60, s % 60);
+    match days {
+        0 => format!("{h:02}:{m:02}:{s:02}"),
+        d => format!("{d}-{h:02}:{m:02}:{s:02}"),
+    }
 }
 
 impl Reported {

@@ -110,7 +110,8 @@ pub(super) fn k8s_accounting(c: &ClusterSettings) -> anyhow::Result<K8sAccountin
             .unwrap_or(defaults.gpu_resources),
     };
     tracing::info!(cluster = %c.id, kubeconfig = ?c.kubeconfig, "pods followed from the Kubernetes API server");
-    Ok(K8sAccounting::start(lists, watches, policy, &c.id))
+    Ok(K8sAccounting::start(lists, watches, policy, &c.id)
+        .with_ns_users_file(c.k8s_ns_users_file.clone()))
 }
 
 /// Longest a `bacct` or `bjobs` may take.

@@ -187,7 +187,7 @@ pub fn opts() -> Vec<Opt> {
         Opt::new(
             "clusters",
             Kind::FileOnly,
-            "Clusters in one database: [[stats-server.clusters]] with id, manager (slurm, lsf, k8s or openpbs), sacct-path, sacctmgr-path, slurm-cluster-name, slurmrestd-url, lsf-bin-dir, lsf-env, openpbs-accounting-dir, openpbs-bin-dir, openpbs-env, kubeconfig, k8s-user-annotations, k8s-project-annotations, k8s-gpu-resources, prometheus-url, series-queries (CEEMS's updater queries)",
+            "Clusters in one database: [[stats-server.clusters]] with id, manager (slurm, lsf, k8s or openpbs), sacct-path, sacctmgr-path, slurm-cluster-name, slurmrestd-url, lsf-bin-dir, lsf-env, openpbs-accounting-dir, openpbs-bin-dir, openpbs-env, kubeconfig, k8s-user-annotations, k8s-project-annotations, k8s-gpu-resources, k8s-ns-users-file, prometheus-url, series-queries (CEEMS's updater queries)",
         ),
         Opt::new(
             "prometheus.url",

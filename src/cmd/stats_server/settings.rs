@@ -149,6 +149,10 @@ pub(super) struct ClusterSettings {
     /// Kubernetes: extended resources that are GPUs (default `nvidia.com/gpu`, `amd.com/gpu`).
     #[serde(default)]
     pub(super) k8s_gpu_resources: Option<Vec<String>>,
+    /// Kubernetes: CEEMS's `ns_users_list_file` (`users: {namespace: [user]}`), read at each
+    /// pull; absent, none.
+    #[serde(default)]
+    pub(super) k8s_ns_users_file: Option<PathBuf>,
     #[serde(default)]
     pub(super) sacct_path: Option<PathBuf>,
     #[serde(default)]
@@ -228,6 +232,7 @@ pub(super) fn clusters(
             k8s_user_annotations: None,
             k8s_project_annotations: None,
             k8s_gpu_resources: None,
+            k8s_ns_users_file: None,
             sacct_path: None,
             sacctmgr_path: None,
             slurm_cluster_name: None,
@@ -255,7 +260,8 @@ pub(super) fn clusters(
         let k8s_keys = c.kubeconfig.is_some()
             || c.k8s_user_annotations.is_some()
             || c.k8s_project_annotations.is_some()
-            || c.k8s_gpu_resources.is_some();
+            || c.k8s_gpu_resources.is_some()
+            || c.k8s_ns_users_file.is_some();
         match c.manager.as_str() {
             "slurm" => anyhow::ensure!(
                 !lsf_keys && !k8s_keys && !pbs_keys,

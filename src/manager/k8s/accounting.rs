@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::api::{KubeClient, KubeError};
-use super::pod::{record, Pod, PodPolicy};
+use super::pod::{owner, record, Pod, PodPolicy};
 use crate::host::ParseError;
 use crate::manager::{unix_now, Accounting, AccountingError, Associations, UnitRecords};
 
@@ -226,6 +226,8 @@ pub struct K8sAccounting {
     store: Arc<Mutex<PodStore>>,
     policy: PodPolicy,
     client: Arc<KubeClient>,
+    /// CEEMS's `ns_users_list_file`: namespaces' users that no RoleBinding names.
+    ns_users_file: Option<std::path::PathBuf>,
 }
 
 impl K8sAccounting {
@@ -251,7 +253,15 @@ impl K8sAccounting {
             store,
             policy,
             client,
+            ns_users_file: None,
         }
+    }
+
+    /// Also reads the users of each namespace from `path` (`users: {ns: [user, …]}`, as a
+    /// site's admission controller or a ConfigMap writes it) at every pull.
+    pub fn with_ns_users_file(mut self, path: Option<std::path::PathBuf>) -> K8sAccounting {
+        self.ns_users_file = path;
+        self
     }
 
     pub fn store(&self) -> Arc<Mutex<PodStore>> {
@@ -353,6 +363,49 @@ struct Subject {
     name: String,
 }
 
+/// CEEMS's users file: `users: {namespace: [user, …]}` as (user, namespace). A file that is
+/// absent has no users; one that cannot be read or parsed is an error of this pull.
+pub fn read_ns_users(path: &std::path::Path) -> Result<Vec<(String, String)>, ParseError> {
+    #[derive(Deserialize)]
+    struct UsersFile {
+        #[serde(default)]
+        users: std::collections::BTreeMap<String, Vec<String>>,
+    }
+    let error = |reason: String| ParseError::new(0, format!("{}: {reason}", path.display()));
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(error(format!("cannot read the namespaces' users: {e}"))),
+    };
+    let file: UsersFile = serde_norway::from_str(&text).map_err(|e| {
+        error(format!(
+            "not a users file (users: {{namespace: [user]}}): {e}"
+        ))
+    })?;
+    Ok(file
+        .users
+        .into_iter()
+        .flat_map(|(ns, users)| users.into_iter().map(move |u| (u, ns.clone())))
+        .filter(|(u, ns)| !u.is_empty() && !ns.is_empty())
+        .collect())
+}
+
+/// Adds (user, project) pairs to `a`, each once, their projects too.
+fn merge_members(a: &mut Associations, pairs: Vec<(String, String)>) {
+    let mut projects: std::collections::HashSet<String> = a.projects.iter().cloned().collect();
+    let mut members: std::collections::HashSet<(String, String)> =
+        a.members.iter().cloned().collect();
+    for (user, project) in pairs {
+        if projects.insert(project.clone()) {
+            a.projects.push(project.clone());
+        }
+        if !members.contains(&(user.clone(), project.clone())) {
+            members.insert((user.clone(), project.clone()));
+            a.members.push((user, project));
+        }
+    }
+}
+
 /// Users and their namespaces from a `RoleBindingList`: subjects of kind `User`.
 pub fn parse_bindings(json: &str) -> Result<Associations, String> {
     let list: BindingList =
@@ -404,14 +457,32 @@ impl Accounting for K8sAccounting {
         Ok(Box::new(records.into_iter()))
     }
 
+    /// As CEEMS: a namespace's users are those of the users file, its RoleBindings' users and
+    /// whoever owns one of its pods.
     fn associations(&self) -> Option<Result<(Associations, Vec<ParseError>), AccountingError>> {
-        Some(
-            self.client
-                .get("/apis/rbac.authorization.k8s.io/v1/rolebindings")
-                .map_err(|e| AccountingError::Other(e.to_string()))
-                .and_then(|body| parse_bindings(&body).map_err(AccountingError::Other))
-                .map(|a| (a, Vec::new())),
-        )
+        let bindings = self
+            .client
+            .get("/apis/rbac.authorization.k8s.io/v1/rolebindings")
+            .map_err(|e| AccountingError::Other(e.to_string()))
+            .and_then(|body| parse_bindings(&body).map_err(AccountingError::Other));
+        let mut associations = match bindings {
+            Ok(a) => a,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut errors = Vec::new();
+        let mut pairs = Vec::new();
+        if let Some(path) = &self.ns_users_file {
+            match read_ns_users(path) {
+                Ok(found) => pairs.extend(found),
+                Err(e) => errors.push(e),
+            }
+        }
+        {
+            let store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+            pairs.extend(store.pods.values().map(|h| owner(&h.pod, &self.policy)));
+        }
+        merge_members(&mut associations, pairs);
+        Some(Ok((associations, errors)))
     }
 }
 
@@ -511,5 +582,57 @@ mod tests {
             ]
         );
         assert!(parse_bindings("[").is_err());
+    }
+
+    /// CEEMS's users file adds namespaces' users; an absent file adds none, a malformed one
+    /// is an error that names the file; a pair already known is not added twice.
+    #[test]
+    fn namespace_users_from_the_users_file_are_merged_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("users.yaml");
+        std::fs::write(
+            &path,
+            "users:\n  ns1: [file1, file2]\n  ns3:\n    - file3\n",
+        )
+        .unwrap();
+        let pairs = read_ns_users(&path).unwrap();
+        assert_eq!(
+            pairs,
+            [
+                ("file1".to_owned(), "ns1".to_owned()),
+                ("file2".to_owned(), "ns1".to_owned()),
+                ("file3".to_owned(), "ns3".to_owned())
+            ]
+        );
+        assert!(read_ns_users(&dir.path().join("absent.yaml"))
+            .unwrap()
+            .is_empty());
+        std::fs::write(&path, "users: [file1]\n").unwrap();
+        let e = read_ns_users(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("users.yaml") && e.contains("not a users file"),
+            "{e}"
+        );
+
+        let mut a = Associations {
+            projects: vec!["ns1".into()],
+            members: vec![("rb1".into(), "ns1".into())],
+        };
+        merge_members(
+            &mut a,
+            vec![
+                ("rb1".into(), "ns1".into()),
+                ("kusr2".into(), "ns2".into()),
+                ("kusr2".into(), "ns2".into()),
+            ],
+        );
+        assert_eq!(a.projects, ["ns1", "ns2"]);
+        assert_eq!(
+            a.members,
+            [
+                ("rb1".to_owned(), "ns1".to_owned()),
+                ("kusr2".to_owned(), "ns2".to_owned())
+            ]
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! A pod as the API server describes it, and the stats-server's record of it: project = its
 //! namespace (or a configured annotation), user = the annotation that names who created it
-//! (CEEMS's admission controller writes `ceems.io/created-by`), else its service account;
+//! (CEEMS's admission controller writes `ceems.io/created-by`), else `<project>:svc`;
 //! allocation from its containers' limits.
 
 use std::collections::BTreeMap;
@@ -8,7 +8,10 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use crate::manager::civil::parse_rfc3339;
-use crate::manager::{Allocation, UnitRecord};
+use crate::manager::{Allocation, Reported, UnitRecord};
+
+/// The user CEEMS gives a pod no person created, after its project: `<project>:svc`.
+pub const SERVICE_USER: &str = "svc";
 
 /// How pods become units.
 #[derive(Debug, Clone)]
@@ -59,6 +62,8 @@ pub struct Metadata {
     pub deletion_timestamp: Option<String>,
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -80,10 +85,34 @@ pub struct Container {
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 pub struct Resources {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "quantities")]
     pub limits: BTreeMap<String, String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "quantities")]
     pub requests: BTreeMap<String, String>,
+}
+
+/// Quantities as text: the API writes them as strings, but a number (`"cpu": 2`, as
+/// Kubernetes' own decoder accepts and CEEMS's test data has) reads as its text.
+fn quantities<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Quantity {
+        Text(String),
+        Number(serde_json::Number),
+    }
+    let map = BTreeMap::<String, Quantity>::deserialize(d)?;
+    Ok(map
+        .into_iter()
+        .map(|(k, q)| {
+            let text = match q {
+                Quantity::Text(t) => t,
+                Quantity::Number(n) => n.to_string(),
+            };
+            (k, text)
+        })
+        .collect())
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -97,6 +126,18 @@ pub struct Status {
     pub start_time: Option<String>,
     #[serde(default)]
     pub container_statuses: Vec<ContainerStatus>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+pub struct Condition {
+    #[serde(default, rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -164,23 +205,29 @@ fn total(pod: &Pod, resource: &str) -> f64 {
         .sum()
 }
 
-/// The pod's record, `deleted_at` when the watch saw it go.
-pub fn record(pod: &Pod, policy: &PodPolicy, deleted_at: Option<i64>, now: i64) -> UnitRecord {
-    let m = &pod.metadata;
+/// Who the pod is of: (user, project). The project is the first project annotation present,
+/// else the namespace; the user the first user annotation, else, as CEEMS names a pod no
+/// person created, `<project>:svc`.
+pub fn owner(pod: &Pod, policy: &PodPolicy) -> (String, String) {
+    let annotations = &pod.metadata.annotations;
     let annotation = |keys: &[String]| {
         keys.iter()
-            .find_map(|k| m.annotations.get(k))
+            .find_map(|k| annotations.get(k))
             .filter(|v| !v.is_empty())
             .cloned()
     };
-    let account = annotation(&policy.project_annotations).unwrap_or_else(|| m.namespace.clone());
-    let service_account = match pod.spec.service_account_name.as_str() {
-        "" => "default",
-        sa => sa,
-    };
+    let project =
+        annotation(&policy.project_annotations).unwrap_or_else(|| pod.metadata.namespace.clone());
     let user = annotation(&policy.user_annotations)
         .filter(|u| !u.contains("serviceaccount"))
-        .unwrap_or_else(|| format!("system:serviceaccount:{}:{service_account}", m.namespace));
+        .unwrap_or_else(|| format!("{project}:{SERVICE_USER}"));
+    (user, project)
+}
+
+/// The pod's record, `deleted_at` when the watch saw it go.
+pub fn record(pod: &Pod, policy: &PodPolicy, deleted_at: Option<i64>, now: i64) -> UnitRecord {
+    let m = &pod.metadata;
+    let (user, account) = owner(pod, policy);
     let terminated: Vec<&Terminated> = pod
         .status
         .container_statuses
@@ -218,6 +265,12 @@ pub fn record(pod: &Pod, policy: &PodPolicy, deleted_at: Option<i64>, now: i64) 
         .map(|c| format!("{c}:0"))
         .unwrap_or_default();
     let gpus: f64 = policy.gpu_resources.iter().map(|r| total(pod, r)).sum();
+    let created = m.creation_timestamp.as_deref().and_then(parse_rfc3339);
+    let mut reported = reported(pod, policy, created, end, now);
+    if state == "CANCELLED" {
+        // Deleted before it finished: CEEMS, which does not watch, has no word for it.
+        reported.state.clear();
+    }
     UnitRecord {
         uuid: m.uid.clone(),
         partition: String::new(),
@@ -227,7 +280,7 @@ pub fn record(pod: &Pod, policy: &PodPolicy, deleted_at: Option<i64>, now: i64) 
         gid: None,
         user,
         uid: None,
-        submit: m.creation_timestamp.as_deref().and_then(parse_rfc3339),
+        submit: created,
         start,
         end,
         elapsed_seconds: start
@@ -250,7 +303,79 @@ pub fn record(pod: &Pod, policy: &PodPolicy, deleted_at: Option<i64>, now: i64) 
         workdir: String::new(),
         time_limit_seconds: None,
         name: m.name.clone(),
-        reported: Default::default(),
+        reported,
+    }
+}
+
+/// What CEEMS answers of a pod, in its words: the phase as state (`Running/Ready`,
+/// `Running/<reason>` while a container is not ready), the time since its creation as
+/// elapsed (`N/A` before it starts), the allocation by resource name and its tags. The
+/// state stored beside it stays ours (`COMPLETED`, `CANCELLED`, …), for findings and reports.
+fn reported(
+    pod: &Pod,
+    policy: &PodPolicy,
+    created: Option<i64>,
+    end: Option<i64>,
+    now: i64,
+) -> Reported {
+    let phase = pod.status.phase.as_str();
+    let state = match phase {
+        "Running" => pod
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.kind == "Ready")
+            .map_or_else(
+                || "Running".to_owned(),
+                |c| match c.status.as_str() {
+                    "True" => "Running/Ready".to_owned(),
+                    _ => format!("Running/{}", c.reason),
+                },
+            ),
+        "Succeeded" | "Failed" | "Pending" => phase.to_owned(),
+        _ => "Unknown".to_owned(),
+    };
+    let elapsed = match (phase, created) {
+        ("Running" | "Succeeded" | "Failed", Some(c)) => {
+            crate::manager::elapsed_text(end.unwrap_or(now) - c)
+        }
+        _ => "N/A".to_owned(),
+    };
+    let number = |v: f64| match v.fract() == 0.0 && v.abs() < 1e15 {
+        true => serde_json::Value::from(v as i64),
+        false => serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, Into::into),
+    };
+    let mut allocation = serde_json::Map::new();
+    // CEEMS's floor: a pod without limits holds a thousandth of a CPU and a byte.
+    allocation.insert("vcpus".into(), number(total(pod, "cpu").max(0.001)));
+    allocation.insert("mem".into(), number(total(pod, "memory").max(1.0)));
+    for name in &policy.gpu_resources {
+        let n = total(pod, name);
+        if n > 0.0 {
+            allocation.insert(name.clone(), number(n));
+        }
+    }
+    let mut tags = serde_json::Map::new();
+    tags.insert("qos".into(), pod.status.qos_class.clone().into());
+    let map = |m: &BTreeMap<String, String>| {
+        serde_json::Value::Object(
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.clone().into()))
+                .collect(),
+        )
+    };
+    if !pod.metadata.annotations.is_empty() {
+        tags.insert("annotations".into(), map(&pod.metadata.annotations));
+    }
+    if !pod.metadata.labels.is_empty() {
+        tags.insert("labels".into(), map(&pod.metadata.labels));
+    }
+    Reported {
+        state,
+        elapsed,
+        allocation,
+        tags,
+        ..Reported::default()
     }
 }
 
@@ -298,7 +423,7 @@ mod tests {
             }
         );
         // A project annotation wins over the namespace; without a user annotation the user is
-        // the service account.
+        // CEEMS's `<project>:svc`.
         let policy = PodPolicy {
             user_annotations: vec!["nobody/here".into()],
             project_annotations: vec!["team".into()],
@@ -307,7 +432,7 @@ mod tests {
         let r = record(&pod, &policy, None, 0);
         assert_eq!(
             (r.user.as_str(), r.account.as_str()),
-            ("system:serviceaccount:ml:trainer", "vision")
+            ("vision:svc", "vision")
         );
     }
 

@@ -236,6 +236,7 @@ pub fn parse_line(line_no: usize, line: &str) -> Result<UnitRecord, ParseError> 
             elapsed: f[11].to_owned(),
             nodelist: f[16].to_owned(),
             nodes: allocation.nodes,
+            ..Default::default()
         },
     })
 }

@@ -232,6 +232,9 @@ impl UnitRow {
                 "" => out.text(name, &self.state),
                 said => out.text(name, said),
             },
+            "allocation" if !self.reported.allocation.is_empty() => {
+                out.value(name, Value::Object(self.reported.allocation.clone()))
+            }
             "allocation" => {
                 let nodes = match self.reported.nodes {
                     0 => self.nodes.split(',').filter(|n| !n.is_empty()).count() as u64,
@@ -272,6 +275,9 @@ impl UnitRow {
             }
             "total_io_write_stats" if agg => out.series(name, "bytes", Some(self.io_write_bytes)),
             "total_io_read_stats" if agg => out.series(name, "bytes", Some(self.io_read_bytes)),
+            "tags" if !self.reported.tags.is_empty() => {
+                out.value(name, Value::Object(self.reported.tags.clone()))
+            }
             "tags" => out.value(name, self.tags()),
             "partition" => out.value(name, Value::from(self.partition.as_str())),
             "qos" => out.value(name, Value::from(self.qos.as_str())),
@@ -404,12 +410,7 @@ pub(super) fn number(v: f64) -> Value {
 
 /// `seconds` as Slurm writes a duration: `[D-]HH:MM:SS`.
 pub(super) fn elapsed(seconds: i64) -> String {
-    let s = seconds.max(0);
-    let (days, h, m, s) = (s / 86400, s / 3600 % 24, s / 60 % 60, s % 60);
-    match days {
-        0 => format!("{h:02}:{m:02}:{s:02}"),
-        d => format!("{d}-{h:02}:{m:02}:{s:02}"),
-    }
+    crate::manager::elapsed_text(seconds)
 }
 
 /// A unix time as CEEMS writes it (`2023-02-21T15:48:20+0100`), in `tz`; none as empty.
