@@ -293,7 +293,8 @@ pub fn parse_jobs(
         .collect())
 }
 
-/// Projects and members of an `/slurmdb/<version>/associations` answer.
+/// Projects and members of an `/slurmdb/<version>/associations` answer, root's left out as
+/// `sacctmgr`'s are.
 pub fn parse_associations(body: &str) -> Result<(Associations, Vec<ParseError>), RestAnswerError> {
     let envelope: Envelope<'_, serde_json::Value> =
         serde_json::from_str(body).map_err(|e| RestAnswerError::Shape(e.to_string()))?;
@@ -318,6 +319,9 @@ pub fn parse_associations(body: &str) -> Result<(Associations, Vec<ParseError>),
             }
         };
         let (account, user) = assoc;
+        if account == super::sacct::ROOT || user == super::sacct::ROOT {
+            continue;
+        }
         if !a.projects.contains(&account) {
             a.projects.push(account.clone());
         }
@@ -486,13 +490,13 @@ mod tests {
             {"account":"root","user":"root","cluster":"lab"},
             {"user":"stray"}]}"#;
         let (a, errors) = parse_associations(body).unwrap();
-        assert_eq!(a.projects, ["root", "chemistry", "physics"]);
+        // Root's account and root's membership left out, as from sacctmgr.
+        assert_eq!(a.projects, ["chemistry", "physics"]);
         assert_eq!(
             a.members,
             [
                 ("bob".to_owned(), "chemistry".to_owned()),
-                ("alice".to_owned(), "physics".to_owned()),
-                ("root".to_owned(), "root".to_owned())
+                ("alice".to_owned(), "physics".to_owned())
             ]
         );
         assert_eq!(errors.len(), 1);

@@ -259,6 +259,7 @@ pub fn parse_output(text: &str) -> (Vec<UnitRecord>, Vec<ParseError>) {
 
 /// Users and projects (accounts) of `sacctmgr list associations --noheader --parsable2
 /// format=account,user`: `physics|alice`, and `physics|` for the account's own association.
+/// As CEEMS, root's account and root's associations are left out: no person's project.
 pub fn parse_associations(text: &str) -> (Associations, Vec<ParseError>) {
     let mut a = Associations::default();
     let mut errors = Vec::new();
@@ -281,6 +282,9 @@ pub fn parse_associations(text: &str) -> (Associations, Vec<ParseError>) {
             ));
             continue;
         }
+        if account == ROOT || user == ROOT {
+            continue;
+        }
         if !a.projects.iter().any(|p| p == account) {
             a.projects.push(account.to_owned());
         }
@@ -290,6 +294,9 @@ pub fn parse_associations(text: &str) -> (Associations, Vec<ParseError>) {
     }
     (a, errors)
 }
+
+/// Slurm's own account and user, which CEEMS leaves out of the associations.
+pub const ROOT: &str = "root";
 
 #[cfg(test)]
 mod tests {
@@ -301,11 +308,11 @@ mod tests {
         let (a, errors) = parse_associations(
             "root|\nroot|root\nchemistry|\nchemistry|bob\nphysics|\nphysics|alice\nbad line\n|x\n",
         );
-        assert_eq!(a.projects, ["root", "chemistry", "physics"]);
+        // Root's account and root's membership are not a person's project (as in CEEMS).
+        assert_eq!(a.projects, ["chemistry", "physics"]);
         assert_eq!(
             a.members,
             [
-                ("root".to_owned(), "root".to_owned()),
                 ("bob".to_owned(), "chemistry".to_owned()),
                 ("alice".to_owned(), "physics".to_owned())
             ]
