@@ -489,3 +489,120 @@ async fn a_ceems_database_is_opened_with_its_whole_history() {
         usage.text()
     );
 }
+
+/// A database of today's CEEMS (its nine migrations applied in order, as CEEMS's migrator
+/// applies them: `daily_usage`, `total_egress_stats`, the admins one per row) with the pack's
+/// 24 jobs, users and projects in it, opens with every job answered.
+#[tokio::test]
+async fn a_database_of_ceems_latest_schema_is_opened_with_every_row() {
+    use crate::store::api::Api;
+    use sqlx::Executor;
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ceems-api");
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("ceems.db");
+    {
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        // One connection: the pack's database is attached to it.
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await
+            .unwrap();
+        let mut migrations: Vec<_> = std::fs::read_dir(fixtures.join("pkg/api/db/migrations"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        migrations.sort();
+        assert_eq!(migrations.len(), 9);
+        for m in &migrations {
+            pool.execute(std::fs::read_to_string(m).unwrap().as_str())
+                .await
+                .unwrap_or_else(|e| panic!("{}: {e}", m.display()));
+        }
+        pool.execute("CREATE TABLE schema_migrations (version uint64, dirty bool); INSERT INTO schema_migrations VALUES (9, 0)")
+            .await
+            .unwrap();
+        let pack = fixtures.join("pkg/api/testdata/ceems.db");
+        sqlx::query("ATTACH DATABASE ? AS pack")
+            .bind(pack.display().to_string())
+            .execute(&pool)
+            .await
+            .unwrap();
+        for table in ["units", "usage", "users", "projects"] {
+            let columns: Vec<(String,)> = sqlx::query_as(&format!(
+                "SELECT name FROM pragma_table_info('{table}') WHERE name <> 'id'"
+            ))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            let columns: Vec<String> = columns.into_iter().map(|(c,)| format!("\"{c}\"")).collect();
+            let columns = columns.join(", ");
+            pool.execute(
+                format!("INSERT INTO main.{table} ({columns}) SELECT {columns} FROM pack.{table}")
+                    .as_str(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{table}: {e}"));
+        }
+        // A day of CEEMS's daily usage and an admin as its migration 8 keeps them.
+        pool.execute(
+            "INSERT INTO daily_usage (cluster_id, project, username, num_units, last_updated_at)
+                      VALUES ('slurm-0', 'acc1', 'usr1', 2, '2023-02-21T00:00:00')",
+        )
+        .await
+        .unwrap();
+        pool.execute("INSERT INTO admin_users (name, tags, last_updated_at) VALUES ('grafana', '[\"ceems\"]', '2023-02-21T00:00:00')")
+            .await
+            .unwrap();
+        pool.close().await;
+    }
+    let store = Store::open(&path).await.unwrap();
+    for table in ["ceems_units", "ceems_daily_usage", "ceems_admin_users"] {
+        let kept = store
+            .fetch_one(&Sql::new(&format!("SELECT count(*) FROM {table}")))
+            .await
+            .unwrap();
+        assert!(kept.get::<i64>(0).unwrap() > 0, "{table} not kept");
+    }
+    assert_eq!(store.count_units("slurm-0").await.unwrap(), 12);
+    assert_eq!(store.count_units("slurm-1").await.unwrap(), 12);
+    store
+        .set_admins("config", &["grafana".into()])
+        .await
+        .unwrap();
+    let api = Api::new(std::sync::Arc::new(store), "X-Grafana-User");
+    let now = 1_800_000_000;
+    let mine = api
+        .handle(
+            "/api/v1/units",
+            Some("from=0&running&cluster_id=slurm-0"),
+            Some("usr3"),
+            now,
+        )
+        .await;
+    let units = mine.json()["data"].as_array().cloned().unwrap_or_default();
+    let job = units
+        .iter()
+        .find(|u| u["uuid"] == "147975")
+        .unwrap_or_else(|| panic!("{}", mine.text()));
+    assert_eq!(job["project"], "acc3");
+    // The series of migration 9's renamed column.
+    assert_eq!(
+        job["total_egress_stats"]["packets"],
+        serde_json::json!(147975000.0)
+    );
+    let projects = api
+        .handle("/api/v1/projects", None, Some("usr1"), now)
+        .await;
+    let names: Vec<String> = projects.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["cluster_id"] == "slurm-0")
+        .filter_map(|p| p["name"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(names, ["acc1", "acc2"], "{}", projects.text());
+}
