@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use super::{Store, StoreError};
 use crate::manager::Associations;
-use crate::store::sql::Sql;
+use crate::store::sql::{Backend, Sql};
 
 /// The user CEEMS's own tools (its load balancer, `cacct`) call the API as: an admin on
 /// every CEEMS server, so on this one too.
@@ -58,6 +58,25 @@ impl Store {
             )
             .await?;
         }
+        // Each project's users as CEEMS keeps them, for CEEMS's load balancer.
+        let users = match self.backend() {
+            Backend::Sqlite => {
+                "SELECT json_group_array(usr) FROM (SELECT a.usr FROM associations a
+                 WHERE a.cluster_id = projects.cluster_id AND a.project = projects.name
+                 ORDER BY a.usr)"
+            }
+            Backend::Postgres => {
+                "SELECT json_agg(a.usr ORDER BY a.usr)::text FROM associations a
+                 WHERE a.cluster_id = projects.cluster_id AND a.project = projects.name"
+            }
+        };
+        tx.execute(
+            &Sql::new(&format!(
+                "UPDATE projects SET users = coalesce(({users}), '[]') WHERE cluster_id = $1"
+            ))
+            .arg(cluster),
+        )
+        .await?;
         tx.commit().await?;
         self.written();
         Ok(())
@@ -71,10 +90,13 @@ impl Store {
         for n in names {
             tx.execute(
                 &Sql::new(
-                    "INSERT INTO admin_users (name, source) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                    "INSERT INTO admin_users (name, source, tags) VALUES ($1, $2, $3)
+                     ON CONFLICT DO NOTHING",
                 )
                 .arg(n)
-                .arg(source),
+                .arg(source)
+                // CEEMS's tags of an admin: where it came from.
+                .arg(serde_json::json!([source]).to_string()),
             )
             .await?;
         }

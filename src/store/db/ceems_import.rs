@@ -106,7 +106,8 @@ const COPY: &[(&str, &str)] = &[
     ("ceems_units", "INSERT OR IGNORE INTO units (cluster_id, uuid, started_at, name, project, grp, gid, usr, uid,
         partition, qos, submitted_at, ended_at, elapsed_seconds, state, exit_code, alloc_cpus,
         alloc_mem_bytes, alloc_gpus, billing, nodes, workdir, last_updated_at, aggregated_seconds,
-        aggregates_until, aggregates_updated_at, aggregates_status, series, reported)
+        aggregates_until, aggregates_updated_at, aggregates_status, series, reported,
+        resource_manager)
      SELECT cluster_id, uuid, coalesce(started_at_ts, 0) / 1000, coalesce(name, ''),
         coalesce(project, ''), coalesce(groupname, ''), json_extract(tags, '$.gid'),
         coalesce(username, ''), json_extract(tags, '$.uid'),
@@ -140,7 +141,8 @@ const COPY: &[(&str, &str)] = &[
             'total_egress_stats', json(coalesce(total_egress_stats, '{}'))),
         json_object('state', coalesce(state, ''), 'elapsed', coalesce(elapsed, ''),
             'nodelist', coalesce(json_extract(tags, '$.nodelist'), ''),
-            'nodes', coalesce(json_extract(allocation, '$.nodes'), 0))
+            'nodes', coalesce(json_extract(allocation, '$.nodes'), 0)),
+        coalesce(NULLIF(resource_manager, ''), 'slurm')
      FROM ceems_units WHERE cluster_id IS NOT NULL AND uuid IS NOT NULL"),
     // Where the next pull starts: where CEEMS's last one ended.
     ("ceems_units", "INSERT OR IGNORE INTO ingest_state (cluster_id, window_start)
@@ -154,4 +156,7 @@ const COPY: &[(&str, &str)] = &[
     ("ceems_users", "INSERT OR IGNORE INTO associations (cluster_id, usr, project)
      SELECT u.cluster_id, u.name, p.value FROM ceems_users u, json_each(coalesce(u.projects, '[]')) p
      WHERE u.cluster_id IS NOT NULL AND u.name IS NOT NULL AND json_valid(coalesce(u.projects, '[]'))"),
+    ("ceems_users", "UPDATE projects SET users = coalesce((SELECT json_group_array(usr) FROM
+        (SELECT a.usr FROM associations a WHERE a.cluster_id = projects.cluster_id
+         AND a.project = projects.name ORDER BY a.usr)), '[]')"),
 ];

@@ -606,3 +606,76 @@ async fn a_database_of_ceems_latest_schema_is_opened_with_every_row() {
         .collect();
     assert_eq!(names, ["acc1", "acc2"], "{}", projects.text());
 }
+
+/// CEEMS's `ceems_lb` reads a database ceems wrote: its three queries, as it sends them to the
+/// file it opens read-only, find the clusters with their managers, the admins, and of the
+/// units asked, those of the user's projects only.
+#[tokio::test]
+async fn ceems_load_balancer_queries_read_a_database_ceems_wrote() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("ceems.db");
+    let store = Store::open(&path).await.unwrap();
+    store.register_cluster("lab", "slurm").await.unwrap();
+    let (jobs, _) = sacct::parse_output(LINES);
+    store.ingest("lab", &jobs, 0, 1_795_360_000).await.unwrap();
+    let associations = crate::manager::Associations {
+        projects: vec!["physics".into(), "chemistry".into()],
+        members: vec![
+            ("alice".into(), "physics".into()),
+            ("bob".into(), "chemistry".into()),
+        ],
+    };
+    store
+        .replace_associations("lab", &associations, 1_795_360_000)
+        .await
+        .unwrap();
+    store
+        .set_admins("config", &["grafana".into()])
+        .await
+        .unwrap();
+    drop(store);
+    let lb = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=ro", path.display()))
+        .await
+        .unwrap();
+    let clusters: Vec<(String, String)> =
+        sqlx::query_as("SELECT DISTINCT cluster_id, resource_manager FROM units")
+            .fetch_all(&lb)
+            .await
+            .unwrap();
+    assert_eq!(clusters, [("lab".to_owned(), "slurm".to_owned())]);
+    let admins: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT cluster_id,name,tags FROM admin_users")
+            .fetch_all(&lb)
+            .await
+            .unwrap();
+    assert_eq!(
+        admins,
+        [(
+            "all".to_owned(),
+            "grafana".to_owned(),
+            r#"["config"]"#.to_owned()
+        )]
+    );
+    // CEEMS's ownership check: the units of the projects whose users list the user.
+    let owned = |user: &'static str| {
+        let lb = lb.clone();
+        async move {
+            let rows: Vec<(String, String)> = sqlx::query_as(
+                "SELECT uuid,cluster_id FROM units WHERE project IN (SELECT name FROM projects
+                 WHERE EXISTS (SELECT 1 FROM json_each(users) WHERE value IN (?)))
+                 AND cluster_id IN (?) AND uuid IN (?,?)",
+            )
+            .bind(user)
+            .bind("lab")
+            .bind("1")
+            .bind("2")
+            .fetch_all(&lb)
+            .await
+            .unwrap();
+            rows.into_iter().map(|(u, _)| u).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(owned("alice").await, ["1"]);
+    assert_eq!(owned("bob").await, ["2"]);
+    assert!(owned("mallory").await.is_empty());
+}

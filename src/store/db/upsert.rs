@@ -85,13 +85,13 @@ impl Store {
     }
 }
 
-/// Rows per INSERT: 25 parameters each stays far below SQLite's limit of 32766.
+/// Rows per INSERT: 26 parameters each stays far below SQLite's limit of 32766.
 const ROWS_PER_STATEMENT: usize = 500;
 
 const UNIT_COLUMNS: &str = "cluster_id, uuid, started_at, name, project, grp, gid, usr, uid,
     partition, qos, submitted_at, ended_at, elapsed_seconds, state, exit_code, alloc_cpus,
     alloc_mem_bytes, alloc_gpus, billing, nodes, workdir, time_limit_seconds, last_updated_at,
-    reported";
+    reported, resource_manager";
 
 const UPSERT_SET: &str = "ON CONFLICT (cluster_id, uuid, started_at) DO UPDATE SET
     name = excluded.name, project = excluded.project, grp = excluded.grp, gid = excluded.gid,
@@ -103,6 +103,16 @@ const UPSERT_SET: &str = "ON CONFLICT (cluster_id, uuid, started_at) DO UPDATE S
     billing = excluded.billing, nodes = excluded.nodes, workdir = excluded.workdir,
     time_limit_seconds = excluded.time_limit_seconds, last_updated_at = excluded.last_updated_at,
     reported = excluded.reported";
+
+/// One cluster's jobs to write, and what every row of them shares.
+#[derive(Clone, Copy)]
+struct Batch<'a> {
+    cluster: &'a str,
+    manager: &'a str,
+    jobs: &'a [&'a UnitRecord],
+    pending: bool,
+    now: i64,
+}
 
 async fn upsert(
     tx: &mut Tx,
@@ -130,24 +140,44 @@ async fn upsert(
             )
             .await?
             .is_some();
+    // Written on each row for CEEMS's load balancer, which reads it there.
+    let manager: String = match tx
+        .fetch_optional(&Sql::new("SELECT manager FROM clusters WHERE id = $1").arg(cluster))
+        .await?
+    {
+        Some(row) => row.get(0)?,
+        None => String::new(),
+    };
+    let batch = Batch {
+        cluster,
+        manager: &manager,
+        jobs: &latest,
+        pending,
+        now,
+    };
     match tx {
-        Tx::Sqlite(t) => upsert_sqlite(t, cluster, &latest, pending, now).await,
-        Tx::Postgres(t) => upsert_postgres(t, cluster, &latest, pending, now, unseen_after).await,
+        Tx::Sqlite(t) => upsert_sqlite(t, &batch).await,
+        Tx::Postgres(t) => upsert_postgres(t, &batch, unseen_after).await,
     }
 }
 
-/// SQLite's upsert: rows of 25 placeholders, ROWS_PER_STATEMENT at a time. Built with sqlx's
+/// SQLite's upsert: rows of 26 placeholders, ROWS_PER_STATEMENT at a time. Built with sqlx's
 /// own builder, which binds the jobs' strings without copying them; each statement is built
 /// while SQLite's thread runs the one before, instead of that thread waiting for it.
 async fn upsert_sqlite(
     tx: &mut sqlx::Transaction<'static, Sqlite>,
-    cluster: &str,
-    jobs: &[&UnitRecord],
-    pending: bool,
-    now: i64,
+    batch: &Batch<'_>,
 ) -> Result<(), StoreError> {
+    let Batch {
+        cluster,
+        manager,
+        jobs,
+        pending,
+        now,
+    } = *batch;
     fn insert<'a>(
         cluster: &'a str,
+        manager: &'a str,
         chunk: &'a [&'a UnitRecord],
         now: i64,
     ) -> sqlx::QueryBuilder<'a, Sqlite> {
@@ -179,13 +209,14 @@ async fn upsert_sqlite(
                 .push_bind(j.workdir.as_str())
                 .push_bind(j.time_limit_seconds.map(int))
                 .push_bind(now)
-                .push_bind(j.reported.to_json());
+                .push_bind(j.reported.to_json())
+                .push_bind(manager);
         });
         q.push(" ").push(UPSERT_SET);
         q
     }
     let mut chunks = jobs.chunks(ROWS_PER_STATEMENT);
-    let mut next = chunks.next().map(|c| (c, insert(cluster, c, now)));
+    let mut next = chunks.next().map(|c| (c, insert(cluster, manager, c, now)));
     while let Some((chunk, mut q)) = next.take() {
         let started: Vec<&str> = chunk
             .iter()
@@ -206,7 +237,7 @@ async fn upsert_sqlite(
         }
         // The statement goes to SQLite's thread at the first poll; the next is built meanwhile.
         let (written, built) = tokio::join!(q.build().execute(&mut **tx), async {
-            chunks.next().map(|c| (c, insert(cluster, c, now)))
+            chunks.next().map(|c| (c, insert(cluster, manager, c, now)))
         });
         written?;
         next = built;
@@ -228,13 +259,17 @@ async fn upsert_sqlite(
 /// other transaction inserts the same job meanwhile.
 async fn upsert_postgres(
     tx: &mut sqlx::Transaction<'static, Postgres>,
-    cluster: &str,
-    jobs: &[&UnitRecord],
-    pending: bool,
-    now: i64,
+    batch: &Batch<'_>,
     unseen_after: Option<i64>,
 ) -> Result<(), StoreError> {
     use sqlx::Connection as _;
+    let Batch {
+        cluster,
+        manager,
+        jobs,
+        pending,
+        now,
+    } = *batch;
     if pending {
         let started: Vec<&str> = jobs
             .iter()
@@ -259,7 +294,7 @@ async fn upsert_postgres(
             unnest($15::text[]), unnest($16::text[]), unnest($17::bigint[]),
             unnest($18::bigint[]), unnest($19::bigint[]), unnest($20::bigint[]),
             unnest($21::text[]), unnest($22::text[]), unnest($23::bigint[]), $24,
-            unnest($25::text[])"
+            unnest($25::text[]), $26"
     );
     let unseen = |j: &&UnitRecord| match (j.start, unseen_after) {
         (Some(start), Some(after)) => start != 0 && start > after,
@@ -268,7 +303,7 @@ async fn upsert_postgres(
     if jobs.iter().all(unseen) {
         let mut attempt = (**tx).begin().await?;
         match columns
-            .bind(sqlx::query(&insert), cluster, now)
+            .bind(sqlx::query(&insert), cluster, manager, now)
             .execute(&mut *attempt)
             .await
         {
@@ -286,7 +321,7 @@ async fn upsert_postgres(
     }
     let upsert = format!("{insert} {UPSERT_SET}");
     columns
-        .bind(sqlx::query(&upsert), cluster, now)
+        .bind(sqlx::query(&upsert), cluster, manager, now)
         .execute(&mut **tx)
         .await?;
     Ok(())
@@ -351,6 +386,7 @@ impl<'a> UnitColumns<'a> {
         &'q self,
         query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
         cluster: &'q str,
+        manager: &'q str,
         now: i64,
     ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
         let [uuid, name, project, group, user, partition, qos, state, exit_code, workdir] =
@@ -383,5 +419,6 @@ impl<'a> UnitColumns<'a> {
             .bind(time_limit)
             .bind(now)
             .bind(&self.reported)
+            .bind(manager)
     }
 }
