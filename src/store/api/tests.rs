@@ -303,7 +303,8 @@ async fn units_filter_by_window_and_fields_and_reject_bad_parameters() {
 }
 
 /// As CEEMS: current usage is of the jobs written (listed by the manager) in the window,
-/// which is widened to a 15-minute grid; `__terminated` keeps the ended ones.
+/// which is widened to a 15-minute grid; `__terminated` keeps the ended ones; `experimental`
+/// counts the jobs by the day they were written.
 #[tokio::test]
 async fn current_usage_is_of_the_jobs_written_in_the_window() {
     let tmp = tempfile::tempdir().unwrap();
@@ -349,6 +350,14 @@ async fn current_usage_is_of_the_jobs_written_in_the_window() {
         units(format!("from={}&to={}", NOW - 1000, NOW - 950)).await,
         0
     );
+    // `experimental`, CEEMS's daily usage: the jobs written on the days that start in the
+    // window (NOW is 8 h into its UTC day).
+    let day = NOW - NOW % 86400;
+    assert_eq!(NOW - day, 8 * 3600);
+    let daily = |from: i64, to: i64| format!("experimental&from={from}&to={to}");
+    assert_eq!(units(daily(NOW - 3600, NOW)).await, 0);
+    assert_eq!(units(daily(day - 60, NOW)).await, 2);
+    assert_eq!(units(daily(NOW - 10 * 86400, NOW)).await, 3);
 }
 
 #[tokio::test]

@@ -229,6 +229,8 @@ impl Api {
         });
         // CEEMS's test switch: only the jobs that have ended.
         let terminated_only = p.flag("__terminated")?;
+        // CEEMS's daily usage: the jobs written on the days (UTC) whose start is in the window.
+        let by_day = p.flag("experimental")?;
         let users: Vec<String> = scope
             .map(|u| vec![u.to_owned()])
             .unwrap_or_else(|| p.all("user").to_vec());
@@ -267,10 +269,13 @@ impl Api {
             q.push_in("project", p.all("project"))
                 .push_in("cluster_id", p.all("cluster_id"));
             if let Some((from, to)) = window {
-                q.push(" AND last_updated_at BETWEEN ")
-                    .bind(from)
-                    .push(" AND ")
-                    .bind(to);
+                q.push(match by_day {
+                    true => " AND (last_updated_at - (last_updated_at % 86400)) BETWEEN ",
+                    false => " AND last_updated_at BETWEEN ",
+                })
+                .bind(from)
+                .push(" AND ")
+                .bind(to);
                 if terminated_only {
                     q.push(" AND ended_at IS NOT NULL");
                 }
