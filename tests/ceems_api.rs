@@ -226,6 +226,10 @@ fn mock_prometheus() -> common::http::TestServer {
                 .find(|(k, _)| k == "query")
                 .map(|(_, v)| v.into_owned())
                 .unwrap_or_default();
+            // A real Prometheus's readiness, which ceems lb's health checks ask.
+            if req.path() == "/-/ready" {
+                return Response::raw(200, "Prometheus Server is Ready.\n");
+            }
             if req.path() != "/api/v1/query" {
                 return Response::raw(404, "404 page not found\n");
             }
@@ -502,6 +506,7 @@ fn ceems_slurm_and_k8s_scenarios_answer_as_ceems_does() {
     for d in [slurm, k8s] {
         dashboard_fills_its_columns(&server, &d);
     }
+    lb_asks_the_api_server(&server, &prometheus);
 }
 
 /// Every Infinity query of a dashboard (its `url` and `url_options`).
@@ -596,4 +601,68 @@ fn dashboard_fills_its_columns(server: &Running, d: &Dashboard) {
         }
     }
     assert!(columns >= 2 * 30, "{}: {columns}", d.file);
+}
+
+/// CEEMS's two lb scenarios that ask the API server who owns what (`config-api.yml`:
+/// `ceems_api_server.web.url`, no database): `ceems lb --lb.ceems-api-url` in front of the
+/// mock Prometheus for both Slurm clusters, this server as the API.
+fn lb_asks_the_api_server(server: &Running, prometheus: &common::http::TestServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let backends: Vec<String> = ["slurm-0", "slurm-1"]
+        .iter()
+        .map(|c| format!("--lb.backend={c}={}", prometheus.url()))
+        .collect();
+    let api = format!("--lb.ceems-api-url={}", server.url(""));
+    let mut args: Vec<&str> = backends.iter().map(String::as_str).collect();
+    args.extend([
+        api.as_str(),
+        "--lb.health-check-interval=1s",
+        "--security.drop-privileges=false",
+    ]);
+    let lb = common::start_subcommand("lb", dir.path(), &args, &[]);
+    let ask = |user: &str, cluster: &str, query: &str| -> (u16, String) {
+        let url = lb.url(&format!(
+            "/api/v1/query?query={}",
+            form_urlencoded::byte_serialize(query.as_bytes()).collect::<String>()
+        ));
+        match ureq::get(&url)
+            .set("X-Grafana-User", user)
+            .set("X-Ceems-Cluster-Id", cluster)
+            .call()
+        {
+            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    // lb-allow-user-query-api: usr1's job on slurm-0, the store's answer passed on.
+    let want = expected_lb("e2e-test-lb-allow-user-query-api.txt");
+    let (status, body) = ask("usr1", "slurm-0", r#"avg_cpu_usage{uuid="1479763"}"#);
+    assert_eq!(status, 200, "{body}");
+    let first = want.lines().next().unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).map(canonical).ok(),
+        serde_json::from_str::<Value>(first).map(canonical).ok(),
+        "{body}"
+    );
+    // lb-forbid-user-query-api: usr3's job on slurm-1 is not usr1's.
+    let (status, body) = ask("usr1", "slurm-1", r#"avg_cpu_usage{uuid="1481510"}"#);
+    assert_eq!(status, 403, "{body}");
+    assert!(expected_lb("e2e-test-lb-forbid-user-query-api.txt").contains("forbidden"));
+    // The API's admins pass unchecked; usr3 reads their own job.
+    assert_eq!(
+        ask("grafana", "slurm-1", r#"avg_cpu_usage{uuid="1481510"}"#).0,
+        200
+    );
+    assert_eq!(
+        ask("usr3", "slurm-1", r#"avg_cpu_usage{uuid="1481510"}"#).0,
+        200
+    );
+}
+
+fn expected_lb(name: &str) -> String {
+    let path = common::fixtures()
+        .join("ceems-api/pkg/lb/testdata/output")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }

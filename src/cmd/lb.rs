@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use crate::config::{self, Kind, LogConfig, Opt};
 use crate::lb::backend::{Pool, Strategy};
+use crate::lb::owners::{ApiOwners, Owners};
 use crate::lb::Lb;
 use crate::store::db::{self, Store};
 use crate::web;
@@ -64,6 +65,12 @@ pub fn opts() -> Vec<Opt> {
         )
         .default("2m"),
         Opt::new(
+            "lb.ceems-api-url",
+            Kind::Str,
+            "The stats-server's URL (CEEMS's ceems_api_server.web.url): who owns which job and who the admins are asked of its API instead of read from its database (empty: the database)",
+        )
+        .default(""),
+        Opt::new(
             "storage.data.path",
             Kind::Str,
             "Directory of the stats-server's SQLite database (ceems.db), read for who owns which job",
@@ -109,6 +116,8 @@ struct LbSettings {
     health_check_interval: Duration,
     #[serde(deserialize_with = "config::de_duration")]
     timeout: Duration,
+    #[serde(default)]
+    ceems_api_url: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -193,12 +202,23 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
+    let api_url = lb.ceems_api_url.trim().to_owned();
     runtime.block_on(async move {
-        let store = Arc::new(
-            Store::open_read_only(&db_url)
-                .await
-                .with_context(|| format!("cannot open the stats-server's database {db_url}"))?,
-        );
+        let owners = match api_url.is_empty() {
+            true => Owners::Database(Arc::new(
+                Store::open_read_only(&db_url)
+                    .await
+                    .with_context(|| format!("cannot open the stats-server's database {db_url}"))?,
+            )),
+            false => {
+                anyhow::ensure!(
+                    api_url.starts_with("http://") || api_url.starts_with("https://"),
+                    "--lb.ceems-api-url `{api_url}`: expected http(s)://host:port"
+                );
+                tracing::info!(url = %api_url, "ownership and admins asked of the stats-server's API");
+                Owners::Api(ApiOwners::new(&api_url, user_header.as_str(), lb.timeout))
+            }
+        };
         let mut pools = BTreeMap::new();
         for (cluster, urls) in &by_cluster {
             let pool = Arc::new(
@@ -210,7 +230,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             pools.insert(cluster.clone(), pool);
         }
         let admins: BTreeSet<String> = admins.into_iter().filter(|a| !a.is_empty()).collect();
-        let lb = Arc::new(Lb::new(pools, store, user_header, admins));
+        let lb = Arc::new(Lb::new(pools, owners, user_header, admins));
         let listener =
             web::into_async(listener).with_context(|| format!("cannot listen on {listen}"))?;
         tracing::info!(address = %listen, clusters = ?by_cluster.keys().collect::<Vec<_>>(), "lb listening");

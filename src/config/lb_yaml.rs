@@ -41,13 +41,21 @@ struct BackendConfig {
     pyro_urls: Vec<String>,
 }
 
-/// The API server's section: only where its data and admins are matter here.
+/// The API server's section: only where its data, its admins and its API are matter here.
 #[derive(Debug, Default, Deserialize)]
 struct ApiServer {
     #[serde(default)]
     data: Option<Data>,
     #[serde(default)]
     admin: Option<Admin>,
+    #[serde(default)]
+    web: Option<ApiWeb>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ApiWeb {
+    #[serde(default)]
+    url: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -97,8 +105,13 @@ pub fn to_table(text: &str) -> Result<Table, String> {
             lb_table.insert("filter-labels".into(), strings(filters));
         }
     }
+    // As CEEMS's lb: the database when the file says where it is, else the server's API.
+    let data_path = api.data.and_then(|d| d.path);
+    if let (None, Some(url)) = (&data_path, api.web.and_then(|w| w.url)) {
+        lb_table.insert("ceems-api-url".into(), Value::String(url));
+    }
     table.insert("lb".into(), Value::Table(lb_table));
-    if let Some(path) = api.data.and_then(|d| d.path) {
+    if let Some(path) = data_path {
         let mut data = Table::new();
         data.insert("path".into(), Value::String(path));
         let mut storage = Table::new();
@@ -140,6 +153,22 @@ mod tests {
             Some("/var/lib/ceems")
         );
         assert_eq!(t["web"]["admin-users"][0].as_str(), Some("adm1"));
+        // The database is named: the API's URL is not used.
+        assert!(t["lb"].get("ceems-api-url").is_none());
+    }
+
+    /// CEEMS's `config-api.yml`: no database, the server's URL: ownership from its API.
+    #[test]
+    fn without_a_database_the_api_server_is_asked() {
+        let t = to_table(
+            "ceems_api_server:\n  web:\n    url: http://localhost:9020\nceems_lb:\n  backends:\n    - id: slurm-0\n      tsdb_urls: [http://localhost:9090]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            t["lb"]["ceems-api-url"].as_str(),
+            Some("http://localhost:9020")
+        );
+        assert!(t.get("storage").is_none());
     }
 
     #[test]

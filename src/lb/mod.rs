@@ -4,6 +4,7 @@
 //! but the query, series and label APIs is refused.
 
 pub mod backend;
+pub mod owners;
 pub mod query;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,9 +16,9 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 
-use crate::store::db::Store;
 use crate::web::Body;
 use backend::Pool;
+use owners::Owners;
 
 /// The header that picks the cluster when several are served.
 pub const CLUSTER_HEADER: &str = "x-ceems-cluster-id";
@@ -154,11 +155,11 @@ pub fn requested_scope(
     Ok(scope)
 }
 
-/// The proxy: the stores of each cluster, the database that says who owns what, and who the
-/// admins are.
+/// The proxy: the stores of each cluster, what says who owns what (the stats-server's
+/// database or API), and who the admins are.
 pub struct Lb {
     pools: BTreeMap<String, Arc<Pool>>,
-    store: Arc<Store>,
+    owners: Owners,
     user_header: HeaderName,
     admins: BTreeSet<String>,
     verdicts: Verdicts,
@@ -226,13 +227,13 @@ impl Verdicts {
 impl Lb {
     pub fn new(
         pools: BTreeMap<String, Arc<Pool>>,
-        store: Arc<Store>,
+        owners: Owners,
         user_header: HeaderName,
         admins: BTreeSet<String>,
     ) -> Lb {
         Lb {
             pools,
-            store,
+            owners,
             user_header,
             admins,
             verdicts: Verdicts::default(),
@@ -301,8 +302,8 @@ impl Lb {
             let unknown: Vec<String> = scope.units.difference(&readable).cloned().collect();
             if !unknown.is_empty() {
                 let found = self
-                    .store
-                    .units_readable_by(&pool.cluster, &user, &unknown)
+                    .owners
+                    .readable(&pool.cluster, &user, &unknown)
                     .await
                     .map_err(|e| {
                         Refusal::new(
@@ -385,7 +386,7 @@ impl Lb {
         if let Some(yes) = self.verdicts.admin(user) {
             return yes;
         }
-        match self.store.is_admin(user).await {
+        match self.owners.is_admin(user).await {
             Ok(yes) => {
                 self.verdicts.set_admin(user, yes);
                 yes

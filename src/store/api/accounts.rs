@@ -1,6 +1,7 @@
 //! `/projects`, `/users` and `/clusters`.
 
 use super::*;
+use crate::store::db::SERVICE_ACCOUNT;
 
 /// The fields of `/clusters/admin`: CEEMS's two, then ours.
 const CLUSTER_FIELDS: &[&str] = &[
@@ -42,7 +43,11 @@ impl Api {
     }
 
     /// Users with their projects; a user gets only their own record, whatever `user` says.
+    /// On `/admin`, `role=admin` lists the admins instead, as CEEMS's load balancer asks.
     pub(super) async fn users(&self, p: &Params, scope: Option<&str>) -> Result<Answer, ApiError> {
+        if scope.is_none() && p.one("role") == Some("admin") {
+            return self.admins().await;
+        }
         let mut q = Sql::new(
             "SELECT u.cluster_id, u.name, a.project,
                     (SELECT c.manager FROM clusters c WHERE c.id = u.cluster_id)
@@ -58,6 +63,32 @@ impl Api {
             .push(" ORDER BY u.cluster_id, u.name, a.project");
         let rows = self.fetch(q).await?;
         Ok(Answer::data(grouped(&rows, "name", "projects")))
+    }
+
+    /// The admins as CEEMS lists them (`cluster_id` `all`, `tags` where each came from), with
+    /// CEEMS's service account, which is always one.
+    async fn admins(&self) -> Result<Answer, ApiError> {
+        let rows = self
+            .fetch(Sql::new(
+                "SELECT name, min(source) FROM admin_users GROUP BY name ORDER BY name",
+            ))
+            .await?;
+        let mut data: Vec<Value> = rows
+            .iter()
+            .map(|r| {
+                let name: String = r.get(0).unwrap_or_default();
+                let source: String = r.get(1).unwrap_or_default();
+                json!({"cluster_id": "all", "resource_manager": "", "name": name,
+                       "projects": [], "tags": [source]})
+            })
+            .collect();
+        if !data.iter().any(|u| u["name"] == SERVICE_ACCOUNT) {
+            data.push(
+                json!({"cluster_id": "all", "resource_manager": "", "name": SERVICE_ACCOUNT,
+                             "projects": [], "tags": ["ceems"]}),
+            );
+        }
+        Ok(Answer::data(Value::Array(data)))
     }
 
     /// The clusters this server pulls from, as CEEMS lists them (`id`, `manager`); our
