@@ -809,3 +809,36 @@ async fn an_admin_naming_a_user_gets_the_usage_of_their_projects() {
         ]
     );
 }
+
+/// CEEMS's load balancer asks for the admins with `role=admin` on `/users/admin`: the
+/// configured ones and CEEMS's service account; on a user's route the parameter changes
+/// nothing (alice gets her own record, not the admins).
+#[tokio::test]
+async fn the_admins_are_listed_for_ceems_load_balancer() {
+    let (api, _tmp) = api_with(&sample(), &["root"]).await;
+    let a = api
+        .handle(
+            "/api/v1/users/admin",
+            Some("role=admin"),
+            Some("ceems-int-svc"),
+            NOW,
+        )
+        .await;
+    let names: Vec<Value> = data(&a).iter().map(|u| u["name"].clone()).collect();
+    assert_eq!(names, [json!("root"), json!("ceems-int-svc")]);
+    assert_eq!(data(&a)[0]["tags"], json!(["config"]));
+    let a = api
+        .handle("/api/v1/users", Some("role=admin"), Some("alice"), NOW)
+        .await;
+    let names: Vec<Value> = data(&a).iter().map(|u| u["name"].clone()).collect();
+    assert_eq!(names, [json!("alice")]);
+    let a = api
+        .handle(
+            "/api/v1/users/admin",
+            Some("role=admin"),
+            Some("alice"),
+            NOW,
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::FORBIDDEN);
+}
