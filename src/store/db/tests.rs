@@ -409,12 +409,22 @@ fn series_add_up_over_windows_and_over_jobs() {
     );
 }
 
+/// The API over a store that holds the pack's 24 jobs (12 on each cluster), grafana an admin.
+async fn pack_api(store: Store) -> crate::store::api::Api {
+    assert_eq!(store.count_units("slurm-0").await.unwrap(), 12);
+    assert_eq!(store.count_units("slurm-1").await.unwrap(), 12);
+    store
+        .set_admins("config", &["grafana".into()])
+        .await
+        .unwrap();
+    crate::store::api::Api::new(std::sync::Arc::new(store), "X-Grafana-User")
+}
+
 /// CEEMS's own database (the pack's `ceems.db`, 24 jobs on two clusters) opens in place: a
 /// copy is made first, CEEMS's tables stay as `ceems_*`, and every job is answered with its
 /// series, users and projects; a second opening copies nothing twice.
 #[tokio::test]
 async fn a_ceems_database_is_opened_with_its_whole_history() {
-    use crate::store::api::Api;
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("ceems.db");
     std::fs::copy(
@@ -439,13 +449,7 @@ async fn a_ceems_database_is_opened_with_its_whole_history() {
     assert_eq!(kept.get::<i64>(0).unwrap(), 24);
     drop(store);
     let store = Store::open(&path).await.unwrap();
-    assert_eq!(store.count_units("slurm-0").await.unwrap(), 12);
-    assert_eq!(store.count_units("slurm-1").await.unwrap(), 12);
-    store
-        .set_admins("config", &["grafana".into()])
-        .await
-        .unwrap();
-    let api = Api::new(std::sync::Arc::new(store), "X-Grafana-User");
+    let api = pack_api(store).await;
     let now = 1_800_000_000;
     let all = api
         .handle(
@@ -495,7 +499,6 @@ async fn a_ceems_database_is_opened_with_its_whole_history() {
 /// 24 jobs, users and projects in it, opens with every job answered.
 #[tokio::test]
 async fn a_database_of_ceems_latest_schema_is_opened_with_every_row() {
-    use crate::store::api::Api;
     use sqlx::Executor;
     let fixtures =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ceems-api");
@@ -567,13 +570,7 @@ async fn a_database_of_ceems_latest_schema_is_opened_with_every_row() {
             .unwrap();
         assert!(kept.get::<i64>(0).unwrap() > 0, "{table} not kept");
     }
-    assert_eq!(store.count_units("slurm-0").await.unwrap(), 12);
-    assert_eq!(store.count_units("slurm-1").await.unwrap(), 12);
-    store
-        .set_admins("config", &["grafana".into()])
-        .await
-        .unwrap();
-    let api = Api::new(std::sync::Arc::new(store), "X-Grafana-User");
+    let api = pack_api(store).await;
     let now = 1_800_000_000;
     let mine = api
         .handle(
