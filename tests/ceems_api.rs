@@ -666,3 +666,102 @@ fn expected_lb(name: &str) -> String {
         .join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
+
+/// CEEMS's lb scenarios on its own database (`config-db.yml`: the pack's `ceems.db`, read
+/// only, `filter_labels: [instance]`), the Prometheus halves: a user's own job, another's,
+/// and an admin's POST; the answers compared as JSON, the refusal's text CEEMS's.
+#[test]
+fn ceems_lb_scenarios_on_ceems_own_database() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        common::fixtures().join("ceems-api/pkg/api/testdata/ceems.db"),
+        dir.path().join("ceems.db"),
+    )
+    .unwrap();
+    let prometheus = mock_prometheus();
+    let mut args: Vec<String> = Vec::new();
+    for c in ["slurm-0", "slurm-1"] {
+        args.push(format!("--lb.backend={c}={}", prometheus.url()));
+        args.push(format!("--lb.filter-label={c}=instance"));
+    }
+    args.push(format!("--storage.data.path={}", dir.path().display()));
+    args.push("--security.drop-privileges=false".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let lb = common::start_subcommand("lb", dir.path(), &args, &[]);
+    let ask = |user: &str, cluster: &str, query: &str, post: bool| -> (u16, String) {
+        let form = format!(
+            "query={}",
+            form_urlencoded::byte_serialize(query.as_bytes()).collect::<String>()
+        );
+        let request = |r: ureq::Request| {
+            r.set("X-Grafana-User", user)
+                .set("X-Ceems-Cluster-Id", cluster)
+        };
+        let answer = match post {
+            false => request(ureq::get(
+                &lb.url(&format!("/api/v1/query?{form}&time=1645450627")),
+            ))
+            .call(),
+            true => request(ureq::post(&lb.url("/api/v1/query")))
+                .set("Content-Type", "application/x-www-form-urlencoded")
+                .send_string(&form),
+        };
+        match answer {
+            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    // CEEMS re-encodes a filtered sample with `"values":null`; ours leaves the absent out.
+    let first_line = |fixture: &str| -> Value {
+        let mut v: Value =
+            serde_json::from_str(expected_lb(fixture).lines().next().unwrap()).unwrap();
+        let samples = v.get_mut("data").and_then(|d| d.get_mut("result"));
+        for sample in samples.and_then(Value::as_array_mut).into_iter().flatten() {
+            if let Some(s) = sample.as_object_mut() {
+                s.retain(|_, x| !x.is_null());
+            }
+        }
+        canonical(v)
+    };
+    let json = |body: &str| serde_json::from_str::<Value>(body).map(canonical).ok();
+    for (scenario, user, cluster, uuid, post, status) in [
+        (
+            "e2e-test-lb-allow-user-query-db.txt",
+            "usr1",
+            "slurm-0",
+            "1479763",
+            false,
+            200,
+        ),
+        (
+            "e2e-test-lb-forbid-user-query-db.txt",
+            "usr1",
+            "slurm-1",
+            "1481510",
+            false,
+            403,
+        ),
+        (
+            "e2e-test-lb-allow-admin-query.txt",
+            "grafana",
+            "slurm-1",
+            "1479765",
+            true,
+            200,
+        ),
+    ] {
+        let (got, body) = ask(
+            user,
+            cluster,
+            &format!("avg_cpu_usage{{uuid=\"{uuid}\"}}"),
+            post,
+        );
+        assert_eq!(got, status, "{scenario}: {body}");
+        assert_eq!(
+            json(&body),
+            Some(first_line(scenario)),
+            "{scenario}: {body}"
+        );
+    }
+}

@@ -23,6 +23,9 @@ use owners::Owners;
 /// The header that picks the cluster when several are served.
 pub const CLUSTER_HEADER: &str = "x-ceems-cluster-id";
 
+/// CEEMS's answer to a query of a unit that is not the user's.
+pub const UNIT_FORBIDDEN: &str = "user do not have permissions to view unit metrics";
+
 /// Longest user name accepted, as the stats-server's.
 const MAX_USER_BYTES: usize = 256;
 
@@ -315,11 +318,9 @@ impl Lb {
                 readable.extend(found);
             }
             if let Some(other) = scope.units.iter().find(|u| !readable.contains(*u)) {
-                tracing::info!(%user, unit = %other, cluster = %pool.cluster, "query refused");
-                return Err(Refusal::forbidden(format!(
-                    "unit {other} of cluster {} is not {user}'s",
-                    pool.cluster
-                )));
+                // CEEMS's words, which its users know; which unit, in the log.
+                tracing::info!(%user, unit = %other, cluster = %pool.cluster, "query refused: not the user's unit");
+                return Err(Refusal::forbidden(UNIT_FORBIDDEN));
             }
         }
         let filtering = !pool.filter_labels.is_empty();
@@ -501,6 +502,7 @@ fn api_error(refusal: Refusal) -> Response<Body> {
     };
     let body = serde_json::json!({
         "status": "error",
+        "data": null,
         "errorType": kind,
         "error": refusal.message,
     });

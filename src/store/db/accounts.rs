@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{Store, StoreError};
+use super::{Schema, Store, StoreError};
 use crate::manager::Associations;
 use crate::store::sql::{Backend, Sql};
 
@@ -117,13 +117,26 @@ impl Store {
             return Ok(BTreeSet::new());
         }
         let mut q = Sql::new("SELECT DISTINCT uuid FROM units WHERE cluster_id = ");
-        q.bind(cluster).push(" AND (usr = ").bind(user);
-        q.push(" OR project IN (SELECT project FROM associations WHERE cluster_id = ")
-            .bind(cluster)
-            .push(" AND usr = ")
-            .bind(user)
-            .push("))")
-            .push_in("uuid", uuids);
+        match self.schema {
+            Schema::Ours => {
+                q.bind(cluster).push(" AND (usr = ").bind(user);
+                q.push(" OR project IN (SELECT project FROM associations WHERE cluster_id = ")
+                    .bind(cluster)
+                    .push(" AND usr = ")
+                    .bind(user)
+                    .push("))");
+            }
+            // CEEMS's: the units of the projects whose users list the user.
+            Schema::Ceems => {
+                q.bind(cluster).push(" AND (username = ").bind(user);
+                q.push(" OR project IN (SELECT name FROM projects WHERE cluster_id = ")
+                    .bind(cluster)
+                    .push(" AND EXISTS (SELECT 1 FROM json_each(users) WHERE value = ")
+                    .bind(user)
+                    .push(")))");
+            }
+        }
+        q.push_in("uuid", uuids);
         let mut readable = BTreeSet::new();
         for row in self.fetch_all(&q).await? {
             readable.insert(row.get::<String>(0)?);

@@ -8,7 +8,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::ConnectOptions as _;
 
-use super::{Pool, Store, StoreError};
+use super::{Pool, Schema, Store, StoreError};
 
 /// Whether `url` names a PostgreSQL database (anything else is a SQLite file).
 pub fn is_postgres_url(url: &str) -> bool {
@@ -101,6 +101,7 @@ impl Store {
             pool: Pool::Sqlite(pool),
             generation: Default::default(),
             generation_reads: Default::default(),
+            schema: Schema::Ours,
         };
         // A CEEMS database's usage, in our terms, before anyone asks.
         for cluster in &imported {
@@ -133,12 +134,14 @@ impl Store {
             pool: Pool::Postgres(pool),
             generation: Default::default(),
             generation_reads: Default::default(),
+            schema: Schema::Ours,
         })
     }
 
     /// Opens the stats-server's database, SQLite or PostgreSQL as `url` says, for reading
     /// only: no file is created, no migration run, and PostgreSQL sessions are read-only. Fails
-    /// when the database has no jobs table yet.
+    /// when the database has no jobs table yet. A CEEMS API server's own SQLite file is read
+    /// as it is (its schema's ownership and admins).
     pub async fn open_read_only(url: &str) -> Result<Store, StoreError> {
         let store = if is_postgres_url(url) {
             let open_err = |error| StoreError::Open {
@@ -154,6 +157,7 @@ impl Store {
                 pool: Pool::Postgres(pool),
                 generation: Default::default(),
                 generation_reads: Default::default(),
+                schema: Schema::Ours,
             }
         } else {
             let path = url.strip_prefix("sqlite://").unwrap_or(url);
@@ -175,11 +179,24 @@ impl Store {
                 pool: Pool::Sqlite(pool),
                 generation: Default::default(),
                 generation_reads: Default::default(),
+                schema: Schema::Ours,
             }
         };
+        let mut store = store;
         store
             .fetch_optional(&crate::store::sql::Sql::new("SELECT 1 FROM units LIMIT 1"))
             .await?;
+        // CEEMS's own ceems.db, as its ceems_lb reads it: its users are `username`.
+        if let Pool::Sqlite(pool) = &store.pool {
+            let ceems: Option<(String,)> = sqlx::query_as(
+                "SELECT name FROM pragma_table_info('units') WHERE name = 'username'",
+            )
+            .fetch_optional(pool)
+            .await?;
+            if ceems.is_some() {
+                store.schema = Schema::Ceems;
+            }
+        }
         Ok(store)
     }
 

@@ -65,6 +65,17 @@ pub struct Store {
     generation: std::sync::atomic::AtomicU64,
     /// The PostgreSQL generation's reads, shared by the requests that wait at once.
     generation_reads: Arc<SharedRead<Result<u64, Arc<sqlx::Error>>>>,
+    /// Whose tables these are: ours, or, opened read-only by the lb, CEEMS's own `ceems.db`.
+    schema: Schema,
+}
+
+/// Whose schema a database has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Schema {
+    #[default]
+    Ours,
+    /// CEEMS's API server's (`units.username`, `projects.users` a JSON list).
+    Ceems,
 }
 
 /// Ingestion's writers on PostgreSQL (of the pool's 16 connections).
