@@ -211,6 +211,12 @@ fn mock_prometheus() -> common::http::TestServer {
     use common::http::{Request, Response};
     let uuids = regex::Regex::new(r#"(?:.+?)[^gpu]uuid=[~]{0,1}"([a-zA-Z0-9-|]+)"(?:.*)"#).unwrap();
     let name = regex::Regex::new(r"^(.*)\{").unwrap();
+    // Its configuration, as the pack's lb scenario shows it passed through.
+    let config = std::fs::read(
+        common::fixtures()
+            .join("ceems-api/pkg/lb/testdata/output/e2e-test-lb-server-tsdb-only.txt"),
+    )
+    .unwrap();
     common::http::TestServer::start(
         false,
         std::sync::Arc::new(move |req: &Request| {
@@ -229,6 +235,9 @@ fn mock_prometheus() -> common::http::TestServer {
             // A real Prometheus's readiness, which ceems lb's health checks ask.
             if req.path() == "/-/ready" {
                 return Response::raw(200, "Prometheus Server is Ready.\n");
+            }
+            if req.path() == "/api/v1/status/config" {
+                return Response::raw(200, config.clone());
             }
             if req.path() != "/api/v1/query" {
                 return Response::raw(404, "404 page not found\n");
@@ -725,6 +734,29 @@ fn ceems_lb_scenarios_on_ceems_own_database() {
         canonical(v)
     };
     let json = |body: &str| serde_json::from_str::<Value>(body).map(canonical).ok();
+    // lb-basic-tsdb-only: an admin reads the store's configuration, passed on byte for byte;
+    // lb-basic: a user may not.
+    let status_config = |user: &str| -> (u16, String) {
+        match ureq::get(&lb.url("/api/v1/status/config"))
+            .set("X-Grafana-User", user)
+            .set("X-Ceems-Cluster-Id", "slurm-0")
+            .call()
+        {
+            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(
+        status_config("grafana"),
+        (200, expected_lb("e2e-test-lb-server-tsdb-only.txt"))
+    );
+    let (status, body) = status_config("usr1");
+    let want = expected_lb("e2e-test-lb-server.txt");
+    assert_eq!(
+        (status, json(&body)),
+        (403, json(want.lines().next().unwrap()))
+    );
     for (scenario, user, cluster, uuid, post, status) in [
         (
             "e2e-test-lb-allow-user-query-db.txt",

@@ -200,6 +200,22 @@ fn users_see_their_own_jobs_only_and_admins_see_all() {
         assert_eq!(status, 403, "{path}: {answer}");
         assert_eq!(answer["status"], "error", "{answer}");
         assert_eq!(answer["errorType"], "forbidden", "{answer}");
+        // Another's job and a path of the store's own are refused in CEEMS's words; what
+        // only ceems refuses (patterns, selectors without a unit) says why.
+        let said = answer["error"].as_str().unwrap_or("");
+        let ceems_words = match path.as_str() {
+            "/api/v1/status/config" | "/api/v1/admin/tsdb/snapshot" => {
+                Some("user do not have permissions to this resource")
+            }
+            p if p == query(r#"rate(ceems_compute_unit_cpu_user_seconds_total{uuid="2"}[1m])"#) => {
+                Some("user do not have permissions to view unit metrics")
+            }
+            _ => None,
+        };
+        match ceems_words {
+            Some(words) => assert_eq!(said, words, "{path}"),
+            None => assert!(!said.is_empty(), "{path}: {answer}"),
+        }
     }
     // Bob's job smuggled in the body of a request whose URL names alice's.
     let (status, answer) = ask(
@@ -225,6 +241,12 @@ fn users_see_their_own_jobs_only_and_admins_see_all() {
         (200, vec!["1".to_owned(), "2".to_owned()]),
         "{answer}"
     );
+    // As in CEEMS, the admin may also read the stores' status; never their admin API.
+    let (status, answer) = ask(&lb, Some("admin"), "/api/v1/status/config", None);
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer["data"]["yaml"].as_str().is_some(), "{answer}");
+    let (status, _) = ask(&lb, Some("admin"), "/api/v1/admin/tsdb/snapshot", None);
+    assert_eq!(status, 403);
 
     // 1,000 queries at once: each is answered, or refused with 503 beyond the 256 served at
     // once, and the proxy's memory stays bounded.

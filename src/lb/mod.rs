@@ -23,6 +23,15 @@ use owners::Owners;
 /// The header that picks the cluster when several are served.
 pub const CLUSTER_HEADER: &str = "x-ceems-cluster-id";
 
+/// CEEMS's answer to a path a user may not call.
+pub const PATH_FORBIDDEN: &str = "user do not have permissions to this resource";
+
+/// As CEEMS: an admin may also read the stores' other API paths (`status/config`, `targets`,
+/// `rules`), never their admin API, and never write through them.
+fn admin_may_read(method: &Method, path: &str) -> bool {
+    method == Method::GET && path.starts_with("/api/v1/") && !path.starts_with("/api/v1/admin/")
+}
+
 /// CEEMS's answer to a query of a unit that is not the user's.
 pub const UNIT_FORBIDDEN: &str = "user do not have permissions to view unit metrics";
 
@@ -262,9 +271,7 @@ impl Lb {
         let (parts, body) = req.into_parts();
         // CEEMS's datasources name the cluster as the path's first segment.
         let (path_cluster, api_path) = split_cluster(&self.pools, parts.uri.path());
-        let endpoint = endpoint(api_path).ok_or_else(|| {
-            Refusal::forbidden(format!("{} is not relayed by ceems lb", parts.uri.path()))
-        })?;
+        let endpoint = endpoint(api_path);
         if parts.method != Method::GET && parts.method != Method::POST {
             return Err(Refusal::new(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -283,11 +290,16 @@ impl Lb {
             .and_then(|v| v.to_str().ok());
         let params = parameters(parts.uri.query(), content_type, &body)?;
         let admin = self.is_admin(&user).await;
+        if endpoint.is_none() && !(admin && admin_may_read(&parts.method, api_path)) {
+            tracing::info!(%user, path = %parts.uri.path(), "refused: not a query path");
+            return Err(Refusal::forbidden(PATH_FORBIDDEN));
+        }
         // Admins' queries are not judged, but may still name their cluster with ceems_id.
-        let scope = match requested_scope(endpoint, &params) {
-            Ok(scope) => scope,
-            Err(_) if admin => query::Scope::default(),
-            Err(refusal) => return Err(refusal),
+        let scope = match endpoint.map(|e| requested_scope(e, &params)) {
+            Some(Ok(scope)) => scope,
+            None => query::Scope::default(),
+            Some(Err(_)) if admin => query::Scope::default(),
+            Some(Err(refusal)) => return Err(refusal),
         };
         let header_cluster = match parts.headers.get(CLUSTER_HEADER).map(|v| v.to_str()) {
             Some(Ok(id)) => Some(id.trim()),
@@ -496,7 +508,8 @@ pub fn filter_answer(api_path: &str, body: &[u8], hidden: &[String]) -> Option<B
 fn api_error(refusal: Refusal) -> Response<Body> {
     let kind = match refusal.status {
         StatusCode::BAD_REQUEST => "bad_data",
-        StatusCode::FORBIDDEN | StatusCode::UNAUTHORIZED => "forbidden",
+        StatusCode::FORBIDDEN => "forbidden",
+        StatusCode::UNAUTHORIZED => "unauthorized",
         s if s.is_server_error() => "unavailable",
         _ => "bad_data",
     };
