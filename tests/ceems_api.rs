@@ -757,6 +757,17 @@ fn ceems_lb_scenarios_on_ceems_own_database() {
         (status, json(&body)),
         (403, json(want.lines().next().unwrap()))
     );
+    // A cluster the lb does not serve: CEEMS's answer (its lb-basic-tsdb-pyro scenario).
+    let (status, body) = ask("usr1", "slurm-9", r#"avg_cpu_usage{uuid="1479763"}"#, false);
+    assert_eq!(
+        (status, json(&body)),
+        (
+            400,
+            json(
+                r#"{"status":"error","data":null,"errorType":"bad_request","error":"invalid cluster ID. Set cluster ID using X-Ceems-Cluster-Id header in Prometheus datasource."}"#
+            )
+        )
+    );
     for (scenario, user, cluster, uuid, post, status) in [
         (
             "e2e-test-lb-allow-user-query-db.txt",

@@ -79,6 +79,8 @@ pub fn endpoint(path: &str) -> Option<Endpoint> {
 pub struct Refusal {
     pub status: StatusCode,
     pub message: String,
+    /// The answer's `errorType` where it is not the status's usual one.
+    kind: Option<&'static str>,
 }
 
 impl Refusal {
@@ -86,13 +88,27 @@ impl Refusal {
         Refusal {
             status,
             message: message.into(),
+            kind: None,
         }
     }
 
     fn forbidden(message: impl Into<String>) -> Refusal {
         Refusal::new(StatusCode::FORBIDDEN, message)
     }
+
+    /// CEEMS's answer to a cluster it does not serve.
+    fn unknown_cluster(id: &str) -> Refusal {
+        tracing::info!(cluster = id, "refused: no such cluster here");
+        Refusal {
+            kind: Some("bad_request"),
+            ..Refusal::new(StatusCode::BAD_REQUEST, CLUSTER_INVALID)
+        }
+    }
 }
+
+/// CEEMS's words for a cluster that is not served.
+pub const CLUSTER_INVALID: &str =
+    "invalid cluster ID. Set cluster ID using X-Ceems-Cluster-Id header in Prometheus datasource.";
 
 /// The parameters of a request, from its URL and its form body, in order. Prometheus reads
 /// both (the body first), so both are checked. A raw `;`, which Go's form parser treats
@@ -466,7 +482,7 @@ fn choose_pool(
     pools
         .get(id)
         .cloned()
-        .ok_or_else(|| Refusal::new(StatusCode::BAD_REQUEST, format!("no cluster {id} here")))
+        .ok_or_else(|| Refusal::unknown_cluster(id))
 }
 
 /// The answer of `api_path` without the labels named in `hidden` (CEEMS's `filter_labels`:
@@ -506,13 +522,13 @@ pub fn filter_answer(api_path: &str, body: &[u8], hidden: &[String]) -> Option<B
 
 /// An error in the Prometheus API's own shape, so Grafana shows the message.
 fn api_error(refusal: Refusal) -> Response<Body> {
-    let kind = match refusal.status {
+    let kind = refusal.kind.unwrap_or(match refusal.status {
         StatusCode::BAD_REQUEST => "bad_data",
         StatusCode::FORBIDDEN => "forbidden",
         StatusCode::UNAUTHORIZED => "unauthorized",
         s if s.is_server_error() => "unavailable",
         _ => "bad_data",
-    };
+    });
     let body = serde_json::json!({
         "status": "error",
         "data": null,
