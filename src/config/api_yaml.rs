@@ -231,10 +231,18 @@ fn cluster(c: ClusterConfig, updaters: &BTreeMap<&str, &UpdaterConfig>) -> Resul
     }
     if let Some(cli) = c.cli {
         if !cli.environment_variables.is_empty() {
-            return Err(format!(
-                "{}: not supported",
-                at("cli.environment_variables")
-            ));
+            if manager != "slurm" {
+                return Err(format!(
+                    "{}: only Slurm clusters run commands",
+                    at("cli.environment_variables")
+                ));
+            }
+            let env = cli
+                .environment_variables
+                .into_iter()
+                .map(|(k, v)| Value::String(format!("{k}={v}")))
+                .collect();
+            t.insert("slurm-env".into(), Value::Array(env));
         }
         if let Some(dir) = cli.path {
             let dir = std::path::Path::new(&dir);
@@ -418,6 +426,22 @@ updaters:
             Some("/var/run/ceems/users.yaml")
         );
         assert_eq!(k8s["series-queries"].as_table().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_slurm_clusters_environment_is_carried_over() {
+        let text = PACK.replacen(
+            "    cli:\n      path: pkg/api/testdata",
+            "    cli:\n      path: pkg/api/testdata\n      environment_variables:\n        SLURM_CONF: /etc/slurm/b.conf",
+            1,
+        );
+        assert_ne!(text, PACK);
+        let t = to_table(&text, 0).unwrap();
+        let slurm = t["clusters"][0].as_table().unwrap();
+        assert_eq!(
+            slurm["slurm-env"].as_array().unwrap()[0].as_str(),
+            Some("SLURM_CONF=/etc/slurm/b.conf")
+        );
     }
 
     #[test]

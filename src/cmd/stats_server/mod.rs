@@ -187,7 +187,7 @@ pub fn opts() -> Vec<Opt> {
         Opt::new(
             "clusters",
             Kind::FileOnly,
-            "Clusters in one database: [[stats-server.clusters]] with id, manager (slurm, lsf, k8s or openpbs), sacct-path, sacctmgr-path, slurm-cluster-name, slurmrestd-url, lsf-bin-dir, lsf-env, openpbs-accounting-dir, openpbs-bin-dir, openpbs-env, kubeconfig, k8s-user-annotations, k8s-project-annotations, k8s-gpu-resources, k8s-ns-users-file, prometheus-url, series-queries (CEEMS's updater queries)",
+            "Clusters in one database: [[stats-server.clusters]] with id, manager (slurm, lsf, k8s or openpbs), sacct-path, sacctmgr-path, slurm-env, slurm-cluster-name, slurmrestd-url, lsf-bin-dir, lsf-env, openpbs-accounting-dir, openpbs-bin-dir, openpbs-env, kubeconfig, k8s-user-annotations, k8s-project-annotations, k8s-gpu-resources, k8s-ns-users-file, prometheus-url, series-queries (CEEMS's updater queries)",
         ),
         Opt::new(
             "prometheus.url",
@@ -400,10 +400,17 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let sources: Vec<Source> = cluster_list
         .into_iter()
         .map(|c| {
+            let env: Vec<(String, String)> = c
+                .slurm_env
+                .iter()
+                .filter_map(|v| v.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
             let command = |path: PathBuf| SlurmCommand {
                 path,
                 mode: mode.clone(),
                 timeout: slurm.sacct.timeout,
+                env: env.clone(),
             };
             let sacctmgr = c
                 .sacctmgr_path

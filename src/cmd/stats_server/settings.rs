@@ -155,6 +155,10 @@ pub(super) struct ClusterSettings {
     pub(super) k8s_ns_users_file: Option<PathBuf>,
     #[serde(default)]
     pub(super) sacct_path: Option<PathBuf>,
+    /// Slurm: `NAME=value` variables its commands run with (`SLURM_CONF=/etc/slurm/b.conf`;
+    /// CEEMS's `cli.environment_variables`).
+    #[serde(default)]
+    pub(super) slurm_env: Vec<String>,
     #[serde(default)]
     pub(super) sacctmgr_path: Option<String>,
     #[serde(default)]
@@ -234,6 +238,7 @@ pub(super) fn clusters(
             k8s_gpu_resources: None,
             k8s_ns_users_file: None,
             sacct_path: None,
+            slurm_env: Vec::new(),
             sacctmgr_path: None,
             slurm_cluster_name: None,
             prometheus_url: None,
@@ -252,7 +257,8 @@ pub(super) fn clusters(
         let slurm_keys = c.sacct_path.is_some()
             || c.sacctmgr_path.is_some()
             || c.slurm_cluster_name.is_some()
-            || c.slurmrestd_url.is_some();
+            || c.slurmrestd_url.is_some()
+            || !c.slurm_env.is_empty();
         let lsf_keys = c.lsf_bin_dir.is_some() || !c.lsf_env.is_empty();
         let pbs_keys = c.openpbs_accounting_dir.is_some()
             || c.openpbs_bin_dir.is_some()
@@ -270,7 +276,7 @@ pub(super) fn clusters(
             ),
             "k8s" => anyhow::ensure!(
                 !slurm_keys && !lsf_keys && !pbs_keys,
-                "clusters: `{}` is a Kubernetes cluster; sacct-path, sacctmgr-path, slurm-cluster-name, slurmrestd-url, lsf-* and openpbs-* are not its keys",
+                "clusters: `{}` is a Kubernetes cluster; sacct-path, sacctmgr-path, slurm-cluster-name, slurmrestd-url, slurm-env, lsf-* and openpbs-* are not its keys",
                 c.id
             ),
             "openpbs" => {

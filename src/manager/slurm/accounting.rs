@@ -147,6 +147,7 @@ mod tests {
             path,
             mode: RunMode::Native,
             timeout: Duration::from_secs(10),
+            env: Vec::new(),
         }
     }
 

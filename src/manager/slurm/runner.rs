@@ -117,6 +117,9 @@ pub struct SlurmCommand {
     pub path: PathBuf,
     pub mode: RunMode,
     pub timeout: Duration,
+    /// The cluster's own variables (`SLURM_CONF=…`, CEEMS's `cli.environment_variables`),
+    /// set for each run; a run's own variables come after them.
+    pub env: Vec<(String, String)>,
 }
 
 impl SlurmCommand {
@@ -126,6 +129,13 @@ impl SlurmCommand {
         env: &[(&str, &str)],
         max_output: u64,
     ) -> Result<String, CommandError> {
+        let mut all: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        all.extend_from_slice(env);
+        let env = all.as_slice();
         match &self.mode {
             RunMode::Native => command::run_env(&self.path, args, env, self.timeout, max_output),
             RunMode::Sudo { sudo } => {
@@ -222,10 +232,15 @@ mod tests {
             path: PathBuf::from("/usr/bin/sacct"),
             mode: RunMode::Sudo { sudo: fake_sudo },
             timeout: Duration::from_secs(5),
+            env: vec![("SLURM_CONF".into(), "/etc/slurm/b.conf".into())],
         };
         let out = cmd
             .run(&["-X".to_owned()], &[("SLURM_TIME_FORMAT", "%s")], 1024)
             .unwrap();
-        assert_eq!(out.trim(), "-n SLURM_TIME_FORMAT=%s /usr/bin/sacct -X");
+        // The cluster's variables, then the run's.
+        assert_eq!(
+            out.trim(),
+            "-n SLURM_CONF=/etc/slurm/b.conf SLURM_TIME_FORMAT=%s /usr/bin/sacct -X"
+        );
     }
 }
