@@ -195,10 +195,10 @@ impl Api {
         self.usage(p, scope, None).await
     }
 
-    /// Usage sums per group: over the jobs written in `window` (listed by their manager or
-    /// given their aggregates then, as CEEMS selects them: a running job is rewritten at every
-    /// pull), or, without one, over the pre-aggregated `usage` table (all time). A user's route sums their own jobs only,
-    /// whatever `user` says.
+    /// Usage sums per group: over the jobs last listed by their manager within `window`, as
+    /// CEEMS selects them (a running job is listed again at every pull), or, without one, over
+    /// the pre-aggregated `usage` table (all time). A user's route sums their own jobs and
+    /// their projects', whatever `user` says.
     pub(super) async fn usage(
         &self,
         p: &Params,
