@@ -7,7 +7,24 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::db::{Store, SERVICE_ACCOUNT};
+use crate::store::db::{Store, StoreError, SERVICE_ACCOUNT};
+
+/// Why who owns what could not be told.
+#[derive(Debug, thiserror::Error)]
+pub enum OwnersError {
+    #[error("the stats-server's database: {0}")]
+    Database(#[from] StoreError),
+    #[error("the stats-server's API ({url}): {reason}")]
+    Unreachable { url: String, reason: String },
+    #[error("the stats-server's API answered {status} to {what}: {body}")]
+    Answer {
+        status: u16,
+        what: &'static str,
+        body: String,
+    },
+    #[error("the stats-server's admins' list: {0}")]
+    Admins(String),
+}
 
 /// Where ownership is looked up.
 pub enum Owners {
@@ -34,7 +51,7 @@ impl ApiOwners {
     }
 
     /// GET `path_and_query` as `user`: the status and body, or why there is none.
-    async fn get(&self, path_and_query: String, user: &str) -> Result<(u16, String), String> {
+    async fn get(&self, path_and_query: String, user: &str) -> Result<(u16, String), OwnersError> {
         let url = format!("{}{path_and_query}", self.base);
         let (agent, header, user) = (
             self.agent.clone(),
@@ -42,14 +59,18 @@ impl ApiOwners {
             user.to_owned(),
         );
         let asked = url.clone();
+        let unreachable = |reason: String| OwnersError::Unreachable {
+            url: asked.clone(),
+            reason,
+        };
         tokio::task::spawn_blocking(move || match agent.get(&url).set(&header, &user).call() {
             Ok(r) => Ok((r.status(), r.into_string().unwrap_or_default())),
             Err(ureq::Error::Status(code, r)) => Ok((code, r.into_string().unwrap_or_default())),
             Err(e) => Err(e.to_string()),
         })
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("the stats-server's API ({asked}): {e}"))
+        .map_err(|e| unreachable(e.to_string()))?
+        .map_err(unreachable)
     }
 }
 
@@ -61,12 +82,9 @@ impl Owners {
         cluster: &str,
         user: &str,
         uuids: &[String],
-    ) -> Result<BTreeSet<String>, String> {
+    ) -> Result<BTreeSet<String>, OwnersError> {
         match self {
-            Owners::Database(store) => store
-                .units_readable_by(cluster, user, uuids)
-                .await
-                .map_err(|e| e.to_string()),
+            Owners::Database(store) => Ok(store.units_readable_by(cluster, user, uuids).await?),
             Owners::Api(api) => {
                 let path = {
                     let mut query = form_urlencoded::Serializer::new(String::new());
@@ -79,27 +97,31 @@ impl Owners {
                 match api.get(path, user).await? {
                     (200, _) => Ok(uuids.iter().cloned().collect()),
                     (401 | 403, _) => Ok(BTreeSet::new()),
-                    (status, body) => Err(format!(
-                        "the stats-server's API answered {status} to the ownership check: {}",
-                        body.chars().take(200).collect::<String>()
-                    )),
+                    (status, body) => Err(OwnersError::Answer {
+                        status,
+                        what: "the ownership check",
+                        body: body.chars().take(200).collect(),
+                    }),
                 }
             }
         }
     }
 
     /// Whether `user` is one of the stats-server's admins.
-    pub async fn is_admin(&self, user: &str) -> Result<bool, String> {
+    pub async fn is_admin(&self, user: &str) -> Result<bool, OwnersError> {
         match self {
-            Owners::Database(store) => store.is_admin(user).await.map_err(|e| e.to_string()),
+            Owners::Database(store) => Ok(store.is_admin(user).await?),
             Owners::Api(api) => {
                 let path = "/api/v1/users/admin?role=admin".to_owned();
                 match api.get(path, SERVICE_ACCOUNT).await? {
-                    (200, body) => Ok(admin_names(&body)?.contains(user)),
-                    (status, body) => Err(format!(
-                        "the stats-server's API answered {status} to the admins' list: {}",
-                        body.chars().take(200).collect::<String>()
-                    )),
+                    (200, body) => Ok(admin_names(&body)
+                        .map_err(OwnersError::Admins)?
+                        .contains(user)),
+                    (status, body) => Err(OwnersError::Answer {
+                        status,
+                        what: "the admins' list",
+                        body: body.chars().take(200).collect(),
+                    }),
                 }
             }
         }
