@@ -72,8 +72,6 @@ pub struct Spec {
     #[serde(default)]
     pub node_name: String,
     #[serde(default)]
-    pub service_account_name: String,
-    #[serde(default)]
     pub containers: Vec<Container>,
 }
 
