@@ -428,7 +428,11 @@ fn a_slurmrestd_source_that_cannot_work_stops_start_up_saying_why() {
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success());
-        assert!(err.contains(&format!("ceems: error: {want}")), "{err}");
+        // Said of the one Slurm cluster the flags describe.
+        assert!(
+            err.contains(&format!("ceems: error: clusters: `slurm-0`: {want}")),
+            "{err}"
+        );
     }
 }
 

@@ -198,10 +198,10 @@ fn an_lsf_cluster_with_slurm_keys_or_an_unknown_manager_is_refused_at_start() {
     for (entry, says) in [
         (
             "manager = \"lsf\"\nsacct-path = \"/usr/bin/sacct\"",
-            "is an LSF cluster",
+            "unknown field `sacct-path`, expected `lsf-bin-dir` or `lsf-env`, for manager = \"lsf\"",
         ),
         ("manager = \"pbs\"", "manager `pbs`"),
-        ("lsf-bin-dir = \"/opt\"", "is a Slurm cluster"),
+        ("lsf-bin-dir = \"/opt\"", "unknown field `lsf-bin-dir`"),
         (
             "manager = \"lsf\"\nlsf-bin-dir = \"/opt\"\nlsf-env = [\"LSF_ENVDIR\"]",
             "not NAME=value",

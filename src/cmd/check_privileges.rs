@@ -225,7 +225,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     }
     // An OpenPBS complex's log is under root's server_priv: a file mode, not a capability.
     if sub == "stats-server" {
-        for dir in stats_server::openpbs_accounting_dirs(&settings)? {
+        for dir in openpbs_accounting_dirs(&settings)? {
             parts.push(PartCheck {
                 part: "openpbs accounting log".into(),
                 needs: Vec::new(),
@@ -261,4 +261,22 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// The accounting log directories of the configured OpenPBS complexes: a file mode under
+/// root's server_priv, not a capability.
+fn openpbs_accounting_dirs(settings: &Layered) -> anyhow::Result<Vec<PathBuf>> {
+    let mut dirs = Vec::new();
+    for (id, manager, keys) in stats_server::cluster_entries(settings)? {
+        if manager != crate::manager::openpbs::MANAGER {
+            continue;
+        }
+        let entry = crate::manager::registry::ClusterEntry {
+            id: &id,
+            keys,
+            settings,
+        };
+        dirs.extend(crate::manager::openpbs::setup::accounting_dir(&entry)?);
+    }
+    Ok(dirs)
 }

@@ -19,6 +19,7 @@ pub mod k8s;
 pub mod libvirt;
 pub mod lsf;
 pub mod openpbs;
+pub mod registry;
 pub mod slurm;
 
 /// The exporter's side of a manager, defined beside the unit collector that uses it.

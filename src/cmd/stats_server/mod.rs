@@ -13,10 +13,6 @@ use hyper::{Method, StatusCode};
 use serde::Deserialize;
 
 use crate::config::{self, Kind, Layered, LogConfig, Opt};
-use crate::manager::slurm::accounting::SlurmAccounting;
-use crate::manager::slurm::rest::{self, RestAccounting};
-use crate::manager::slurm::runner::{self, RunMode, SlurmCommand};
-use crate::manager::Accounting;
 use crate::metrics::{Labels, MetricSet, TEXT_CONTENT_TYPE};
 use crate::notify::outbox::Notifier;
 use crate::notify::smtp::Delivery;
@@ -31,17 +27,14 @@ use crate::store::report::Reports;
 use crate::web;
 
 mod loops;
-mod managers;
 mod settings;
 
 /// The longest a report waits for its job to be pulled and aggregated on demand.
 const REFRESH_TIMEOUT: Duration = Duration::from_secs(30);
 
 use loops::*;
-pub use managers::openpbs_accounting_dirs;
-use managers::*;
 use settings::*;
-pub use settings::{needed_capabilities, run_mode};
+pub use settings::{cluster_entries, needed_capabilities};
 
 pub fn opts() -> Vec<Opt> {
     let mut opts = web::server_opts(":9020");
@@ -288,7 +281,7 @@ pub fn command() -> Command {
     config::build_command(
         Command::new("stats-server")
             .about("Pull jobs from Slurm (sacct or slurmrestd), LSF (bacct/bjobs), Kubernetes (the API server's pods) or OpenPBS (its accounting log, qstat) into SQLite or PostgreSQL; per-job energy and usage from Prometheus; JSON API for Grafana (:9020)")
-            .after_help(settings::CLUSTERS_HELP),
+            .after_help(settings::clusters_help()),
         &opts(),
     )
 }
@@ -300,7 +293,6 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     settings.log_deprecated();
     let listen: String = settings.get("web.listen-address")?;
     let storage: Storage = settings.get("storage")?;
-    let slurm: SlurmSettings = settings.get("slurm")?;
     let prom: PrometheusSettings = settings.get("prometheus")?;
     prom.queries.validate().map_err(anyhow::Error::msg)?;
     let admins: Vec<String> = settings.get("web.admin-users")?;
@@ -321,7 +313,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let cors = Arc::new(cors);
     hyper::header::HeaderName::from_bytes(user_header.as_bytes())
         .with_context(|| format!("--web.user-header-name `{user_header}` is not a header name"))?;
-    let cluster_list = clusters(&settings, &slurm)?;
+    let cluster_list = clusters(&settings)?;
     anyhow::ensure!(
         storage.data.backup.keep >= 1,
         "--storage.data.backup.keep must be at least 1"
@@ -383,13 +375,6 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             (db_path.display().to_string(), db_path.display().to_string())
         }
     };
-    let rest = slurm.rest()?;
-    let mode = match rest {
-        // No command runs: nothing to decide or log.
-        Some(_) => RunMode::Native,
-        None => run_mode(&slurm.run_as_user, &slurm.sacct.path),
-    };
-
     let limits = Limits {
         cutoff: prom.cutoff,
         max_batch: usize::try_from(prom.max_batch.max(1)).unwrap_or(1),
@@ -400,45 +385,8 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let sources: Vec<Source> = cluster_list
         .into_iter()
         .map(|c| {
-            let env: Vec<(String, String)> = c
-                .slurm_env
-                .iter()
-                .filter_map(|v| v.split_once('='))
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect();
-            let command = |path: PathBuf| SlurmCommand {
-                path,
-                mode: mode.clone(),
-                timeout: slurm.sacct.timeout,
-                env: env.clone(),
-            };
-            let sacctmgr = c
-                .sacctmgr_path
-                .clone()
-                .unwrap_or_else(|| slurm.sacctmgr.path.clone());
             let url = c.prometheus_url.clone().unwrap_or_else(|| prom.url.clone());
-            let accounting: Arc<dyn Accounting> = match (c.manager.as_str(), &rest) {
-                ("lsf", _) => Arc::new(lsf_accounting(&c)?),
-                ("k8s", _) => Arc::new(k8s_accounting(&c)?),
-                ("openpbs", _) => Arc::new(openpbs_accounting(&c)?),
-                (_, Some(rest)) => Arc::new(RestAccounting {
-                    endpoint: c
-                        .slurmrestd_url
-                        .clone()
-                        .unwrap_or_else(|| rest.endpoint.clone()),
-                    slurm_name: c.slurm_cluster_name.clone(),
-                    ..rest.clone()
-                }),
-                (_, None) => Arc::new(SlurmAccounting {
-                    sacct: command(
-                        c.sacct_path
-                            .clone()
-                            .unwrap_or_else(|| slurm.sacct.path.clone()),
-                    ),
-                    sacctmgr: (!sacctmgr.is_empty()).then(|| command(PathBuf::from(sacctmgr))),
-                    slurm_name: c.slurm_cluster_name.clone(),
-                }),
-            };
+            let accounting = accounting(&c, &settings)?;
             Ok(Source {
                 cluster: Cluster {
                     id: c.id.clone(),

@@ -17,6 +17,7 @@ pub mod accounting;
 pub mod api;
 pub mod pod;
 pub mod podresources;
+pub mod setup;
 
 use crate::collect::gpu::{self, GpuDevice};
 use crate::collect::units::discovery::populated_units;

@@ -12,6 +12,7 @@ pub mod accounting;
 pub mod bacct;
 pub mod bjobs;
 pub mod mig;
+pub mod setup;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};

@@ -24,6 +24,7 @@ use crate::manager::{ResourceManager, UnitCgroup, UnitGpus};
 
 pub mod accounting;
 pub mod records;
+pub mod setup;
 
 pub const MANAGER: &str = "openpbs";
 

@@ -31,6 +31,7 @@ pub mod rest;
 pub mod rest_json;
 pub mod runner;
 pub mod sacct;
+pub mod setup;
 
 use discover::DiscoveryCache;
 use gpus::gpu_mapping;
