@@ -161,6 +161,10 @@ pub struct Associations {
     pub projects: Vec<String>,
     /// (user, project)
     pub members: Vec<(String, String)>,
+    /// Ids of users besides their names, where the manager has them (Keystone's), by name.
+    pub user_uids: std::collections::BTreeMap<String, String>,
+    /// The same for projects.
+    pub project_uids: std::collections::BTreeMap<String, String>,
 }
 
 #[cfg(test)]

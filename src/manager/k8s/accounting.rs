@@ -617,6 +617,7 @@ mod tests {
         let mut a = Associations {
             projects: vec!["ns1".into()],
             members: vec![("rb1".into(), "ns1".into())],
+            ..Default::default()
         };
         merge_members(
             &mut a,

@@ -22,7 +22,7 @@ impl Api {
     ) -> Result<Answer, ApiError> {
         let mut q = Sql::new(
             "SELECT p.cluster_id, p.name, a.usr,
-                    (SELECT c.manager FROM clusters c WHERE c.id = p.cluster_id)
+                    (SELECT c.manager FROM clusters c WHERE c.id = p.cluster_id), p.uid
              FROM projects p
              LEFT JOIN associations a ON a.cluster_id = p.cluster_id AND a.project = p.name
              WHERE 1 = 1",
@@ -50,7 +50,7 @@ impl Api {
         }
         let mut q = Sql::new(
             "SELECT u.cluster_id, u.name, a.project,
-                    (SELECT c.manager FROM clusters c WHERE c.id = u.cluster_id)
+                    (SELECT c.manager FROM clusters c WHERE c.id = u.cluster_id), u.uid
              FROM users u
              LEFT JOIN associations a ON a.cluster_id = u.cluster_id AND a.usr = u.name
              WHERE 1 = 1",
@@ -131,8 +131,9 @@ impl Api {
     }
 }
 
-/// Rows of (cluster, name, member, manager) →
-/// `[{cluster_id, resource_manager, name, <members>: [...]}]`.
+/// Rows of (cluster, name, member, manager, uid) →
+/// `[{uid, cluster_id, resource_manager, name, <members>: [...]}]`, `uid` only where there is
+/// one (CEEMS leaves an empty one out).
 pub(super) fn grouped(rows: &[DbRow], name: &str, members: &str) -> Value {
     let mut out: Vec<Value> = Vec::new();
     let mut last: Option<(String, String)> = None;
@@ -141,11 +142,20 @@ pub(super) fn grouped(rows: &[DbRow], name: &str, members: &str) -> Value {
         let n: String = r.get(1).unwrap_or_default();
         let member: Option<String> = r.get(2).ok().flatten();
         let manager: Option<String> = r.get(3).ok().flatten();
+        let uid: Option<String> = r.get(4).ok().flatten().filter(|u: &String| !u.is_empty());
         if last.as_ref() != Some(&(cluster.clone(), n.clone())) {
-            out.push(
-                json!({"cluster_id": cluster, "resource_manager": manager.unwrap_or_default(),
-                            name: n, members: []}),
+            let mut entry = Map::new();
+            if let Some(uid) = uid {
+                entry.insert("uid".into(), Value::from(uid));
+            }
+            entry.insert("cluster_id".into(), Value::from(cluster.as_str()));
+            entry.insert(
+                "resource_manager".into(),
+                Value::from(manager.unwrap_or_default()),
             );
+            entry.insert(name.into(), Value::from(n.as_str()));
+            entry.insert(members.into(), Value::Array(Vec::new()));
+            out.push(Value::Object(entry));
             last = Some((cluster, n));
         }
         if let (Some(m), Some(Value::Array(list))) =

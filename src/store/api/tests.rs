@@ -709,6 +709,30 @@ async fn each_cluster_answers_with_its_own_manager() {
     };
     assert_eq!(of("9"), Some(Value::from("openstack")));
     assert_eq!(of("1"), Some(Value::from("slurm")));
+    // A cloud's users and projects have ids besides their names, answered as `uid`.
+    let keystone = Associations {
+        projects: vec!["bio".into()],
+        members: vec![("carol".into(), "bio".into())],
+        user_uids: [("carol".to_owned(), "c4701".to_owned())].into(),
+        project_uids: [("bio".to_owned(), "b10".to_owned())].into(),
+    };
+    api.store
+        .replace_associations("cloud", &keystone, NOW)
+        .await
+        .unwrap();
+    let projects = data(
+        &api.handle("/api/v1/projects", None, Some("carol"), NOW)
+            .await,
+    );
+    assert_eq!(
+        projects,
+        [
+            json!({"uid": "b10", "cluster_id": "cloud", "resource_manager": "openstack",
+                "name": "bio", "users": ["carol"]})
+        ]
+    );
+    let users = data(&api.handle("/api/v1/users", None, Some("carol"), NOW).await);
+    assert_eq!(users[0]["uid"], "c4701");
 }
 
 /// `/units/verify`: a user's own units and those of their projects pass, any other or an

@@ -25,13 +25,18 @@ impl Store {
             )
             .await?;
         }
+        let uid = |ids: &std::collections::BTreeMap<String, String>, name: &str| {
+            ids.get(name).cloned().unwrap_or_default()
+        };
         for p in &a.projects {
             tx.execute(
                 &Sql::new(
-                    "INSERT INTO projects (cluster_id, name, last_updated_at) VALUES ($1, $2, $3)",
+                    "INSERT INTO projects (cluster_id, name, uid, last_updated_at)
+                     VALUES ($1, $2, $3, $4)",
                 )
                 .arg(cluster)
                 .arg(p)
+                .arg(uid(&a.project_uids, p))
                 .arg(now),
             )
             .await?;
@@ -39,11 +44,12 @@ impl Store {
         for (user, project) in &a.members {
             tx.execute(
                 &Sql::new(
-                    "INSERT INTO users (cluster_id, name, last_updated_at) VALUES ($1, $2, $3)
-                     ON CONFLICT DO NOTHING",
+                    "INSERT INTO users (cluster_id, name, uid, last_updated_at)
+                     VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
                 )
                 .arg(cluster)
                 .arg(user)
+                .arg(uid(&a.user_uids, user))
                 .arg(now),
             )
             .await?;

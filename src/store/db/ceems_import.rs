@@ -147,11 +147,11 @@ const COPY: &[(&str, &str)] = &[
     // Where the next pull starts: where CEEMS's last one ended.
     ("ceems_units", "INSERT OR IGNORE INTO ingest_state (cluster_id, window_start)
      SELECT cluster_id, max(last_updated_at) FROM units GROUP BY cluster_id"),
-    ("ceems_users", "INSERT OR IGNORE INTO users (cluster_id, name, last_updated_at)
-     SELECT cluster_id, name, coalesce(CAST(strftime('%s', last_updated_at) AS INTEGER), 0)
+    ("ceems_users", "INSERT OR IGNORE INTO users (cluster_id, name, uid, last_updated_at)
+     SELECT cluster_id, name, coalesce(uid, ''), coalesce(CAST(strftime('%s', last_updated_at) AS INTEGER), 0)
      FROM ceems_users WHERE cluster_id IS NOT NULL AND name IS NOT NULL"),
-    ("ceems_projects", "INSERT OR IGNORE INTO projects (cluster_id, name, last_updated_at)
-     SELECT cluster_id, name, coalesce(CAST(strftime('%s', last_updated_at) AS INTEGER), 0)
+    ("ceems_projects", "INSERT OR IGNORE INTO projects (cluster_id, name, uid, last_updated_at)
+     SELECT cluster_id, name, coalesce(uid, ''), coalesce(CAST(strftime('%s', last_updated_at) AS INTEGER), 0)
      FROM ceems_projects WHERE cluster_id IS NOT NULL AND name IS NOT NULL"),
     ("ceems_users", "INSERT OR IGNORE INTO associations (cluster_id, usr, project)
      SELECT u.cluster_id, u.name, p.value FROM ceems_users u, json_each(coalesce(u.projects, '[]')) p

@@ -260,6 +260,7 @@ async fn a_user_reads_the_units_they_ran_and_those_of_their_projects() {
     let members = crate::manager::Associations {
         projects: vec!["chemistry".into()],
         members: vec![("carol".into(), "chemistry".into())],
+        ..Default::default()
     };
     store
         .replace_associations("lab", &members, 2)
@@ -621,6 +622,7 @@ async fn ceems_load_balancer_queries_read_a_database_ceems_wrote() {
             ("alice".into(), "physics".into()),
             ("bob".into(), "chemistry".into()),
         ],
+        ..Default::default()
     };
     store
         .replace_associations("lab", &associations, 1_795_360_000)
