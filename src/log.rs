@@ -42,10 +42,12 @@ pub fn init(cfg: &LogConfig) -> Result<(), LogError> {
             .boxed(),
         other => return Err(LogError::Format(other.to_owned())),
     };
-    // Crates that log through `log` come along, except aya's loader: it warns about the
-    // eBPF object's per-task map, which the loader is told to accept.
+    // Crates that log through `log` come along, except aya's loader (it warns about the
+    // eBPF object's per-task map, which the loader is told to accept) and ureq's request
+    // lines, whose headers carry tokens it does not mask (OpenStack's `X-Auth-Token`).
     let _ = tracing_log::LogTracer::builder()
         .ignore_crate("aya::bpf")
+        .ignore_crate("ureq::unit")
         .init();
     let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer));
     Ok(())

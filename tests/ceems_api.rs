@@ -317,36 +317,115 @@ fn mock_kubernetes() -> common::http::TestServer {
     )
 }
 
+/// The pack's Nova stand-in (`scripts/mock_servers`, mode `os-compute`): its deleted servers
+/// when the query asks for them, else its thirteen others, for a request with the token its
+/// Keystone gave.
+fn mock_nova() -> common::http::TestServer {
+    use common::http::{Request, Response};
+    let dir = common::fixtures().join("ceems-api/pkg/api/testdata/openstack/compute");
+    let body = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    let (servers, deleted) = (body("servers.json"), body("deleted.json"));
+    common::http::TestServer::start(
+        false,
+        std::sync::Arc::new(move |req: &Request| {
+            if req.header("x-auth-token") != Some("apitokensecret") {
+                return Response::raw(401, "KO");
+            }
+            let query = req.target.split_once('?').map_or("", |(_, q)| q);
+            let asks_deleted =
+                form_urlencoded::parse(query.as_bytes()).any(|(k, _)| k == "deleted");
+            match (req.path(), asks_deleted) {
+                ("/v2.1/servers/detail", true) => Response::raw(200, deleted.clone()),
+                ("/v2.1/servers/detail", false) => Response::raw(200, servers.clone()),
+                _ => Response::raw(404, "404 page not found\n"),
+            }
+        }),
+    )
+}
+
+/// The pack's Keystone stand-in (mode `os-identity`): a token for any JSON body, its users,
+/// and each user's projects.
+fn mock_keystone() -> common::http::TestServer {
+    use common::http::{Request, Response};
+    let dir = common::fixtures().join("ceems-api/pkg/api/testdata/openstack/identity");
+    common::http::TestServer::start(
+        false,
+        std::sync::Arc::new(move |req: &Request| {
+            let path = req.path().to_owned();
+            if path == "/v3/auth/tokens" {
+                return match serde_json::from_slice::<Value>(&req.body) {
+                    Ok(_) => {
+                        Response::raw(201, "").with_header("X-Subject-Token", "apitokensecret")
+                    }
+                    Err(_) => Response::raw(200, "KO"),
+                };
+            }
+            let file = match path.strip_prefix("/v3/users") {
+                Some("") => "users".to_owned(),
+                Some(rest) => match rest
+                    .strip_prefix('/')
+                    .and_then(|r| r.strip_suffix("/projects"))
+                {
+                    Some(id) => id.to_owned(),
+                    None => return Response::raw(404, "404 page not found\n"),
+                },
+                None => return Response::raw(404, "404 page not found\n"),
+            };
+            match std::fs::read(dir.join(format!("{file}.json"))) {
+                Ok(body) => Response::raw(200, body),
+                Err(_) => Response::raw(500, "KO"),
+            }
+        }),
+    )
+}
+
+/// The pack's stand-ins for one server's run: its Prometheus, Kubernetes, Nova and Keystone.
+struct Mocks {
+    prometheus: common::http::TestServer,
+    kubernetes: common::http::TestServer,
+    nova: common::http::TestServer,
+    keystone: common::http::TestServer,
+}
+
+impl Mocks {
+    fn start() -> Mocks {
+        Mocks {
+            prometheus: mock_prometheus(),
+            kubernetes: mock_kubernetes(),
+            nova: mock_nova(),
+            keystone: mock_keystone(),
+        }
+    }
+}
+
 /// The pack's `config.yml` as its e2e script writes it (data in `dir/data`, which the server
-/// makes for the user it runs as), the mocks' URLs in place of localhost:9090 and :9080 (a
-/// kubeconfig written in `dir`), and without the clusters ceems does not read yet:
-/// OpenStack's (issue 43).
-fn pack_config(dir: &Path, prometheus: &str, kubernetes: &str) -> PathBuf {
+/// makes for the user it runs as), the mocks' URLs in place of localhost's ports (a
+/// kubeconfig written in `dir`).
+fn pack_config(dir: &Path, mocks: &Mocks) -> PathBuf {
     let pack = common::fixtures().join("ceems-api/pkg/api/testdata");
     let kubeconfig = dir.join("kubeconfig.yaml");
     std::fs::write(
         &kubeconfig,
         std::fs::read_to_string(pack.join("k8s/kubeconfig.yaml"))
             .unwrap()
-            .replace("http://localhost:9080", kubernetes),
+            .replace("http://localhost:9080", &mocks.kubernetes.url()),
     )
     .unwrap();
     std::fs::set_permissions(&kubeconfig, std::fs::Permissions::from_mode(0o644)).unwrap();
     let text = std::fs::read_to_string(pack.join("config.yml"))
         .unwrap()
         .replace("TO_REPLACE", &dir.join("data").display().to_string())
-        .replace("http://localhost:9090", prometheus)
+        .replace("http://localhost:9090", &mocks.prometheus.url())
+        .replace("http://localhost:8080", &mocks.nova.url())
+        .replace("http://localhost:7070", &mocks.keystone.url())
         .replace(
             "pkg/api/testdata/k8s/kubeconfig.yaml",
             &kubeconfig.display().to_string(),
         );
-    let mut config: serde_norway::Value = serde_norway::from_str(&text).unwrap();
-    if let Some(serde_norway::Value::Sequence(clusters)) = config.get_mut("clusters") {
-        clusters.retain(|c| c["manager"].as_str() != Some("openstack"));
-        assert_eq!(clusters.len(), 4);
-    }
     let path = dir.join("config.yml");
-    std::fs::write(&path, serde_norway::to_string(&config).unwrap()).unwrap();
+    std::fs::write(&path, text).unwrap();
+    // Started as root, the server reads it as nobody.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     path
 }
 
@@ -362,16 +441,22 @@ fn with_our_deviations(fixture: &str, expected: &str) -> String {
     let pod22 = serde_json::json!({"alloc_cpumemtime": 3072.0 * wall, "alloc_cputime": 3.0 * wall,
                                    "alloc_gpumemtime": wall, "alloc_gputime": 3.0 * wall,
                                    "walltime": wall});
-    // The OpenStack clouds' rows of the scenarios over every cluster wait for issue 43.
-    if let Some(rows) = v["data"].as_array_mut() {
-        rows.retain(|r| {
-            let cluster = r.get("cluster_id").or_else(|| r.get("id"));
-            !cluster
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .starts_with("os-")
+    // test-user-4's two VMs on os-1: one vCPU and 256 MiB each, launched at 13:18:08 and
+    // deleted at 14:21:57; their means are the mock's values, weighed alike.
+    let vm = 3829.0;
+    let vms = serde_json::json!({"alloc_cpumemtime": 256.0 * 2.0 * vm, "alloc_cputime": 2.0 * vm,
+                                 "alloc_gpumemtime": 0.0, "alloc_gputime": 0.0, "walltime": 2.0 * vm});
+    let mean = |ids: &[&str]| {
+        let values = ids.iter().map(|id| {
+            let h = fnv1a32(id);
+            f64::from(h) / 10f64.powi(h.to_string().len() as i32 - 2)
         });
-    }
+        (values.sum::<f64>() / ids.len() as f64 * 1e8).round() / 1e8
+    };
+    let user4_mean = mean(&[
+        "6330d17c-6fe8-419c-a044-58e590480e18",
+        "38c14d24-2e8a-4cb6-ad5b-851612e800ab",
+    ]);
     for unit in v["data"].as_array_mut().into_iter().flatten() {
         // CEEMS's daily usage writes the series no updater of the cluster asks as zeros;
         // ours leaves them out, as its other answers do.
@@ -382,6 +467,12 @@ fn with_our_deviations(fixture: &str, expected: &str) -> String {
                 }) || series.get("global").is_some()
                     || series.get("walltime").is_some()
             });
+        }
+        if unit["cluster_id"] == "os-1" && unit["username"] == "test-user-4" {
+            unit["total_time_seconds"] = vms.clone();
+            for mean in ["avg_cpu_usage", "avg_cpu_mem_usage"] {
+                unit[mean]["global"] = Value::from(user4_mean);
+            }
         }
         if unit["cluster_id"] == "k8s-1" && unit["username"] == "kusr2" {
             unit["total_time_seconds"] = pod22.clone();
@@ -411,9 +502,8 @@ fn with_our_deviations(fixture: &str, expected: &str) -> String {
 fn ceems_slurm_and_k8s_scenarios_answer_as_ceems_does() {
     assert_eq!(fnv1a32("1479763") as f64 / 1e8, 21.22149394);
     let dir = tempfile::tempdir().unwrap();
-    let prometheus = mock_prometheus();
-    let kubernetes = mock_kubernetes();
-    let config = pack_config(dir.path(), &prometheus.url(), &kubernetes.url());
+    let mocks = Mocks::start();
+    let config = pack_config(dir.path(), &mocks);
     let link = dir.path().join("ceems_api_server");
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ceems"), &link).unwrap();
     let mut command = Command::new(&link);
@@ -442,8 +532,8 @@ fn ceems_slurm_and_k8s_scenarios_answer_as_ceems_does() {
                 .filter(|u| u.get("avg_cpu_usage").is_some())
                 .count()
         });
-        // The Slurm jobs, and the pods that have started (pod31 is pending).
-        if done >= 24 + 6 {
+        // The Slurm jobs, the pods that have started (pod31 is pending) and both clouds' VMs.
+        if done >= 24 + 6 + 36 {
             break;
         }
         assert!(
@@ -472,6 +562,11 @@ fn ceems_slurm_and_k8s_scenarios_answer_as_ceems_does() {
         ("api-global-stats-admin-query", "grafana", "/api/v1/stats/global/admin", "e2e-test-api-server-global-stats-admin-query.txt"),
         ("api-current-usage-admin-experimental-query", "grafana", "/api/v1/usage/current/admin?cluster_id=slurm-1&user=usr15&user=usr4&cluster_id=os-1&user=test-user-4&from={usage_from}&to={usage_to}&experimental", "e2e-test-api-server-current-usage-admin-experimental-query.txt"),
         ("api-current-usage-query", "usr1", "/api/v1/usage/current?cluster_id=slurm-1&from={usage_from}&to={usage_to}&__terminated", "e2e-test-api-server-current-usage-query.txt"),
+        ("api-project-admin-query", "grafana", "/api/v1/projects/admin?project=test-project-3", "e2e-test-api-server-project-admin-query.txt"),
+        ("api-running-query", "test-user-1", "/api/v1/units?running&cluster_id=os-1&field=uuid&field=state&field=started_at&field=allocation&field=tags&timezone=Europe%2FAthens", "e2e-test-api-server-running-query.txt"),
+        ("api-admin-query-all-selected-fields", "grafana", "/api/v1/units/admin?cluster_id=os-0&running&from=1729000800&to=1729002300&field=uuid&field=started_at&field=ended_at&field=foo", "e2e-test-api-server-admin-query-all-selected-fields.txt"),
+        ("api-current-usage-experimental-query", "test-user-4", "/api/v1/usage/current?cluster_id=os-1&from={usage_from}&to={usage_to}&experimental", "e2e-test-api-server-current-usage-experimental-query.txt"),
+        ("api-current-stats-admin-query", "grafana", "/api/v1/stats/current/admin?cluster_id=os-1&from=1728994800&to=1729005000", "e2e-test-api-server-current-stats-admin-query.txt"),
         ("api-current-usage-admin-query", "grafana", "/api/v1/usage/current/admin?cluster_id=slurm-1&user=usr15&user=usr3&from={usage_from}&to={usage_to}&__terminated", "e2e-test-api-server-current-usage-admin-query.txt"),
     ];
     // The script's window: from a day ago to half an hour ahead.
@@ -522,7 +617,7 @@ fn ceems_slurm_and_k8s_scenarios_answer_as_ceems_does() {
     for d in [slurm, k8s] {
         dashboard_fills_its_columns(&server, &d);
     }
-    lb_asks_the_api_server(&server, &prometheus);
+    lb_asks_the_api_server(&server, &mocks.prometheus);
 }
 
 /// Every Infinity query of a dashboard (its `url` and `url_options`).

@@ -234,6 +234,20 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             });
         }
     }
+    // An OpenStack cloud's Keystone credentials are in the config file: not for every user.
+    if sub == "stats-server" {
+        let clouds = stats_server::cluster_entries(&settings)?
+            .iter()
+            .any(|(_, manager, _)| manager == crate::manager::openstack::MANAGER);
+        if let (true, Some(file)) = (clouds, settings.file.as_ref()) {
+            parts.push(PartCheck {
+                part: "openstack credentials".into(),
+                needs: Vec::new(),
+                missing: Vec::new(),
+                test: Some(check::test_secret_file(file, "Keystone's credentials")),
+            });
+        }
+    }
     // The lb reads the stats-server's SQLite file: no capability, but the file's mode.
     if sub == "lb"
         && settings

@@ -80,9 +80,38 @@ struct ClusterConfig {
     #[serde(default)]
     cli: Option<Cli>,
     #[serde(default)]
-    web: Option<serde_norway::Value>,
+    web: Option<ClusterWeb>,
     #[serde(default)]
     extra_config: Option<ExtraConfig>,
+}
+
+/// A cluster's HTTP client (Prometheus's client settings), for OpenStack's APIs.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClusterWeb {
+    #[serde(default)]
+    http_headers: BTreeMap<String, HeaderValues>,
+    #[serde(default)]
+    tls_config: Option<TlsConfig>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeaderValues {
+    #[serde(default)]
+    values: Vec<String>,
+    #[serde(default)]
+    secrets: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TlsConfig {
+    ca_file: Option<String>,
+    cert_file: Option<String>,
+    key_file: Option<String>,
+    #[serde(default)]
+    insecure_skip_verify: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -93,16 +122,26 @@ struct Cli {
     environment_variables: BTreeMap<String, String>,
 }
 
-/// Kubernetes' `extra_config`; OpenStack's is refused with its manager.
+/// Kubernetes' and OpenStack's `extra_config`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ExtraConfig {
+    api_service_endpoints: Option<Endpoints>,
+    /// Keystone's `auth` object, posted as written.
+    auth: Option<serde_norway::Value>,
     kubeconfig_file: Option<String>,
     ns_users_list_file: Option<String>,
     #[serde(default)]
     gpu_resource_names: Vec<String>,
     #[serde(default)]
     project_annotations: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Endpoints {
+    compute: String,
+    identity: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -214,20 +253,47 @@ fn cluster(c: ClusterConfig, updaters: &BTreeMap<&str, &UpdaterConfig>) -> Resul
     let mut t = Table::new();
     t.insert("id".into(), Value::String(c.id.clone()));
     let manager = match c.manager.as_str() {
-        "slurm" | "k8s" => c.manager.clone(),
+        "slurm" | "k8s" | "openstack" => c.manager.clone(),
         other => {
             return Err(format!(
-            "{}: `{other}` is not supported (slurm and k8s are; lsf and openpbs in our TOML file)",
+            "{}: `{other}` is not supported (slurm, k8s and openstack are; lsf and openpbs in our TOML file)",
             at("manager")
         ))
         }
     };
     t.insert("manager".into(), Value::String(manager.clone()));
-    if c.web.is_some() {
-        return Err(format!(
-            "{}: HTTP client settings are not supported",
-            at("web")
-        ));
+    if let Some(web) = c.web {
+        if manager != "openstack" {
+            return Err(format!(
+                "{}: HTTP client settings are read for OpenStack clusters only",
+                at("web")
+            ));
+        }
+        let mut headers = Table::new();
+        for (name, h) in web.http_headers {
+            let all: Vec<String> = h.values.into_iter().chain(h.secrets).collect();
+            headers.insert(name, Value::String(all.join(", ")));
+        }
+        if !headers.is_empty() {
+            t.insert("openstack-http-headers".into(), Value::Table(headers));
+        }
+        if let Some(tls) = web.tls_config {
+            for (key, v) in [
+                ("openstack-ca-file", tls.ca_file),
+                ("openstack-cert-file", tls.cert_file),
+                ("openstack-key-file", tls.key_file),
+            ] {
+                if let Some(v) = v {
+                    t.insert(key.into(), Value::String(v));
+                }
+            }
+            if tls.insecure_skip_verify {
+                t.insert(
+                    "openstack-insecure-skip-verify".into(),
+                    Value::Boolean(true),
+                );
+            }
+        }
     }
     if let Some(cli) = c.cli {
         if !cli.environment_variables.is_empty() {
@@ -251,10 +317,39 @@ fn cluster(c: ClusterConfig, updaters: &BTreeMap<&str, &UpdaterConfig>) -> Resul
             t.insert("sacctmgr-path".into(), path("sacctmgr"));
         }
     }
-    if let Some(extra) = c.extra_config {
-        if manager != "k8s" {
+    if let Some(mut extra) = c.extra_config {
+        if manager == "openstack" {
+            let endpoints = extra.api_service_endpoints.take().ok_or_else(|| {
+                format!(
+                    "{}: compute and identity are needed",
+                    at("extra_config.api_service_endpoints")
+                )
+            })?;
+            t.insert(
+                "openstack-compute-url".into(),
+                Value::String(endpoints.compute),
+            );
+            t.insert(
+                "openstack-identity-url".into(),
+                Value::String(endpoints.identity),
+            );
+            let auth = extra.auth.take().ok_or_else(|| {
+                format!(
+                    "{}: Keystone's credentials are needed",
+                    at("extra_config.auth")
+                )
+            })?;
+            let auth =
+                Value::try_from(auth).map_err(|e| format!("{}: {e}", at("extra_config.auth")))?;
+            t.insert("openstack-auth".into(), auth);
+        } else if manager != "k8s" {
             return Err(format!(
-                "{}: only Kubernetes clusters take one",
+                "{}: only Kubernetes and OpenStack clusters take one",
+                at("extra_config")
+            ));
+        } else if extra.api_service_endpoints.is_some() || extra.auth.is_some() {
+            return Err(format!(
+                "{}: api_service_endpoints and auth are OpenStack's",
                 at("extra_config")
             ));
         }
@@ -445,9 +540,59 @@ updaters:
     }
 
     #[test]
+    fn an_openstack_cloud_is_carried_over_with_its_credentials_and_headers() {
+        let cloud = "  - id: os-1
+    manager: openstack
+    updaters: [tsdb-0]
+    web:
+      http_headers:
+        X-OpenStack-Nova-API-Version:
+          values: [latest]
+      tls_config:
+        ca_file: /etc/ceems/cloud-ca.pem
+    extra_config:
+      api_service_endpoints:
+        compute: https://nova:8774/v2.1
+        identity: https://keystone:5000
+      auth:
+        identity:
+          methods: [application_credential]
+          application_credential:
+            id: 21dced0fd20347869b93710d2b98aae0
+            secret: supersecret
+";
+        let text = PACK.replacen(
+            "updaters:\n  - id: tsdb-0",
+            &format!("{cloud}updaters:\n  - id: tsdb-0"),
+            1,
+        );
+        assert_ne!(text, PACK);
+        let t = to_table(&text, 0).unwrap();
+        let os = t["clusters"][2].as_table().unwrap();
+        assert_eq!(os["manager"].as_str(), Some("openstack"));
+        assert_eq!(
+            os["openstack-compute-url"].as_str(),
+            Some("https://nova:8774/v2.1")
+        );
+        assert_eq!(
+            os["openstack-ca-file"].as_str(),
+            Some("/etc/ceems/cloud-ca.pem")
+        );
+        assert_eq!(
+            os["openstack-http-headers"]["X-OpenStack-Nova-API-Version"].as_str(),
+            Some("latest")
+        );
+        assert_eq!(
+            os["openstack-auth"]["identity"]["application_credential"]["secret"].as_str(),
+            Some("supersecret")
+        );
+    }
+
+    #[test]
     fn what_is_not_carried_over_is_named() {
         for (edit, says) in [
-            (("manager: k8s", "manager: openstack"), "`openstack` is not supported"),
+            (("manager: k8s", "manager: lsf"), "`lsf` is not supported"),
+            (("manager: k8s", "manager: openstack"), "compute and identity are needed"),
             (("    max_update_interval: 24h", "    bogus_key: 1"), "bogus_key"),
             (("updater: tsdb\n    web:\n      url: http://localhost:9090\n    extra_config:\n      cutoff_duration: 0s\n      queries:\n        total", "updater: tsdb\n    web:\n      url: http://other:9090\n    extra_config:\n      cutoff_duration: 0s\n      queries:\n        total"), "one TSDB per cluster"),
         ] {

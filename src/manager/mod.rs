@@ -19,6 +19,7 @@ pub mod k8s;
 pub mod libvirt;
 pub mod lsf;
 pub mod openpbs;
+pub mod openstack;
 pub mod registry;
 pub mod slurm;
 
@@ -42,6 +43,7 @@ pub fn request_words(manager: &str) -> RequestWords {
         k8s::MANAGER => k8s::REQUEST_WORDS,
         openpbs::MANAGER => openpbs::REQUEST_WORDS,
         libvirt::MANAGER => libvirt::REQUEST_WORDS,
+        openstack::MANAGER => openstack::REQUEST_WORDS,
         _ => slurm::REQUEST_WORDS,
     }
 }

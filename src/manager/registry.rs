@@ -26,6 +26,7 @@ pub static ACCOUNTINGS: &[AccountingSpec] = &[
     super::lsf::setup::ACCOUNTING,
     super::k8s::setup::ACCOUNTING,
     super::openpbs::setup::ACCOUNTING,
+    super::openstack::ACCOUNTING,
 ];
 
 /// The spec of the manager named `manager`.

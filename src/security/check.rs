@@ -301,6 +301,30 @@ pub fn test_pbs_accounting(dir: &Path) -> OperationTest {
     test
 }
 
+/// Whether a file that holds credentials is kept from other users: no read bit for others.
+pub fn test_secret_file(path: &Path, holds: &str) -> OperationTest {
+    use std::os::unix::fs::PermissionsExt;
+    let operation = format!("keep {holds} in {} from other users", path.display());
+    match std::fs::metadata(path) {
+        Err(e) => OperationTest::from_io(operation, Err(e)),
+        Ok(m) if m.permissions().mode() & 0o004 != 0 => OperationTest {
+            operation,
+            outcome: TestOutcome::Error,
+            error: Some(format!(
+                "{} is readable by every user (mode {:04o}); chmod o-r {} (and give it to the group the server runs as)",
+                path.display(),
+                m.permissions().mode() & 0o7777,
+                path.display()
+            )),
+        },
+        Ok(_) => OperationTest {
+            operation,
+            outcome: TestOutcome::Ok,
+            error: None,
+        },
+    }
+}
+
 /// Reads another user's `/proc/<pid>/environ`, as the slurm collector does for job ids.
 pub fn test_foreign_environ(procfs: &Path, caps: &[Capability]) -> OperationTest {
     match foreign_process(procfs) {
