@@ -4,9 +4,9 @@
 //! header dump byte for byte but for its `Date` line.
 //!
 //! First the scenarios whose answer does not depend on the pack's clusters' data, then the
-//! Slurm and Kubernetes ones, with the pack's `config.yml` (its `sacct` and `sacctmgr`, and
-//! stand-ins of its mock Prometheus and Kubernetes API server over HTTP), and CEEMS's own
-//! Slurm and Kubernetes dashboards as clients. The OpenStack ones wait for issue 43.
+//! Slurm, Kubernetes and OpenStack ones, with the pack's `config.yml` (its `sacct` and
+//! `sacctmgr`, and stand-ins of its mock Prometheus, Kubernetes API server, Nova and Keystone
+//! over HTTP), and CEEMS's own Slurm, Kubernetes and OpenStack dashboards as clients.
 
 mod common;
 
@@ -499,7 +499,7 @@ fn with_our_deviations(fixture: &str, expected: &str) -> String {
 }
 
 #[test]
-fn ceems_slurm_and_k8s_scenarios_answer_as_ceems_does() {
+fn ceems_scenarios_of_every_cluster_answer_as_ceems_does() {
     assert_eq!(fnv1a32("1479763") as f64 / 1e8, 21.22149394);
     let dir = tempfile::tempdir().unwrap();
     let mocks = Mocks::start();
@@ -606,6 +606,7 @@ fn ceems_slurm_and_k8s_scenarios_answer_as_ceems_does() {
         account: "acc3",
         cluster: "slurm-0",
         range: (1676934000, 1677538800),
+        min_columns: 2 * 30,
     };
     let k8s = Dashboard {
         file: "k8s/k8s-pod-summary.json",
@@ -613,8 +614,18 @@ fn ceems_slurm_and_k8s_scenarios_answer_as_ceems_does() {
         account: "ns2",
         cluster: "k8s-1",
         range: (1751839200, 1751925600),
+        min_columns: 2 * 30,
     };
-    for d in [slurm, k8s] {
+    // test-user-3's VMs of test-project-3 on 2024-10-15: one paused, two deleted.
+    let openstack = Dashboard {
+        file: "openstack/os-vm-summary.json",
+        user: "test-user-3",
+        account: "test-project-3",
+        cluster: "os-1",
+        range: (1728950400, 1729036800),
+        min_columns: 20,
+    };
+    for d in [slurm, k8s, openstack] {
         dashboard_fills_its_columns(&server, &d);
     }
     lb_asks_the_api_server(&server, &mocks.prometheus);
@@ -642,12 +653,16 @@ struct Dashboard {
     account: &'static str,
     cluster: &'static str,
     range: (u64, u64),
+    /// Columns resolved over both passes, at least.
+    min_columns: usize,
 }
 
-/// CEEMS's Slurm dashboard (usr3 of acc3 in February 2023) and Kubernetes one (kusr2 of ns2
-/// in July 2025) on the pack's data: as the user and, through `/admin`, as grafana, over the
-/// jobs' time range (current usage: the last day), every query answers with rows and every
-/// column is in them but the emissions of a provider the pack's config does not ask (OWID).
+/// CEEMS's Slurm dashboard (usr3 of acc3 in February 2023), Kubernetes one (kusr2 of ns2 in
+/// July 2025) and OpenStack one (test-user-3 of test-project-3, October 2024) on the pack's
+/// data: as the user and, through `/admin`, as grafana, over the jobs' time range (current
+/// usage: the last day), every query answers with rows and every column is in them but the
+/// emissions of a provider the pack's config does not ask (OWID). A panel that names an admin
+/// route is asked as grafana only.
 fn dashboard_fills_its_columns(server: &Running, d: &Dashboard) {
     let text = std::fs::read_to_string(
         common::fixtures()
@@ -669,6 +684,10 @@ fn dashboard_fills_its_columns(server: &Running, d: &Dashboard) {
                 .as_str()
                 .unwrap()
                 .replace("${VAR_ENDPOINT}", endpoint);
+            // A panel that names an admin route is an admin's whatever the viewer.
+            if endpoint.is_empty() && url.ends_with("/admin") {
+                continue;
+            }
             let params: Vec<String> = q["url_options"]["params"]
                 .as_array()
                 .unwrap()
@@ -711,7 +730,7 @@ fn dashboard_fills_its_columns(server: &Running, d: &Dashboard) {
             }
         }
     }
-    assert!(columns >= 2 * 30, "{}: {columns}", d.file);
+    assert!(columns >= d.min_columns, "{}: {columns}", d.file);
 }
 
 /// CEEMS's two lb scenarios that ask the API server who owns what (`config-api.yml`:
