@@ -11,7 +11,7 @@ use clap::{ArgMatches, Command};
 use serde::Deserialize;
 
 use crate::config::{self, Kind, LogConfig, Opt};
-use crate::lb::backend::{Pool, Strategy};
+use crate::lb::backend::{Pool, StoreAccess, StoreSpec, Strategy};
 use crate::lb::owners::{ApiOwners, Owners};
 use crate::lb::Lb;
 use crate::store::db::{self, Store};
@@ -45,6 +45,11 @@ pub fn opts() -> Vec<Opt> {
             "Label removed from every answer of a cluster's stores, as CLUSTER=LABEL (repeatable; CEEMS's filter_labels)",
         )
         .key("lb.filter-labels"),
+        Opt::new(
+            "lb.stores",
+            Kind::FileOnly,
+            "Stores reached with credentials, TLS or headers: [[lb.stores]] with cluster, url, basic-auth-user, basic-auth-password or basic-auth-password-file, bearer-token or bearer-token-file, ca-file, cert-file, key-file, insecure-skip-verify, headers (CEEMS's tsdb web settings)",
+        ),
         Opt::new(
             "lb.strategy",
             Kind::Str,
@@ -118,6 +123,96 @@ struct LbSettings {
     timeout: Duration,
     #[serde(default)]
     ceems_api_url: String,
+    /// Stores reached with credentials, TLS settings or headers (TOML only).
+    #[serde(default)]
+    stores: Vec<StoreSettings>,
+}
+
+/// One `[[lb.stores]]` entry: a store of a cluster and how it is reached (CEEMS's `web` of a
+/// backend's `tsdb`). Paths are as written (CEEMS's YAML ones are made absolute from its
+/// file's directory).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct StoreSettings {
+    cluster: String,
+    url: String,
+    #[serde(default)]
+    basic_auth_user: String,
+    #[serde(default)]
+    basic_auth_password: String,
+    #[serde(default)]
+    basic_auth_password_file: Option<PathBuf>,
+    #[serde(default)]
+    bearer_token: String,
+    #[serde(default)]
+    bearer_token_file: Option<PathBuf>,
+    #[serde(default)]
+    ca_file: Option<PathBuf>,
+    #[serde(default)]
+    cert_file: Option<PathBuf>,
+    #[serde(default)]
+    key_file: Option<PathBuf>,
+    #[serde(default)]
+    insecure_skip_verify: bool,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for StoreSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreSettings")
+            .field("cluster", &self.cluster)
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StoreSettings {
+    /// The store, its secrets and certificates read from their files.
+    fn spec(&self) -> anyhow::Result<StoreSpec> {
+        let at = || format!("lb.stores: {} of cluster {}", self.url, self.cluster);
+        let read = |path: &Option<PathBuf>| -> anyhow::Result<Option<Vec<u8>>> {
+            path.as_ref()
+                .map(|p| std::fs::read(p).with_context(|| format!("{}: {}", at(), p.display())))
+                .transpose()
+        };
+        let text = |path: &Option<PathBuf>, inline: &str| -> anyhow::Result<Option<String>> {
+            Ok(match read(path)? {
+                Some(bytes) => Some(String::from_utf8_lossy(&bytes).trim().to_owned()),
+                None => (!inline.is_empty()).then(|| inline.to_owned()),
+            })
+        };
+        let password = text(&self.basic_auth_password_file, &self.basic_auth_password)?;
+        let basic_auth = match (self.basic_auth_user.is_empty(), password) {
+            (true, None) => None,
+            (false, password) => Some((self.basic_auth_user.clone(), password.unwrap_or_default())),
+            (true, Some(_)) => anyhow::bail!("{}: a basic-auth password without a user", at()),
+        };
+        let bearer_token = text(&self.bearer_token_file, &self.bearer_token)?;
+        anyhow::ensure!(
+            basic_auth.is_none() || bearer_token.is_none(),
+            "{}: basic auth and a bearer token are one or the other",
+            at()
+        );
+        let identity = match (read(&self.cert_file)?, read(&self.key_file)?) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => anyhow::bail!("{}: cert-file and key-file go together", at()),
+        };
+        Ok(StoreSpec {
+            url: self.url.clone(),
+            access: StoreAccess {
+                basic_auth,
+                bearer_token,
+                headers: self.headers.clone().into_iter().collect(),
+                tls: crate::web::client::ClientTls {
+                    roots_pem: read(&self.ca_file)?.unwrap_or_default(),
+                    identity_pem: identity,
+                    insecure_skip_verify: self.insecure_skip_verify,
+                },
+            },
+        })
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -151,9 +246,26 @@ fn group_by_cluster(
     Ok(by_cluster)
 }
 
-/// `CLUSTER=URL` entries, grouped by cluster; at least one.
-fn backends(entries: &[String]) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
-    let by_cluster = group_by_cluster("lb.backend", entries)?;
+/// `CLUSTER=URL` entries and `[[lb.stores]]`, grouped by cluster; at least one.
+fn backends(
+    entries: &[String],
+    stores: &[StoreSettings],
+) -> anyhow::Result<BTreeMap<String, Vec<StoreSpec>>> {
+    let mut by_cluster: BTreeMap<String, Vec<StoreSpec>> = group_by_cluster("lb.backend", entries)?
+        .into_iter()
+        .map(|(c, urls)| (c, urls.iter().map(|u| StoreSpec::plain(u)).collect()))
+        .collect();
+    for s in stores {
+        anyhow::ensure!(
+            !s.cluster.trim().is_empty(),
+            "lb.stores: {} has no cluster",
+            s.url
+        );
+        by_cluster
+            .entry(s.cluster.trim().to_owned())
+            .or_default()
+            .push(s.spec()?);
+    }
     anyhow::ensure!(
         !by_cluster.is_empty(),
         "no store to relay to: add --lb.backend=CLUSTER=http://prometheus:9090 (repeatable)"
@@ -174,7 +286,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("--web.user-header-name `{user_header}` is not a header name"))?;
     let lb: LbSettings = settings.get("lb")?;
     let storage: StorageSettings = settings.get("storage")?;
-    let by_cluster = backends(&lb.backends)?;
+    let by_cluster = backends(&lb.backends, &lb.stores)?;
     let mut filters = group_by_cluster("lb.filter-label", &lb.filter_labels)?;
     if let Some(unknown) = filters.keys().find(|c| !by_cluster.contains_key(*c)) {
         anyhow::bail!("--lb.filter-label names cluster {unknown}, which has no --lb.backend");
@@ -220,9 +332,9 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             }
         };
         let mut pools = BTreeMap::new();
-        for (cluster, urls) in &by_cluster {
+        for (cluster, stores) in &by_cluster {
             let pool = Arc::new(
-                Pool::new(cluster, urls, lb.strategy, lb.timeout)
+                Pool::of_stores(cluster, stores, lb.strategy, lb.timeout)
                     .with_context(|| format!("--lb.backend of cluster {cluster}"))?
                     .with_filter_labels(filters.remove(cluster).unwrap_or_default()),
             );
@@ -281,16 +393,33 @@ mod tests {
 
     #[test]
     fn backends_group_by_cluster() {
-        let b = backends(&[
-            "a=http://p1:9090".into(),
-            "a=http://p2:9090".into(),
-            " b = http://vm:8428/prometheus ".into(),
-        ])
+        let b = backends(
+            &[
+                "a=http://p1:9090".into(),
+                "a=http://p2:9090".into(),
+                " b = http://vm:8428/prometheus ".into(),
+            ],
+            &[],
+        )
         .unwrap();
-        assert_eq!(b["a"], ["http://p1:9090", "http://p2:9090"]);
-        assert_eq!(b["b"], ["http://vm:8428/prometheus"]);
-        assert!(backends(&[]).is_err());
-        assert!(backends(&["http://p1:9090".into()]).is_err());
+        let urls = |c: &str| b[c].iter().map(|s| s.url.as_str()).collect::<Vec<_>>();
+        assert_eq!(urls("a"), ["http://p1:9090", "http://p2:9090"]);
+        assert_eq!(urls("b"), ["http://vm:8428/prometheus"]);
+        assert!(backends(&[], &[]).is_err());
+        assert!(backends(&["http://p1:9090".into()], &[]).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("password");
+        std::fs::write(&secret, "s3cret\n").unwrap();
+        let store: StoreSettings = toml::from_str(&format!(
+            "cluster = \"a\"\nurl = \"https://p3:9090\"\nbasic-auth-user = \"prometheus\"\nbasic-auth-password-file = \"{}\"\n",
+            secret.display()
+        ))
+        .unwrap();
+        let b = backends(&["a=http://p1:9090".into()], &[store]).unwrap();
+        assert_eq!(
+            b["a"][1].access.basic_auth,
+            Some(("prometheus".to_owned(), "s3cret".to_owned()))
+        );
         let f = group_by_cluster("lb.filter-label", &["a=hostname".into()]).unwrap();
         assert_eq!(f["a"], ["hostname"]);
     }

@@ -35,10 +35,126 @@ struct BackendConfig {
     id: String,
     #[serde(default)]
     tsdb_urls: Vec<String>,
+    /// The stores with their client settings (CEEMS 0.10 and later).
+    #[serde(default)]
+    tsdb: Vec<StoreConfig>,
     #[serde(default)]
     filter_labels: Vec<String>,
     #[serde(default)]
     pyro_urls: Vec<String>,
+    #[serde(default)]
+    pyro: Vec<serde_norway::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoreConfig {
+    web: StoreWeb,
+    #[serde(default)]
+    filter_labels: Vec<String>,
+}
+
+/// Prometheus's HTTP client settings, as far as the lb reads them.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoreWeb {
+    url: String,
+    #[serde(default)]
+    basic_auth: Option<BasicAuth>,
+    #[serde(default)]
+    bearer_token: Option<String>,
+    #[serde(default)]
+    bearer_token_file: Option<String>,
+    #[serde(default)]
+    tls_config: Option<TlsConfig>,
+    #[serde(default)]
+    http_headers: std::collections::BTreeMap<String, HeaderValues>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BasicAuth {
+    username: String,
+    #[serde(default)]
+    password: Option<String>,
+    #[serde(default)]
+    password_file: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TlsConfig {
+    #[serde(default)]
+    ca_file: Option<String>,
+    #[serde(default)]
+    cert_file: Option<String>,
+    #[serde(default)]
+    key_file: Option<String>,
+    #[serde(default)]
+    insecure_skip_verify: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeaderValues {
+    #[serde(default)]
+    values: Vec<String>,
+    #[serde(default)]
+    secrets: Vec<String>,
+}
+
+/// One `[[lb.stores]]` table from a backend's `tsdb` entry; files relative to `dir`.
+fn store(cluster: &str, web: StoreWeb, dir: &std::path::Path) -> Table {
+    let mut t = Table::new();
+    let mut text = |k: &str, v: String| {
+        t.insert(k.into(), Value::String(v));
+    };
+    let path = |p: String| dir.join(p).display().to_string();
+    text("cluster", cluster.to_owned());
+    text("url", web.url);
+    if let Some(auth) = web.basic_auth {
+        text("basic-auth-user", auth.username);
+        if let Some(p) = auth.password {
+            text("basic-auth-password", p);
+        }
+        if let Some(f) = auth.password_file {
+            text("basic-auth-password-file", path(f));
+        }
+    }
+    if let Some(token) = web.bearer_token {
+        text("bearer-token", token);
+    }
+    if let Some(f) = web.bearer_token_file {
+        text("bearer-token-file", path(f));
+    }
+    let mut skip = false;
+    if let Some(tls) = web.tls_config {
+        for (k, v) in [
+            ("ca-file", tls.ca_file),
+            ("cert-file", tls.cert_file),
+            ("key-file", tls.key_file),
+        ] {
+            if let Some(v) = v {
+                text(k, path(v));
+            }
+        }
+        skip = tls.insecure_skip_verify;
+    }
+    if skip {
+        t.insert("insecure-skip-verify".into(), Value::Boolean(true));
+    }
+    if !web.http_headers.is_empty() {
+        let headers = web
+            .http_headers
+            .into_iter()
+            .map(|(k, h)| {
+                let all: Vec<String> = h.values.into_iter().chain(h.secrets).collect();
+                (k, Value::String(all.join(", ")))
+            })
+            .collect();
+        t.insert("headers".into(), Value::Table(headers));
+    }
+    t
 }
 
 /// The API server's section: only where its data, its admins and its API are matter here.
@@ -70,8 +186,9 @@ struct Admin {
     users: Vec<String>,
 }
 
-/// The `lb` table that CEEMS's YAML `text` means.
-pub fn to_table(text: &str) -> Result<Table, String> {
+/// The `lb` table that CEEMS's YAML `text` means; `dir` is its file's directory, which the
+/// stores' certificate and password files are relative to.
+pub fn to_table(text: &str, dir: &std::path::Path) -> Result<Table, String> {
     let file: Option<File> = serde_norway::from_str(text).map_err(|e| e.to_string())?;
     let (lb, api) = match file {
         Some(f) => (f.ceems_lb, f.ceems_api_server.unwrap_or_default()),
@@ -89,18 +206,25 @@ pub fn to_table(text: &str) -> Result<Table, String> {
             }
             lb_table.insert("strategy".into(), Value::String(strategy));
         }
-        let (mut backends, mut filters) = (Vec::new(), Vec::new());
+        let (mut backends, mut filters, mut stores) = (Vec::new(), Vec::new(), Vec::new());
         for b in lb.backends {
-            if !b.pyro_urls.is_empty() {
+            if !b.pyro_urls.is_empty() || !b.pyro.is_empty() {
                 return Err(format!(
-                    "ceems_lb.backends `{}`: pyro_urls: Pyroscope is not relayed by ceems lb",
+                    "ceems_lb.backends `{}`: Pyroscope is not relayed by ceems lb",
                     b.id
                 ));
             }
             backends.extend(b.tsdb_urls.iter().map(|u| format!("{}={u}", b.id)));
             filters.extend(b.filter_labels.iter().map(|l| format!("{}={l}", b.id)));
+            for s in b.tsdb {
+                filters.extend(s.filter_labels.iter().map(|l| format!("{}={l}", b.id)));
+                stores.push(Value::Table(store(&b.id, s.web, dir)));
+            }
         }
         lb_table.insert("backends".into(), strings(backends));
+        if !stores.is_empty() {
+            lb_table.insert("stores".into(), Value::Array(stores));
+        }
         if !filters.is_empty() {
             lb_table.insert("filter-labels".into(), strings(filters));
         }
@@ -134,6 +258,7 @@ mod tests {
     fn ceems_documented_file_merged_with_the_api_servers() {
         let t = to_table(
             "ceems_api_server:\n  data:\n    path: /var/lib/ceems\n    update_interval: 15m\n  admin:\n    users:\n      - adm1\n  web:\n    url: http://localhost:9020\nclusters:\n  - id: slurm-0\n    manager: slurm\nceems_lb:\n  strategy: round-robin\n  backends:\n    - id: slurm-0\n      tsdb_urls:\n        - http://tsdb-0\n        - http://tsdb-0-replica\n      filter_labels: [hostname]\n",
+            std::path::Path::new("/etc/ceems"),
         )
         .unwrap();
         assert_eq!(t["lb"]["strategy"].as_str(), Some("round-robin"));
@@ -162,6 +287,7 @@ mod tests {
     fn without_a_database_the_api_server_is_asked() {
         let t = to_table(
             "ceems_api_server:\n  web:\n    url: http://localhost:9020\nceems_lb:\n  backends:\n    - id: slurm-0\n      tsdb_urls: [http://localhost:9090]\n",
+            std::path::Path::new("/etc/ceems"),
         )
         .unwrap();
         assert_eq!(
@@ -171,14 +297,48 @@ mod tests {
         assert!(t.get("storage").is_none());
     }
 
+    /// CEEMS's `config-with-auth.yml`: stores behind TLS and basic auth, with a header each.
+    #[test]
+    fn stores_with_credentials_become_our_stores() {
+        let pack = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/ceems-api/pkg/lb/testdata/config-with-auth.yml"
+        ))
+        .unwrap();
+        let t = to_table(&pack, std::path::Path::new("/etc/ceems_lb")).unwrap();
+        let stores = t["lb"]["stores"].as_array().unwrap();
+        assert_eq!(stores.len(), 2);
+        let s = stores[1].as_table().unwrap();
+        assert_eq!(s["cluster"].as_str(), Some("slurm-1"));
+        assert_eq!(s["url"].as_str(), Some("https://localhost:9090"));
+        assert_eq!(s["basic-auth-user"].as_str(), Some("prometheus"));
+        assert_eq!(s["cert-file"].as_str(), Some("/etc/ceems_lb/localhost.crt"));
+        assert_eq!(s["insecure-skip-verify"].as_bool(), Some(true));
+        assert_eq!(
+            s["headers"]["X-Ceems-Test-Header"].as_str(),
+            Some("slurm-1")
+        );
+    }
+
     #[test]
     fn what_we_do_not_do_is_said() {
-        let e = to_table("ceems_lb:\n  strategy: resource-based\n").unwrap_err();
+        let e = to_table(
+            "ceems_lb:\n  strategy: resource-based\n",
+            std::path::Path::new("/etc/ceems"),
+        )
+        .unwrap_err();
         assert!(e.contains("resource-based"), "{e}");
-        let e = to_table("ceems_lb:\n  backends:\n    - id: a\n      pyro_urls: [http://p:4040]\n")
-            .unwrap_err();
+        let e = to_table(
+            "ceems_lb:\n  backends:\n    - id: a\n      pyro_urls: [http://p:4040]\n",
+            std::path::Path::new("/etc/ceems"),
+        )
+        .unwrap_err();
         assert!(e.contains("Pyroscope"), "{e}");
-        let e = to_table("ceems_lb:\n  backend: []\n").unwrap_err();
+        let e = to_table(
+            "ceems_lb:\n  backend: []\n",
+            std::path::Path::new("/etc/ceems"),
+        )
+        .unwrap_err();
         assert!(e.contains("backend"), "{e}");
     }
 }

@@ -294,7 +294,8 @@ pub fn read_file(path: &Path, subcommand: &str) -> Result<Table, ConfigError> {
     );
     if yaml && subcommand == "lb" {
         // CEEMS's ceems_lb file, possibly shared with its API server.
-        return lb_yaml::to_table(&text).map_err(|message| ConfigError::LbYaml {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        return lb_yaml::to_table(&text, dir).map_err(|message| ConfigError::LbYaml {
             path: path.to_owned(),
             message,
         });

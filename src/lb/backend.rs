@@ -1,6 +1,7 @@
 //! The Prometheus-API stores of one cluster: which one answers next (round-robin or least
 //! connections), which are left out after failing their health check or a request, and the
-//! relay of one request to them over plain HTTP.
+//! relay of one request to them over HTTP or HTTPS, with the store's own credentials and
+//! headers.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -8,8 +9,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
+use hyper::header::{HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
+
+use crate::web::client::{rustls_config, ClientTls};
 
 /// Largest answer relayed: a big range query over many series is tens of MiB.
 pub const MAX_ANSWER_BYTES: usize = 256 << 20;
@@ -31,8 +36,10 @@ impl std::fmt::Debug for Idle {
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
-    #[error("backend URL `{0}`: only http://host:port[/path] is supported")]
+    #[error("backend URL `{0}`: expected http(s)://host[:port][/path]")]
     Url(String),
+    #[error("backend {url}: {message}")]
+    Access { url: String, message: String },
     #[error("no store configured for cluster {0}")]
     NoneHealthy(String),
     #[error("{url}: {message}")]
@@ -47,33 +54,144 @@ pub enum Strategy {
     LeastConnection,
 }
 
-/// One store: `http://host:port` and a path prefix (Thanos or VictoriaMetrics behind a path).
+/// How the lb reaches one store besides its URL (CEEMS's `web` of a backend).
+#[derive(Debug, Clone, Default)]
+pub struct StoreAccess {
+    /// User and password, sent as basic auth.
+    pub basic_auth: Option<(String, String)>,
+    pub bearer_token: Option<String>,
+    /// Sent with every request (after the client's, which cannot replace them).
+    pub headers: Vec<(String, String)>,
+    /// For `https://` stores: roots, client certificate, `insecure_skip_verify`.
+    pub tls: ClientTls,
+}
+
+/// A store and how to reach it.
+#[derive(Debug, Clone)]
+pub struct StoreSpec {
+    pub url: String,
+    pub access: StoreAccess,
+}
+
+impl StoreSpec {
+    /// A store reached without credentials.
+    pub fn plain(url: &str) -> StoreSpec {
+        StoreSpec {
+            url: url.to_owned(),
+            access: StoreAccess::default(),
+        }
+    }
+}
+
+/// TLS towards one store.
+#[derive(Clone)]
+struct StoreTls {
+    connector: tokio_rustls::TlsConnector,
+    name: ServerName<'static>,
+}
+
+impl std::fmt::Debug for StoreTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StoreTls({:?})", self.name)
+    }
+}
+
+/// One store: `http(s)://host[:port]` and a path prefix (Thanos or VictoriaMetrics behind a
+/// path).
 #[derive(Debug)]
 pub struct Backend {
     pub url: String,
+    /// As the Host header says it.
     authority: String,
+    /// Where to connect: the authority with its scheme's port when it has none.
+    address: String,
     prefix: String,
+    tls: Option<StoreTls>,
+    /// The store's credentials and headers, sent with every request.
+    added: Vec<(HeaderName, HeaderValue)>,
     healthy: AtomicBool,
     in_flight: AtomicUsize,
     idle: Idle,
 }
 
 impl Backend {
+    /// A store reached without credentials.
     pub fn parse(url: &str) -> Result<Backend, BackendError> {
-        let rest = url
-            .strip_prefix("http://")
-            .ok_or_else(|| BackendError::Url(url.to_owned()))?;
+        Backend::new(&StoreSpec::plain(url))
+    }
+
+    pub fn new(spec: &StoreSpec) -> Result<Backend, BackendError> {
+        let url = spec.url.as_str();
+        let bad = || BackendError::Url(url.to_owned());
+        let (rest, https) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+            (Some(rest), _) => (rest, false),
+            (None, Some(rest)) => (rest, true),
+            (None, None) => return Err(bad()),
+        };
         let (authority, prefix) = match rest.find('/') {
             Some(at) => (&rest[..at], rest[at..].trim_end_matches('/')),
             None => (rest, ""),
         };
-        if authority.is_empty() || !authority.contains(':') {
-            return Err(BackendError::Url(url.to_owned()));
+        let host = match authority.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => host,
+            _ if authority.ends_with(']') || !authority.contains(':') => authority,
+            _ => return Err(bad()),
+        };
+        if host.is_empty() || authority.contains('@') {
+            return Err(bad());
+        }
+        let address = match host.len() == authority.len() {
+            true => format!("{authority}:{}", if https { 443 } else { 80 }),
+            false => authority.to_owned(),
+        };
+        let failed = |message: String| BackendError::Access {
+            url: url.to_owned(),
+            message,
+        };
+        let tls = match https {
+            false => None,
+            true => {
+                let name = ServerName::try_from(
+                    host.trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .to_owned(),
+                )
+                .map_err(|e| failed(format!("host name: {e}")))?;
+                let config = rustls_config(&spec.access.tls).map_err(failed)?;
+                Some(StoreTls {
+                    connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+                    name,
+                })
+            }
+        };
+        let header = |name: &str, value: &str, secret: bool| {
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|e| failed(format!("header `{name}`: {e}")))?;
+            let mut value = HeaderValue::from_str(value)
+                .map_err(|e| failed(format!("header `{name}`: {e}")))?;
+            value.set_sensitive(secret);
+            Ok::<_, BackendError>((name, value))
+        };
+        let mut added = Vec::new();
+        for (name, value) in &spec.access.headers {
+            added.push(header(name, value, false)?);
+        }
+        if let Some((user, password)) = &spec.access.basic_auth {
+            use base64::Engine;
+            let pair =
+                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+            added.push(header("authorization", &format!("Basic {pair}"), true)?);
+        }
+        if let Some(token) = &spec.access.bearer_token {
+            added.push(header("authorization", &format!("Bearer {token}"), true)?);
         }
         Ok(Backend {
             url: url.to_owned(),
             authority: authority.to_owned(),
+            address,
             prefix: prefix.to_owned(),
+            tls,
+            added,
             healthy: AtomicBool::new(true),
             in_flight: AtomicUsize::new(0),
             idle: Idle::default(),
@@ -108,14 +226,32 @@ impl Backend {
                 None => break,
             }
         }
-        let stream = tokio::net::TcpStream::connect(&self.authority)
+        let stream = tokio::net::TcpStream::connect(&self.address)
             .await
             .map_err(|e| format!("cannot connect: {e}"))?;
         let _ = stream.set_nodelay(true);
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| format!("HTTP handshake: {e}"))?;
-        tokio::spawn(conn);
+        let handshake = |e: hyper::Error| format!("HTTP handshake: {e}");
+        let sender = match &self.tls {
+            None => {
+                let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                    .await
+                    .map_err(handshake)?;
+                tokio::spawn(conn);
+                sender
+            }
+            Some(tls) => {
+                let stream = tls
+                    .connector
+                    .connect(tls.name.clone(), stream)
+                    .await
+                    .map_err(|e| format!("TLS: {e}"))?;
+                let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                    .await
+                    .map_err(handshake)?;
+                tokio::spawn(conn);
+                sender
+            }
+        };
         Ok((sender, false))
     }
 
@@ -135,6 +271,9 @@ impl Backend {
                 .uri(format!("{}{path_and_query}", self.prefix))
                 .header(hyper::header::HOST, &self.authority);
             for (k, v) in headers {
+                req = req.header(k, v);
+            }
+            for (k, v) in &self.added {
                 req = req.header(k, v);
             }
             req.body(Full::new(body.clone()))
@@ -207,17 +346,28 @@ impl Drop for InFlight<'_> {
 }
 
 impl Pool {
+    /// Stores reached without credentials.
     pub fn new(
         cluster: &str,
         urls: &[String],
         strategy: Strategy,
         timeout: Duration,
     ) -> Result<Pool, BackendError> {
+        let specs: Vec<StoreSpec> = urls.iter().map(|u| StoreSpec::plain(u)).collect();
+        Pool::of_stores(cluster, &specs, strategy, timeout)
+    }
+
+    pub fn of_stores(
+        cluster: &str,
+        stores: &[StoreSpec],
+        strategy: Strategy,
+        timeout: Duration,
+    ) -> Result<Pool, BackendError> {
         Ok(Pool {
             cluster: cluster.to_owned(),
-            backends: urls
+            backends: stores
                 .iter()
-                .map(|u| Backend::parse(u).map(Arc::new))
+                .map(|s| Backend::new(s).map(Arc::new))
                 .collect::<Result<_, _>>()?,
             filter_labels: Vec::new(),
             strategy,
@@ -324,9 +474,42 @@ mod tests {
             (b.authority.as_str(), b.prefix.as_str()),
             ("127.0.0.1:9090", "/prom")
         );
-        for bad in ["https://x:1", "127.0.0.1:9090", "http://", "http://host"] {
+        let b = Backend::parse("https://prom.example/").unwrap();
+        assert_eq!(
+            (b.address.as_str(), b.tls.is_some()),
+            ("prom.example:443", true)
+        );
+        let b = Backend::parse("http://[::1]:9090").unwrap();
+        assert_eq!(b.address, "[::1]:9090");
+        for bad in [
+            "127.0.0.1:9090",
+            "http://",
+            "http://a:b:c",
+            "http://u:p@host:1",
+            "ftp://x:1",
+        ] {
             assert!(Backend::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_stores_credentials_go_with_every_request_and_stay_out_of_logs() {
+        let spec = StoreSpec {
+            url: "https://prom:9090".into(),
+            access: StoreAccess {
+                basic_auth: Some(("prometheus".into(), "password".into())),
+                headers: vec![("X-Ceems-Test-Header".into(), "slurm-0".into())],
+                ..StoreAccess::default()
+            },
+        };
+        let b = Backend::new(&spec).unwrap();
+        let auth = b.added.iter().find(|(k, _)| k == "authorization").unwrap();
+        assert_eq!(auth.1, "Basic cHJvbWV0aGV1czpwYXNzd29yZA==");
+        assert!(!format!("{b:?}").contains("cHJvbWV0aGV1czpwYXNzd29yZA"));
+        assert!(b
+            .added
+            .iter()
+            .any(|(k, v)| k == "x-ceems-test-header" && v == "slurm-0"));
     }
 
     #[test]

@@ -122,8 +122,9 @@ pub struct ClientTls {
     pub insecure_skip_verify: bool,
 }
 
-/// A client with these timeouts and this TLS (see [`agent`]).
-pub fn agent_with_tls(timeouts: Timeouts, tls: &ClientTls) -> Result<ureq::Agent, String> {
+/// The rustls configuration of a client with this TLS, for a caller with its own transport (the
+/// lb's stores).
+pub fn rustls_config(tls: &ClientTls) -> Result<rustls::ClientConfig, String> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::PrivateKeyDer;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -160,6 +161,12 @@ pub fn agent_with_tls(timeouts: Timeouts, tls: &ClientTls) -> Result<ureq::Agent
                 .map_err(|e| format!("client certificate: {e}"))?
         }
     };
+    Ok(config)
+}
+
+/// A client with these timeouts and this TLS (see [`agent`]).
+pub fn agent_with_tls(timeouts: Timeouts, tls: &ClientTls) -> Result<ureq::Agent, String> {
+    let config = rustls_config(tls)?;
     Ok(ureq::AgentBuilder::new()
         .timeout_connect(timeouts.connect)
         .timeout(timeouts.total)
