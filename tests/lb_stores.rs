@@ -4,7 +4,7 @@
 //! `web-config-ceems.yml`, one query through both. Then HTTPS stand-ins: a store whose
 //! certificate is trusted through a CA file, one whose certificate is not (refused unless
 //! `insecure-skip-verify`), one that does not answer in time; each cluster's failure stays
-//! its own.
+//! its own. Last, the stats-server's API behind TLS and basic auth, asked for ownership.
 
 mod common;
 
@@ -246,4 +246,82 @@ fn each_cluster_reaches_its_stores_with_their_tls_and_credentials_and_fails_alon
     // The others keep answering.
     assert_eq!(ask("trusted").0, 200);
     assert_eq!(ask("skipped").0, 200);
+}
+
+/// The stats-server's API behind TLS and basic auth (a stand-in shaped like its answers):
+/// `--lb.ceems-api-url` with `[lb.lb.ceems-api-client]` reaches it; a user's own unit passes,
+/// another's is refused, and without the client settings nothing passes.
+#[test]
+fn ownership_is_asked_of_an_api_server_behind_tls_and_basic_auth() {
+    let api = TestServer::start(
+        true,
+        Arc::new(|req: &Request| {
+            if req.header("authorization") != Some("Basic Y2VlbXM6cGFzc3dvcmQ=") {
+                return Response::json(401, serde_json::json!({"status": "error"}));
+            }
+            let user = req.header("x-grafana-user").unwrap_or("");
+            match req.path() {
+                "/api/v1/users/admin" => Response::json(
+                    200,
+                    serde_json::json!({"status": "success", "data": [{"name": "grafana"}]}),
+                ),
+                "/api/v1/units/verify" if user == "usr1" && req.target.contains("uuid=1479763") => {
+                    Response::json(200, serde_json::json!({"status": "success"}))
+                }
+                _ => Response::json(403, serde_json::json!({"status": "error"})),
+            }
+        }),
+    );
+    let prometheus = store(false, "prometheus");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ca = dir.join("api-ca.pem");
+    std::fs::write(&ca, &api.cert_pem).unwrap();
+    std::fs::set_permissions(&ca, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let start = |client: &str| {
+        let config = dir.join(format!("lb-{}.toml", client.len()));
+        std::fs::write(
+            &config,
+            format!(
+                "[lb.lb]\nbackends = [\"slurm-0={}\"]\nceems-api-url = \"{}\"\n{client}",
+                prometheus.url(),
+                api.url()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+        common::start_subcommand(
+            "lb",
+            dir,
+            &[&format!("--config.file={}", config.display())],
+            &[],
+        )
+    };
+    let ask = |lb: &common::Running, user: &str, uuid: &str| {
+        let url = format!(
+            "http://127.0.0.1:{}/api/v1/query?query=up%7Buuid%3D%22{uuid}%22%7D",
+            lb.port
+        );
+        match ureq::get(&url).set("X-Grafana-User", user).call() {
+            Ok(r) => r.status(),
+            Err(ureq::Error::Status(code, _)) => code,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let lb = start(&format!(
+        "\n[lb.lb.ceems-api-client]\nca-file = \"{}\"\nbasic-auth-user = \"ceems\"\nbasic-auth-password = \"password\"\n",
+        ca.display()
+    ));
+    assert_eq!(ask(&lb, "usr1", "1479763"), 200);
+    assert_eq!(ask(&lb, "usr1", "1481510"), 403);
+    assert_eq!(
+        ask(&lb, "grafana", "1481510"),
+        200,
+        "an admin of the API server"
+    );
+    drop(lb);
+    // Without them the API's certificate is not trusted: no answer, no query relayed.
+    let lb = start("");
+    assert_ne!(ask(&lb, "usr1", "1479763"), 200);
 }

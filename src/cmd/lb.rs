@@ -76,6 +76,11 @@ pub fn opts() -> Vec<Opt> {
         )
         .default(""),
         Opt::new(
+            "lb.ceems-api-client",
+            Kind::FileOnly,
+            "How the stats-server's API of --lb.ceems-api-url is reached: [lb.lb.ceems-api-client] with a store's keys but cluster and url (credentials, TLS, headers; CEEMS's ceems_api_server.web)",
+        ),
+        Opt::new(
             "storage.data.path",
             Kind::Str,
             "Directory of the stats-server's SQLite database (ceems.db), read for who owns which job",
@@ -126,6 +131,9 @@ struct LbSettings {
     /// Stores reached with credentials, TLS settings or headers (TOML only).
     #[serde(default)]
     stores: Vec<StoreSettings>,
+    /// How the stats-server's API is reached: the keys of a store but its cluster and URL.
+    #[serde(default)]
+    ceems_api_client: Option<StoreSettings>,
 }
 
 /// One `[[lb.stores]]` entry: a store of a cluster and how it is reached (CEEMS's `web` of a
@@ -134,7 +142,9 @@ struct LbSettings {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct StoreSettings {
+    #[serde(default)]
     cluster: String,
+    #[serde(default)]
     url: String,
     #[serde(default)]
     basic_auth_user: String,
@@ -257,9 +267,8 @@ fn backends(
         .collect();
     for s in stores {
         anyhow::ensure!(
-            !s.cluster.trim().is_empty(),
-            "lb.stores: {} has no cluster",
-            s.url
+            !s.cluster.trim().is_empty() && !s.url.trim().is_empty(),
+            "lb.stores: each needs a cluster and a url ({s:?})"
         );
         by_cluster
             .entry(s.cluster.trim().to_owned())
@@ -328,7 +337,17 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                     "--lb.ceems-api-url `{api_url}`: expected http(s)://host:port"
                 );
                 tracing::info!(url = %api_url, "ownership and admins asked of the stats-server's API");
-                Owners::Api(ApiOwners::new(&api_url, user_header.as_str(), lb.timeout))
+                let access = match &lb.ceems_api_client {
+                    Some(c) => {
+                        anyhow::ensure!(
+                            c.cluster.is_empty() && c.url.is_empty(),
+                            "lb.ceems-api-client takes no cluster or url: the URL is --lb.ceems-api-url"
+                        );
+                        c.spec()?.access
+                    }
+                    None => StoreAccess::default(),
+                };
+                Owners::Api(ApiOwners::new(&api_url, user_header.as_str(), lb.timeout, &access)?)
             }
         };
         let mut pools = BTreeMap::new();

@@ -164,15 +164,20 @@ struct ApiServer {
     data: Option<Data>,
     #[serde(default)]
     admin: Option<Admin>,
+    /// Where it is (`url`) and how the lb's client reaches it.
     #[serde(default)]
-    web: Option<ApiWeb>,
+    web: Option<serde_norway::Mapping>,
 }
 
-#[derive(Debug, Deserialize)]
-struct ApiWeb {
-    #[serde(default)]
-    url: Option<String>,
-}
+/// The keys of the API server's `web` that say how a client reaches it; the others
+/// (`requests_limit`, …) are the server's own.
+const API_CLIENT_KEYS: &[&str] = &[
+    "basic_auth",
+    "bearer_token",
+    "bearer_token_file",
+    "tls_config",
+    "http_headers",
+];
 
 #[derive(Debug, Deserialize)]
 struct Data {
@@ -231,8 +236,25 @@ pub fn to_table(text: &str, dir: &std::path::Path) -> Result<Table, String> {
     }
     // As CEEMS's lb: the database when the file says where it is, else the server's API.
     let data_path = api.data.and_then(|d| d.path);
-    if let (None, Some(url)) = (&data_path, api.web.and_then(|w| w.url)) {
-        lb_table.insert("ceems-api-url".into(), Value::String(url));
+    if let (None, Some(mut web)) = (&data_path, api.web) {
+        if let Some(serde_norway::Value::String(url)) = web.remove("url") {
+            let mut client = serde_norway::Mapping::new();
+            client.insert("url".into(), serde_norway::Value::String(String::new()));
+            for key in API_CLIENT_KEYS {
+                if let Some(v) = web.remove(*key) {
+                    client.insert((*key).into(), v);
+                }
+            }
+            let client: StoreWeb = serde_norway::from_value(serde_norway::Value::Mapping(client))
+                .map_err(|e| format!("ceems_api_server.web: {e}"))?;
+            let mut client = store("", client, dir);
+            client.remove("cluster");
+            client.remove("url");
+            if !client.is_empty() {
+                lb_table.insert("ceems-api-client".into(), Value::Table(client));
+            }
+            lb_table.insert("ceems-api-url".into(), Value::String(url));
+        }
     }
     table.insert("lb".into(), Value::Table(lb_table));
     if let Some(path) = data_path {
@@ -295,6 +317,21 @@ mod tests {
             Some("http://localhost:9020")
         );
         assert!(t.get("storage").is_none());
+        assert!(t["lb"].get("ceems-api-client").is_none());
+        // Behind basic auth and its own CA.
+        let t = to_table(
+            "ceems_api_server:\n  web:\n    url: https://stats:9020\n    requests_limit: 30\n    basic_auth:\n      username: ceems\n      password_file: api.password\n    tls_config:\n      ca_file: ca.pem\nceems_lb:\n  backends:\n    - id: slurm-0\n      tsdb_urls: [http://localhost:9090]\n",
+            std::path::Path::new("/etc/ceems"),
+        )
+        .unwrap();
+        let client = t["lb"]["ceems-api-client"].as_table().unwrap();
+        assert_eq!(client["basic-auth-user"].as_str(), Some("ceems"));
+        assert_eq!(
+            client["basic-auth-password-file"].as_str(),
+            Some("/etc/ceems/api.password")
+        );
+        assert_eq!(client["ca-file"].as_str(), Some("/etc/ceems/ca.pem"));
+        assert!(client.get("url").is_none() && client.get("cluster").is_none());
     }
 
     /// CEEMS's `config-with-auth.yml`: stores behind TLS and basic auth, with a header each.

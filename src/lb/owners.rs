@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::backend::StoreAccess;
 use crate::store::db::{Store, StoreError, SERVICE_ACCOUNT};
 
 /// Why who owns what could not be told.
@@ -39,34 +40,70 @@ pub struct ApiOwners {
     /// The header the server reads the user from.
     user_header: String,
     agent: ureq::Agent,
+    /// Credentials and headers sent with every request (a server behind basic auth).
+    added: Vec<(String, String)>,
 }
 
 impl ApiOwners {
-    pub fn new(base: &str, user_header: &str, timeout: Duration) -> ApiOwners {
-        ApiOwners {
+    /// A client of the API at `base` with `access`'s TLS, credentials and headers.
+    pub fn new(
+        base: &str,
+        user_header: &str,
+        timeout: Duration,
+        access: &StoreAccess,
+    ) -> Result<ApiOwners, OwnersError> {
+        use base64::Engine;
+        let agent = crate::web::client::agent_with_tls(
+            crate::web::client::Timeouts::all(timeout),
+            &access.tls,
+        )
+        .map_err(|reason| OwnersError::Unreachable {
+            url: base.to_owned(),
+            reason,
+        })?;
+        let mut added = access.headers.clone();
+        if let Some((user, password)) = &access.basic_auth {
+            let pair =
+                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+            added.push(("Authorization".into(), format!("Basic {pair}")));
+        }
+        if let Some(token) = &access.bearer_token {
+            added.push(("Authorization".into(), format!("Bearer {token}")));
+        }
+        Ok(ApiOwners {
             base: base.trim_end_matches('/').to_owned(),
             user_header: user_header.to_owned(),
-            agent: ureq::AgentBuilder::new().timeout(timeout).build(),
-        }
+            agent,
+            added,
+        })
     }
 
     /// GET `path_and_query` as `user`: the status and body, or why there is none.
     async fn get(&self, path_and_query: String, user: &str) -> Result<(u16, String), OwnersError> {
         let url = format!("{}{path_and_query}", self.base);
-        let (agent, header, user) = (
+        let (agent, header, user, added) = (
             self.agent.clone(),
             self.user_header.clone(),
             user.to_owned(),
+            self.added.clone(),
         );
         let asked = url.clone();
         let unreachable = |reason: String| OwnersError::Unreachable {
             url: asked.clone(),
             reason,
         };
-        tokio::task::spawn_blocking(move || match agent.get(&url).set(&header, &user).call() {
-            Ok(r) => Ok((r.status(), r.into_string().unwrap_or_default())),
-            Err(ureq::Error::Status(code, r)) => Ok((code, r.into_string().unwrap_or_default())),
-            Err(e) => Err(e.to_string()),
+        tokio::task::spawn_blocking(move || {
+            let mut request = agent.get(&url);
+            for (k, v) in &added {
+                request = request.set(k, v);
+            }
+            match request.set(&header, &user).call() {
+                Ok(r) => Ok((r.status(), r.into_string().unwrap_or_default())),
+                Err(ureq::Error::Status(code, r)) => {
+                    Ok((code, r.into_string().unwrap_or_default()))
+                }
+                Err(e) => Err(e.to_string()),
+            }
         })
         .await
         .map_err(|e| unreachable(e.to_string()))?
