@@ -2,7 +2,10 @@
 //! cgroup layout), define a diskless domain carrying Nova's metadata, boot it (it idles in its
 //! firmware) and scrape the `libvirt` collector: the VM is a unit with its instance UUID, CPU
 //! seconds that grow and the memory its cgroup files hold; with perf and eBPF on, QEMU's
-//! context switches and its firmware reads are counted for the VM.
+//! context switches and its firmware reads are counted for the VM. Then the VM as an
+//! OpenStack cloud's server: Nova and Keystone stand-ins name it alice's, and the stats-server
+//! (its series from a real Prometheus scraping the exporter) gives alice its usage and its
+//! report, `ceems lb` relays her queries of it and refuses bob's.
 
 mod common;
 
@@ -268,4 +271,146 @@ fn a_booted_vm_is_a_unit_with_its_instance_uuid() {
     println!(
         "{name} ({uuid}): cpu {before:.3} s then {after:.3} s; memory exporter {scraped} / kernel {kernel}; context switches {first_switches:?} then {last_switches:?}; read {read} bytes"
     );
+    the_vm_as_a_clouds_server(exporter.port, &uuid);
+}
+
+/// Nova lists the VM as alice's server in physics; Keystone knows alice and bob.
+fn cloud_stand_ins(uuid: &str) -> (common::http::TestServer, common::http::TestServer) {
+    use common::http::{Request, Response, TestServer};
+    use serde_json::json;
+    let launched = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(60);
+    let server = json!({
+        "id": uuid, "name": "lab-vm", "status": "ACTIVE", "tenant_id": "p1", "user_id": "u1",
+        "created": launched.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        "updated": launched.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        "OS-SRV-USG:launched_at": launched.strftime("%Y-%m-%dT%H:%M:%S.000000").to_string(),
+        "OS-SRV-USG:terminated_at": null, "OS-EXT-STS:power_state": 1, "metadata": {}, "tags": [],
+        "flavor": {"vcpus": 1, "ram": 64, "disk": 0, "swap": "", "original_name": "m1.lab", "extra_specs": {}}
+    });
+    let nova = TestServer::start(
+        false,
+        std::sync::Arc::new(move |req: &Request| match req.target.contains("deleted=") {
+            true => Response::json(200, json!({"servers": []})),
+            false => Response::json(200, json!({"servers": [server.clone()]})),
+        }),
+    );
+    let keystone = TestServer::start(
+        false,
+        std::sync::Arc::new(|req: &Request| match req.path() {
+            "/v3/auth/tokens" => Response::raw(201, "").with_header("X-Subject-Token", "lab-token"),
+            "/v3/users" => Response::json(
+                200,
+                json!({"users": [{"id": "u1", "name": "alice"}, {"id": "u2", "name": "bob"}]}),
+            ),
+            "/v3/users/u1/projects" => {
+                Response::json(200, json!({"projects": [{"id": "p1", "name": "physics"}]}))
+            }
+            "/v3/users/u2/projects" => Response::json(
+                200,
+                json!({"projects": [{"id": "p2", "name": "chemistry"}]}),
+            ),
+            _ => Response::raw(404, "not found"),
+        }),
+    );
+    (nova, keystone)
+}
+
+fn the_vm_as_a_clouds_server(exporter_port: u16, uuid: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let prometheus = common::lab::prometheus_scraping(exporter_port);
+    let (nova, keystone) = cloud_stand_ins(uuid);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // The servers drop to nobody.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let config = dir.join("ceems.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[stats-server.clusters]]\nid = \"cloud\"\nmanager = \"openstack\"\nprometheus-url = \"{}\"\n\
+             openstack-compute-url = \"{}/v2.1\"\nopenstack-identity-url = \"{}\"\n\
+             openstack-auth = {{ identity = {{ methods = [\"password\"], password = {{ user = {{ name = \"ceems\", password = \"lab\" }} }} }} }}\n",
+            prometheus.url(),
+            nova.url(),
+            keystone.url()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let db = dir.join("db");
+    let server = common::start_subcommand(
+        "stats-server",
+        dir,
+        &[
+            &format!("--config.file={}", config.display()),
+            &format!("--storage.data.path={}", db.display()),
+            "--storage.update-interval=2s",
+            "--prometheus.cutoff=5s",
+            "--prometheus.scrape-interval=1s",
+            "--web.admin-users=root",
+        ],
+        &[],
+    );
+    let fields = "field=uuid&field=username&field=project&field=aggregates_status&field=total_cpu_seconds&field=avg_cpu_usage";
+    let vm = || {
+        common::api_get(
+            &server,
+            &format!("/api/v1/units?cluster_id=cloud&running&{fields}"),
+            "alice",
+        )["data"]
+            .as_array()
+            .and_then(|l| l.iter().find(|u| u["uuid"] == uuid).cloned())
+    };
+    common::lab::wait_until(
+        "the VM's usage from Prometheus",
+        Duration::from_secs(120),
+        || vm().is_some_and(|u| u["total_cpu_seconds"].as_f64().is_some_and(|s| s > 0.0)),
+    );
+    let row = vm().unwrap();
+    assert_eq!(
+        (row["username"].as_str(), row["project"].as_str()),
+        (Some("alice"), Some("physics")),
+        "{row}"
+    );
+    assert!(row["avg_cpu_usage"]["global"].is_number(), "{row}");
+    // bob sees none of it.
+    let bobs = common::api_get(
+        &server,
+        &format!("/api/v1/units?cluster_id=cloud&running&{fields}"),
+        "bob",
+    );
+    assert_eq!(bobs["data"].as_array().map(Vec::len), Some(0), "{bobs}");
+    // The report: alice's, not bob's.
+    let report = common::api_get(&server, &format!("/report/cloud/{uuid}.json"), "alice");
+    assert_eq!(report["data"]["job"]["uuid"], uuid, "{report}");
+    let bob_report = ureq::get(&server.url(&format!("/report/cloud/{uuid}.json")))
+        .set("X-Grafana-User", "bob")
+        .call();
+    assert!(bob_report.is_err(), "bob read alice's VM's report");
+    // ceems lb on the stats-server's database: alice's queries of the VM pass, bob's do not.
+    let lb = common::start_subcommand(
+        "lb",
+        dir,
+        &[
+            &format!("--lb.backend=cloud={}", prometheus.url()),
+            &format!("--storage.data.path={}", db.display()),
+        ],
+        &[],
+    );
+    let ask = |user: &str| {
+        let url = format!(
+            "http://127.0.0.1:{}/api/v1/query?query=ceems_compute_unit_cpu_user_seconds_total%7Buuid%3D%22{uuid}%22%7D",
+            lb.port
+        );
+        match ureq::get(&url).set("X-Grafana-User", user).call() {
+            Ok(r) => (200, r.into_string().unwrap()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let (status, body) = ask("alice");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(uuid), "alice got no series of her VM: {body}");
+    assert_eq!(ask("bob").0, 403);
+    println!("the VM as a cloud's server: {row}");
 }
