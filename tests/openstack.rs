@@ -26,6 +26,8 @@ struct Cloud {
     tokens_issued: usize,
     running: Vec<Value>,
     deleted: Vec<Value>,
+    /// Servers Nova answers only when asked for by id (`uuid=`), as for a report.
+    by_id_only: Vec<Value>,
     /// The second page of servers is not JSON.
     malformed_page: bool,
     malformed_answered: usize,
@@ -122,6 +124,14 @@ fn nova(cloud: Arc<Mutex<Cloud>>) -> TestServer {
             let has = |k: &str| query.iter().any(|(key, _)| key == k);
             if !query.iter().any(|(k, v)| k == "all_tenants" && v == "true") {
                 return Response::json(200, json!({"servers": []}));
+            }
+            if let Some((_, id)) = query.iter().find(|(k, _)| k == "uuid") {
+                let list = match has("deleted") {
+                    true => &c.deleted,
+                    false => &c.by_id_only,
+                };
+                let found: Vec<&Value> = list.iter().filter(|s| s["id"] == id.as_str()).collect();
+                return Response::json(200, json!({"servers": found}));
             }
             if has("deleted") {
                 assert!(
@@ -276,6 +286,14 @@ fn a_clouds_servers_users_and_projects_are_pulled_through_its_apis() {
     assert_eq!(mine["data"][0]["allocation"]["name"], "g1.large", "{mine}");
     let projects = common::api_get(&server, "/api/v1/projects", "alice");
     assert_eq!(projects["data"][0]["name"], "physics", "{projects}");
+    // A report asked for before any pull listed the server: Nova is asked for that one.
+    cloud
+        .lock()
+        .unwrap()
+        .by_id_only
+        .push(nova_server("eeee-5", "u2", "p2", "ACTIVE", None));
+    let report = common::api_get(&server, "/report/cloud/eeee-5.json", "bob");
+    assert_eq!(report["data"]["job"]["uuid"], "eeee-5", "{report}");
 
     // The token is revoked and bob's server deleted: a 401, a new token, the server ended.
     {

@@ -251,11 +251,17 @@ impl OpenStackAccounting {
         }
     }
 
-    /// The servers of a pull: running ones and, in `window`, deleted ones, one record each.
-    fn servers(&self, deleted_query: &[(&str, String)]) -> Result<Vec<Server>, AccountingError> {
-        let running = self.api.servers(&[]).map_err(other)?;
+    /// The servers `filter` selects (`uuid=…`: one), listed and deleted (those of `window`
+    /// too), one record each.
+    fn servers(
+        &self,
+        filter: &[(&str, String)],
+        window: &[(&str, String)],
+    ) -> Result<Vec<Server>, AccountingError> {
+        let running = self.api.servers(filter).map_err(other)?;
         let mut query = vec![("deleted", "true".to_owned())];
-        query.extend(deleted_query.iter().cloned());
+        query.extend(filter.iter().cloned());
+        query.extend(window.iter().cloned());
         let deleted = self.api.servers(&query).map_err(other)?;
         // A server deleted while the lists were read is in both: its deleted record wins.
         let gone: BTreeSet<String> = deleted.iter().map(|s| s.id.clone()).collect();
@@ -292,7 +298,7 @@ impl Accounting for OpenStackAccounting {
             ),
             ("changes-before", nova_time(now)),
         ];
-        let servers = self.servers(&window)?;
+        let servers = self.servers(&[], &window)?;
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let missing = servers.iter().any(|s| state.directory.names.misses(s));
         self.refresh_names(&mut state, missing)?;
@@ -331,7 +337,7 @@ impl Accounting for OpenStackAccounting {
         let now = unix_now();
         let by_id = [("uuid", id.to_owned())];
         let servers: Vec<Server> = self
-            .servers(&by_id)?
+            .servers(&by_id, &[])?
             .into_iter()
             .filter(|s| s.id == id)
             .collect();
