@@ -311,6 +311,14 @@ fn a_clouds_servers_users_and_projects_are_pulled_through_its_apis() {
             .is_some_and(|u| u.1 == 1_795_608_030_000)
     });
     assert!(cloud.lock().unwrap().tokens_issued >= 2);
+    // Later pulls' windows no longer list its deletion: its end stays when Nova said.
+    cloud
+        .lock()
+        .unwrap()
+        .deleted
+        .retain(|s| s["id"] != "bbbb-2");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(units(&server)["bbbb-2"].1, 1_795_608_030_000);
 
     // A new server on the first page and a second page that is not JSON: the pull fails,
     // and nothing of it is written, not even the first page's server.

@@ -327,9 +327,13 @@ impl Accounting for OpenStackAccounting {
                 records.push(r);
             }
         }
-        for r in records.iter().filter(|r| r.end.is_none()) {
-            state.open.insert(r.uuid.clone(), (r.clone(), now));
-        }
+        // What runs now, and only that: an ended server must not be closed again later, when
+        // the deleted list's window has moved past it.
+        state.open = records
+            .iter()
+            .filter(|r| r.end.is_none())
+            .map(|r| (r.uuid.clone(), (r.clone(), now)))
+            .collect();
         Ok(Box::new(records.into_iter().map(Ok)))
     }
 
