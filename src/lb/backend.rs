@@ -66,6 +66,28 @@ pub struct StoreAccess {
     pub tls: ClientTls,
 }
 
+impl StoreAccess {
+    /// Every header a request carries for this access: the configured ones, then the
+    /// credentials as `authorization` (flagged as the secret ones).
+    pub fn request_headers(&self) -> Vec<(String, String, bool)> {
+        use base64::Engine;
+        let mut all: Vec<(String, String, bool)> = self
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone(), false))
+            .collect();
+        if let Some((user, password)) = &self.basic_auth {
+            let pair =
+                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+            all.push(("authorization".into(), format!("Basic {pair}"), true));
+        }
+        if let Some(token) = &self.bearer_token {
+            all.push(("authorization".into(), format!("Bearer {token}"), true));
+        }
+        all
+    }
+}
+
 /// A store and how to reach it.
 #[derive(Debug, Clone)]
 pub struct StoreSpec {
@@ -172,19 +194,12 @@ impl Backend {
             value.set_sensitive(secret);
             Ok::<_, BackendError>((name, value))
         };
-        let mut added = Vec::new();
-        for (name, value) in &spec.access.headers {
-            added.push(header(name, value, false)?);
-        }
-        if let Some((user, password)) = &spec.access.basic_auth {
-            use base64::Engine;
-            let pair =
-                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
-            added.push(header("authorization", &format!("Basic {pair}"), true)?);
-        }
-        if let Some(token) = &spec.access.bearer_token {
-            added.push(header("authorization", &format!("Bearer {token}"), true)?);
-        }
+        let added = spec
+            .access
+            .request_headers()
+            .iter()
+            .map(|(name, value, secret)| header(name, value, *secret))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Backend {
             url: url.to_owned(),
             authority: authority.to_owned(),

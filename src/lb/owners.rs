@@ -52,7 +52,6 @@ impl ApiOwners {
         timeout: Duration,
         access: &StoreAccess,
     ) -> Result<ApiOwners, OwnersError> {
-        use base64::Engine;
         let agent = crate::web::client::agent_with_tls(
             crate::web::client::Timeouts::all(timeout),
             &access.tls,
@@ -61,15 +60,11 @@ impl ApiOwners {
             url: base.to_owned(),
             reason,
         })?;
-        let mut added = access.headers.clone();
-        if let Some((user, password)) = &access.basic_auth {
-            let pair =
-                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
-            added.push(("Authorization".into(), format!("Basic {pair}")));
-        }
-        if let Some(token) = &access.bearer_token {
-            added.push(("Authorization".into(), format!("Bearer {token}")));
-        }
+        let added = access
+            .request_headers()
+            .into_iter()
+            .map(|(name, value, _)| (name, value))
+            .collect();
         Ok(ApiOwners {
             base: base.trim_end_matches('/').to_owned(),
             user_header: user_header.to_owned(),
