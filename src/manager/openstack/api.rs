@@ -191,7 +191,7 @@ impl CloudApi {
         }
     }
 
-    /// Every server of every project (`deleted`: those deleted between the two times).
+    /// Every server of every project that `query` selects (`deleted=true`, `uuid=…`, a window).
     pub fn servers(
         &self,
         query: &[(&str, String)],
