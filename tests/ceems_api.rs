@@ -284,11 +284,14 @@ fn mock_prometheus() -> common::http::TestServer {
                     })
                 })
                 .collect();
-            Response::json(
+            // Go's encoder ends the body with a newline.
+            let mut answer = Response::json(
                 200,
                 serde_json::json!({"status": "success",
                                    "data": {"result": result, "resultType": "vector"}}),
-            )
+            );
+            answer.body.push(b'\n');
+            answer
         }),
     )
 }
@@ -733,61 +736,166 @@ fn dashboard_fills_its_columns(server: &Running, d: &Dashboard) {
     assert!(columns >= d.min_columns, "{}: {columns}", d.file);
 }
 
-/// CEEMS's two lb scenarios that ask the API server who owns what (`config-api.yml`:
-/// `ceems_api_server.web.url`, no database): `ceems lb --lb.ceems-api-url` in front of the
-/// mock Prometheus for both Slurm clusters, this server as the API.
-fn lb_asks_the_api_server(server: &Running, prometheus: &common::http::TestServer) {
-    let dir = tempfile::tempdir().unwrap();
-    let backends: Vec<String> = ["slurm-0", "slurm-1"]
-        .iter()
-        .map(|c| format!("--lb.backend={c}={}", prometheus.url()))
-        .collect();
-    let api = format!("--lb.ceems-api-url={}", server.url(""));
-    let mut args: Vec<&str> = backends.iter().map(String::as_str).collect();
-    args.extend([
-        api.as_str(),
-        "--lb.health-check-interval=1s",
-        "--security.drop-privileges=false",
-    ]);
-    let lb = common::start_subcommand("lb", dir.path(), &args, &[]);
-    let ask = |user: &str, cluster: &str, query: &str| -> (u16, String) {
-        let url = lb.url(&format!(
-            "/api/v1/query?query={}",
-            form_urlencoded::byte_serialize(query.as_bytes()).collect::<String>()
-        ));
-        match ureq::get(&url)
-            .set("X-Grafana-User", user)
-            .set("X-Ceems-Cluster-Id", cluster)
-            .call()
-        {
-            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
-            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
-            Err(e) => panic!("{e}"),
-        }
+/// The pack's mock Pyroscope (`scripts/mock_servers`, mode `pyro`): a merged flame graph
+/// whose one name is the request's label selector, and a configuration.
+fn mock_pyroscope() -> common::http::TestServer {
+    use common::http::{Request, Response};
+    use prost::Message as _;
+    let config =
+        std::fs::read(common::fixtures().join("ceems-api/pkg/lb/testdata/pyroscope/config.yml"))
+            .unwrap();
+    common::http::TestServer::start(
+        false,
+        std::sync::Arc::new(move |req: &Request| match req.path() {
+            "/querier.v1.QuerierService/SelectMergeStacktraces" => {
+                match pyro::SelectMergeStacktracesRequest::decode(req.body.as_slice()) {
+                    Ok(asked) => {
+                        let answer = pyro::SelectMergeStacktracesResponse {
+                            flamegraph: Some(pyro::FlameGraph {
+                                names: vec![asked.label_selector],
+                            }),
+                        };
+                        Response::raw(200, answer.encode_to_vec())
+                    }
+                    Err(_) => Response::raw(500, "KO"),
+                }
+            }
+            "/api/v1/status/config" => Response::raw(200, config.clone()),
+            _ => Response::raw(404, "404 page not found\n"),
+        }),
+    )
+}
+
+/// The fields of Pyroscope's querier messages that CEEMS's mock and requestor use.
+mod pyro {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct SelectMergeStacktracesRequest {
+        #[prost(string, tag = "2")]
+        pub label_selector: String,
+        #[prost(int64, tag = "3")]
+        pub start: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct SelectMergeStacktracesResponse {
+        #[prost(message, optional, tag = "1")]
+        pub flamegraph: Option<FlameGraph>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct FlameGraph {
+        #[prost(string, repeated, tag = "1")]
+        pub names: Vec<String>,
+    }
+}
+
+/// CEEMS's `pyro_requestor`: a raw protobuf `SelectMergeStacktraces` of `{service_name="…"}`
+/// without a Content-Type; prints what it prints.
+fn pyro_requestor(port: u16, user: &str, cluster: &str, uuid: &str, start: i64) -> String {
+    use prost::Message as _;
+    let body = pyro::SelectMergeStacktracesRequest {
+        label_selector: format!("{{service_name=\"{uuid}\"}}"),
+        start,
+    }
+    .encode_to_vec();
+    let url = format!("http://localhost:{port}/querier.v1.QuerierService/SelectMergeStacktraces");
+    let answer = ureq::post(&url)
+        .set("X-Grafana-User", user)
+        .set("X-Ceems-Cluster-Id", cluster)
+        .send_bytes(&body);
+    let (status, response) = match answer {
+        Ok(r) => (r.status(), r),
+        Err(ureq::Error::Status(code, r)) => (code, r),
+        Err(e) => panic!("pyro_requestor: {e}"),
     };
-    // lb-allow-user-query-api: usr1's job on slurm-0, the store's answer passed on.
-    let want = expected_lb("e2e-test-lb-allow-user-query-api.txt");
-    let (status, body) = ask("usr1", "slurm-0", r#"avg_cpu_usage{uuid="1479763"}"#);
-    assert_eq!(status, 200, "{body}");
-    let first = want.lines().next().unwrap();
-    assert_eq!(
-        serde_json::from_str::<Value>(&body).map(canonical).ok(),
-        serde_json::from_str::<Value>(first).map(canonical).ok(),
-        "{body}"
-    );
-    // lb-forbid-user-query-api: usr3's job on slurm-1 is not usr1's.
-    let (status, body) = ask("usr1", "slurm-1", r#"avg_cpu_usage{uuid="1481510"}"#);
-    assert_eq!(status, 403, "{body}");
-    assert!(expected_lb("e2e-test-lb-forbid-user-query-api.txt").contains("forbidden"));
-    // The API's admins pass unchecked; usr3 reads their own job.
-    assert_eq!(
-        ask("grafana", "slurm-1", r#"avg_cpu_usage{uuid="1481510"}"#).0,
-        200
-    );
-    assert_eq!(
-        ask("usr3", "slurm-1", r#"avg_cpu_usage{uuid="1481510"}"#).0,
-        200
-    );
+    let mut bytes = Vec::new();
+    response.into_reader().read_to_end(&mut bytes).unwrap();
+    match status {
+        200 => {
+            let answer = pyro::SelectMergeStacktracesResponse::decode(bytes.as_slice()).unwrap();
+            let names = answer.flamegraph.map(|f| f.names).unwrap_or_default();
+            format!("\nreceived profiles for  {}\n", names.join(","))
+        }
+        _ => format!("{}\n", String::from_utf8_lossy(&bytes)),
+    }
+}
+
+/// The script's `get` (`curl -s`): the body, whatever the status.
+fn curl(port: u16, path: &str, user: &str, cluster: &str, form: Option<&str>) -> String {
+    let url = format!("http://127.0.0.1:{port}{path}");
+    let request = |r: ureq::Request| {
+        r.set("X-Grafana-User", user)
+            .set("X-Ceems-Cluster-Id", cluster)
+    };
+    let answer = match form {
+        None => request(ureq::get(&url)).call(),
+        Some(form) => request(ureq::post(&url))
+            .set("Content-Type", "application/x-www-form-urlencoded")
+            .send_string(form),
+    };
+    match answer {
+        Ok(r) => r.into_string().unwrap(),
+        Err(ureq::Error::Status(_, r)) => r.into_string().unwrap_or_default(),
+        Err(e) => panic!("GET {path}: {e}"),
+    }
+}
+
+/// `ceems_lb` as the script starts it, from the pack's root (where its configs' database
+/// path, `./pkg/api/testdata`, holds CEEMS's `ceems.db`), with the pack's config whose stores'
+/// and API server's `localhost` ports are the stand-ins'; on `addresses` listen addresses.
+struct CeemsLb {
+    _child: common::KillOnDrop,
+    ports: Vec<u16>,
+    _dir: tempfile::TempDir,
+}
+
+fn ceems_lb(config: &str, urls: &[(&str, String)], addresses: usize) -> CeemsLb {
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = std::fs::read_to_string(
+        common::fixtures()
+            .join("ceems-api/pkg/lb/testdata")
+            .join(config),
+    )
+    .unwrap();
+    for (from, to) in urls {
+        text = text.replace(from, to);
+    }
+    let path = dir.path().join(config);
+    std::fs::write(&path, text).unwrap();
+    let link = dir.path().join("ceems_lb");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ceems"), &link).unwrap();
+    let ports: Vec<u16> = (0..addresses).map(|_| common::free_port()).collect();
+    let mut command = Command::new(&link);
+    command
+        .current_dir(common::fixtures().join("ceems-api"))
+        .arg(format!("--config.file={}", path.display()))
+        .args(
+            ports
+                .iter()
+                .map(|p| format!("--web.listen-address=127.0.0.1:{p}")),
+        )
+        .args(["--log.level=debug", "--security.drop-privileges=false"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("lb.log")).unwrap());
+    let mut child = common::KillOnDrop(command.spawn().unwrap());
+    let start = std::time::Instant::now();
+    for port in &ports {
+        while std::net::TcpStream::connect(("127.0.0.1", *port)).is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "ceems_lb --config.file={config} exited: {status}\n{}",
+                    std::fs::read_to_string(dir.path().join("lb.log")).unwrap_or_default()
+                );
+            }
+            assert!(start.elapsed() < std::time::Duration::from_secs(10));
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    CeemsLb {
+        _child: child,
+        ports,
+        _dir: dir,
+    }
 }
 
 fn expected_lb(name: &str) -> String {
@@ -797,135 +905,165 @@ fn expected_lb(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// CEEMS's lb scenarios on its own database (`config-db.yml`: the pack's `ceems.db`, read
-/// only, `filter_labels: [instance]`), the Prometheus halves: a user's own job, another's,
-/// and an admin's POST; the answers compared as JSON, the refusal's text CEEMS's.
-#[test]
-fn ceems_lb_scenarios_on_ceems_own_database() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        common::fixtures().join("ceems-api/pkg/api/testdata/ceems.db"),
-        dir.path().join("ceems.db"),
-    )
-    .unwrap();
-    let prometheus = mock_prometheus();
-    let mut args: Vec<String> = Vec::new();
-    for c in ["slurm-0", "slurm-1"] {
-        args.push(format!("--lb.backend={c}={}", prometheus.url()));
-        args.push(format!("--lb.filter-label={c}=instance"));
-    }
-    args.push(format!("--storage.data.path={}", dir.path().display()));
-    args.push("--security.drop-privileges=false".into());
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let lb = common::start_subcommand("lb", dir.path(), &args, &[]);
-    let ask = |user: &str, cluster: &str, query: &str, post: bool| -> (u16, String) {
-        let form = format!(
-            "query={}",
-            form_urlencoded::byte_serialize(query.as_bytes()).collect::<String>()
-        );
-        let request = |r: ureq::Request| {
-            r.set("X-Grafana-User", user)
-                .set("X-Ceems-Cluster-Id", cluster)
-        };
-        let answer = match post {
-            false => request(ureq::get(
-                &lb.url(&format!("/api/v1/query?{form}&time=1645450627")),
-            ))
-            .call(),
-            true => request(ureq::post(&lb.url("/api/v1/query")))
-                .set("Content-Type", "application/x-www-form-urlencoded")
-                .send_string(&form),
-        };
-        match answer {
-            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
-            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
-            Err(e) => panic!("{e}"),
-        }
-    };
-    // CEEMS re-encodes a filtered sample with `"values":null`; ours leaves the absent out.
-    let first_line = |fixture: &str| -> Value {
-        let mut v: Value =
-            serde_json::from_str(expected_lb(fixture).lines().next().unwrap()).unwrap();
-        let samples = v.get_mut("data").and_then(|d| d.get_mut("result"));
-        for sample in samples.and_then(Value::as_array_mut).into_iter().flatten() {
+/// The script compares these outputs byte for byte. Ours are compared so line by line, but
+/// for a line that is a JSON answer of a store, compared as `compare_json` compares: CEEMS
+/// re-encodes a filtered answer (Go's key order, `"values":null`, docs/compat.md) where ours
+/// keeps the store's order and leaves the absent out.
+fn same_output(scenario: &str, got: &str, want: &str) {
+    let (got_lines, want_lines): (Vec<&str>, Vec<&str>) =
+        (got.split('\n').collect(), want.split('\n').collect());
+    assert_eq!(
+        got_lines.len(),
+        want_lines.len(),
+        "{scenario}:\n got  {got:?}\n want {want:?}"
+    );
+    let answer = |line: &str| -> Option<Value> {
+        let mut v: Value = serde_json::from_str(line).ok()?;
+        (v["status"] == "success").then_some(())?;
+        for sample in v["data"]["result"].as_array_mut().into_iter().flatten() {
             if let Some(s) = sample.as_object_mut() {
                 s.retain(|_, x| !x.is_null());
             }
         }
-        canonical(v)
+        Some(canonical(v))
     };
-    let json = |body: &str| serde_json::from_str::<Value>(body).map(canonical).ok();
-    // lb-basic-tsdb-only: an admin reads the store's configuration, passed on byte for byte;
-    // lb-basic: a user may not.
-    let status_config = |user: &str| -> (u16, String) {
-        match ureq::get(&lb.url("/api/v1/status/config"))
-            .set("X-Grafana-User", user)
-            .set("X-Ceems-Cluster-Id", "slurm-0")
-            .call()
-        {
-            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
-            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
-            Err(e) => panic!("{e}"),
+    for (g, w) in got_lines.iter().zip(&want_lines) {
+        match (answer(g), answer(w)) {
+            (Some(g), Some(w)) => assert_eq!(g, w, "{scenario}"),
+            _ => assert_eq!(g, w, "{scenario}:\n got  {got:?}\n want {want:?}"),
         }
-    };
-    assert_eq!(
-        status_config("grafana"),
-        (200, expected_lb("e2e-test-lb-server-tsdb-only.txt"))
-    );
-    let (status, body) = status_config("usr1");
-    let want = expected_lb("e2e-test-lb-server.txt");
-    assert_eq!(
-        (status, json(&body)),
-        (403, json(want.lines().next().unwrap()))
-    );
-    // A cluster the lb does not serve: CEEMS's answer (its lb-basic-tsdb-pyro scenario).
-    let (status, body) = ask("usr1", "slurm-9", r#"avg_cpu_usage{uuid="1479763"}"#, false);
-    assert_eq!(
-        (status, json(&body)),
-        (
-            400,
-            json(
-                r#"{"status":"error","data":null,"errorType":"bad_request","error":"invalid cluster ID. Set cluster ID using X-Ceems-Cluster-Id header in Prometheus datasource."}"#
-            )
-        )
-    );
-    for (scenario, user, cluster, uuid, post, status) in [
-        (
-            "e2e-test-lb-allow-user-query-db.txt",
-            "usr1",
-            "slurm-0",
-            "1479763",
-            false,
-            200,
-        ),
-        (
-            "e2e-test-lb-forbid-user-query-db.txt",
-            "usr1",
-            "slurm-1",
-            "1481510",
-            false,
-            403,
-        ),
-        (
-            "e2e-test-lb-allow-admin-query.txt",
-            "grafana",
-            "slurm-1",
-            "1479765",
-            true,
-            200,
-        ),
-    ] {
-        let (got, body) = ask(
-            user,
-            cluster,
-            &format!("avg_cpu_usage{{uuid=\"{uuid}\"}}"),
-            post,
-        );
-        assert_eq!(got, status, "{scenario}: {body}");
-        assert_eq!(
-            json(&body),
-            Some(first_line(scenario)),
-            "{scenario}: {body}"
-        );
     }
+}
+
+/// CEEMS's two lb scenarios that ask the API server who owns what (`config-api.yml`: no
+/// database, `ceems_api_server.web.url`), this server as the API, the pack's mock Prometheus
+/// and Pyroscope as the stores.
+fn lb_asks_the_api_server(server: &Running, prometheus: &common::http::TestServer) {
+    let pyroscope = mock_pyroscope();
+    let lb = ceems_lb(
+        "config-api.yml",
+        &[
+            ("http://localhost:9090", prometheus.url()),
+            ("http://localhost:4040", pyroscope.url()),
+            ("http://localhost:9020", server.url("")),
+        ],
+        2,
+    );
+    let (tsdb, pyro) = (lb.ports[0], lb.ports[1]);
+    let query = |uuid: &str, time: &str| {
+        format!("/api/v1/query?query=avg_cpu_usage%7Buuid%3D%22{uuid}%22%7D&time={time}")
+    };
+    let out = curl(
+        tsdb,
+        &query("1481510", "1676990946"),
+        "usr1",
+        "slurm-1",
+        None,
+    ) + &pyro_requestor(pyro, "usr1", "slurm-1", "1481510", 1676990946000);
+    same_output(
+        "lb-forbid-user-query-api",
+        &out,
+        &expected_lb("e2e-test-lb-forbid-user-query-api.txt"),
+    );
+    let out = curl(
+        tsdb,
+        &query("1479763", "1645450627"),
+        "usr1",
+        "slurm-0",
+        None,
+    ) + &pyro_requestor(pyro, "usr1", "slurm-0", "1479763", 1645450627000);
+    same_output(
+        "lb-allow-user-query-api",
+        &out,
+        &expected_lb("e2e-test-lb-allow-user-query-api.txt"),
+    );
+    // The API's admins pass unchecked; usr3 reads their own job.
+    for user in ["grafana", "usr3"] {
+        let out = pyro_requestor(pyro, user, "slurm-1", "1481510", 1676990946000);
+        assert!(out.contains("received profiles for"), "{user}: {out}");
+    }
+}
+
+/// CEEMS's other lb scenarios but `lb-auth` (in `lb_stores.rs`): `ceems_lb` on CEEMS's own
+/// database with each of the pack's configs, one address or two (Prometheus's, then
+/// Pyroscope's), the script's requests, its expected outputs.
+#[test]
+fn ceems_lb_scenarios_through_the_ceems_lb_link() {
+    let (prometheus, pyroscope) = (mock_prometheus(), mock_pyroscope());
+    let urls = [
+        ("http://localhost:9090", prometheus.url()),
+        ("http://localhost:4040", pyroscope.url()),
+    ];
+    let config = "/api/v1/status/config";
+    let query = |uuid: &str, time: &str| {
+        format!("/api/v1/query?query=avg_cpu_usage%7Buuid%3D%22{uuid}%22%7D&time={time}")
+    };
+
+    let lb = ceems_lb("config-db.yml", &urls, 2);
+    let (tsdb, pyro) = (lb.ports[0], lb.ports[1]);
+    let out =
+        curl(tsdb, config, "usr1", "slurm-0", None) + &curl(pyro, config, "usr1", "slurm-0", None);
+    same_output("lb-basic", &out, &expected_lb("e2e-test-lb-server.txt"));
+    let out = curl(
+        tsdb,
+        &query("1481510", "1713032179.506"),
+        "usr1",
+        "slurm-1",
+        None,
+    ) + &pyro_requestor(pyro, "usr1", "slurm-1", "1481510", 1713032179000);
+    same_output(
+        "lb-forbid-user-query-db",
+        &out,
+        &expected_lb("e2e-test-lb-forbid-user-query-db.txt"),
+    );
+    let out = curl(
+        tsdb,
+        &query("1479763", "1645450627"),
+        "usr1",
+        "slurm-0",
+        None,
+    ) + &pyro_requestor(pyro, "usr1", "slurm-0", "1479763", 1645450627000);
+    same_output(
+        "lb-allow-user-query-db",
+        &out,
+        &expected_lb("e2e-test-lb-allow-user-query-db.txt"),
+    );
+    let form = "query=avg_cpu_usage{uuid=\"1479765\"}";
+    let out = curl(tsdb, "/api/v1/query", "grafana", "slurm-1", Some(form))
+        + &pyro_requestor(pyro, "grafana", "slurm-1", "1479765", 1645450627000);
+    same_output(
+        "lb-allow-admin-query",
+        &out,
+        &expected_lb("e2e-test-lb-allow-admin-query.txt"),
+    );
+    drop(lb);
+
+    let lb = ceems_lb("config-tsdb-only.yml", &urls, 1);
+    let out = curl(lb.ports[0], config, "grafana", "slurm-0", None);
+    assert_eq!(
+        out,
+        expected_lb("e2e-test-lb-server-tsdb-only.txt"),
+        "lb-basic-tsdb-only"
+    );
+    drop(lb);
+
+    let lb = ceems_lb("config-pyro-only.yml", &urls, 1);
+    let out = curl(lb.ports[0], config, "usr1", "slurm-0", None);
+    same_output(
+        "lb-basic-pyro-only",
+        &out,
+        &expected_lb("e2e-test-lb-server-pyro-only.txt"),
+    );
+    drop(lb);
+
+    let lb = ceems_lb("config-tsdb-pyro.yml", &urls, 2);
+    let (tsdb, pyro) = (lb.ports[0], lb.ports[1]);
+    let out = curl(tsdb, config, "usr1", "slurm-0", None)
+        + &curl(pyro, config, "usr1", "slurm-0", None)
+        + &curl(pyro, config, "usr1", "slurm-1", None);
+    same_output(
+        "lb-basic-tsdb-pyro",
+        &out,
+        &expected_lb("e2e-test-lb-server-tsdb-pyro-mix.txt"),
+    );
 }

@@ -11,14 +11,24 @@ use clap::{ArgMatches, Command};
 use serde::Deserialize;
 
 use crate::config::{self, Kind, LogConfig, Opt};
+use crate::lb::access::Access;
 use crate::lb::backend::{Pool, StoreAccess, StoreSpec, Strategy};
 use crate::lb::owners::{ApiOwners, Owners};
-use crate::lb::Lb;
+use crate::lb::{Api, Lb};
 use crate::store::db::{self, Store};
 use crate::web;
 
 pub fn opts() -> Vec<Opt> {
     let mut opts = web::server_opts(":9030");
+    // As CEEMS's lb: a second address when Pyroscope is relayed too.
+    if let Some(listen) = opts.iter_mut().find(|o| o.key == "web.listen-address") {
+        *listen = Opt::new(
+            "web.listen-address",
+            Kind::List,
+            "Address to listen on, host:port or :port (repeatable): the first serves the Prometheus API, the second Pyroscope's; with only Pyroscope stores, the first serves it",
+        )
+        .default(":9030,:9040");
+    }
     opts.extend([
         Opt::new(
             "web.max-requests",
@@ -49,6 +59,17 @@ pub fn opts() -> Vec<Opt> {
             "lb.stores",
             Kind::FileOnly,
             "Stores reached with credentials, TLS or headers: [[lb.stores]] with cluster, url, basic-auth-user, basic-auth-password or basic-auth-password-file, bearer-token or bearer-token-file, ca-file, cert-file, key-file, insecure-skip-verify, headers (CEEMS's tsdb web settings)",
+        ),
+        Opt::new(
+            "lb.pyroscope-backend",
+            Kind::List,
+            "Pyroscope server of a cluster, as CLUSTER=http://host:4040 (repeatable; CEEMS's pyroscope backends), served on the second --web.listen-address",
+        )
+        .key("lb.pyroscope-backends"),
+        Opt::new(
+            "lb.pyroscope-stores",
+            Kind::FileOnly,
+            "Pyroscope servers reached with credentials, TLS or headers: [[lb.pyroscope-stores]] with the keys of [[lb.stores]]",
         ),
         Opt::new(
             "lb.strategy",
@@ -121,6 +142,10 @@ struct LbSettings {
     backends: Vec<String>,
     #[serde(default)]
     filter_labels: Vec<String>,
+    #[serde(default)]
+    pyroscope_backends: Vec<String>,
+    #[serde(default)]
+    pyroscope_stores: Vec<StoreSettings>,
     strategy: Strategy,
     #[serde(deserialize_with = "config::de_duration")]
     health_check_interval: Duration,
@@ -256,30 +281,55 @@ fn group_by_cluster(
     Ok(by_cluster)
 }
 
-/// `CLUSTER=URL` entries and `[[lb.stores]]`, grouped by cluster; at least one.
+/// `CLUSTER=URL` entries of `flag` and the stores of `table`, grouped by cluster.
 fn backends(
+    flag: &str,
     entries: &[String],
+    table: &str,
     stores: &[StoreSettings],
 ) -> anyhow::Result<BTreeMap<String, Vec<StoreSpec>>> {
-    let mut by_cluster: BTreeMap<String, Vec<StoreSpec>> = group_by_cluster("lb.backend", entries)?
+    let mut by_cluster: BTreeMap<String, Vec<StoreSpec>> = group_by_cluster(flag, entries)?
         .into_iter()
         .map(|(c, urls)| (c, urls.iter().map(|u| StoreSpec::plain(u)).collect()))
         .collect();
     for s in stores {
         anyhow::ensure!(
             !s.cluster.trim().is_empty() && !s.url.trim().is_empty(),
-            "lb.stores: each needs a cluster and a url ({s:?})"
+            "{table}: each needs a cluster and a url ({s:?})"
         );
         by_cluster
             .entry(s.cluster.trim().to_owned())
             .or_default()
             .push(s.spec()?);
     }
-    anyhow::ensure!(
-        !by_cluster.is_empty(),
-        "no store to relay to: add --lb.backend=CLUSTER=http://prometheus:9090 (repeatable)"
-    );
     Ok(by_cluster)
+}
+
+/// The addresses of the frontends: Prometheus's first, then Pyroscope's, of those relayed.
+fn frontends(
+    listen: &[String],
+    prometheus: bool,
+    pyroscope: bool,
+) -> anyhow::Result<Vec<(Api, String)>> {
+    let apis: Vec<Api> = [(Api::Prometheus, prometheus), (Api::Pyroscope, pyroscope)]
+        .into_iter()
+        .filter(|(_, relayed)| *relayed)
+        .map(|(api, _)| api)
+        .collect();
+    anyhow::ensure!(
+        !apis.is_empty(),
+        "no store to relay to: add --lb.backend=CLUSTER=http://prometheus:9090 (repeatable) or --lb.pyroscope-backend=CLUSTER=http://pyroscope:4040"
+    );
+    let listen: Vec<&String> = listen.iter().filter(|a| !a.trim().is_empty()).collect();
+    anyhow::ensure!(
+        listen.len() >= apis.len(),
+        "Prometheus and Pyroscope stores are both relayed, each on its own address: give --web.listen-address twice (the Prometheus API's, then Pyroscope's)"
+    );
+    Ok(apis
+        .into_iter()
+        .zip(listen)
+        .map(|(api, a)| (api, a.trim().to_owned()))
+        .collect())
 }
 
 pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
@@ -287,7 +337,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let log: LogConfig = settings.get("log")?;
     crate::log::init(&log)?;
     settings.log_deprecated();
-    let listen: String = settings.get("web.listen-address")?;
+    let listen: Vec<String> = settings.get("web.listen-address")?;
     let max_requests: i64 = settings.get("web.max-requests")?;
     let admins: Vec<String> = settings.get("web.admin-users")?;
     let user_header: String = settings.get("web.user-header-name")?;
@@ -295,9 +345,20 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("--web.user-header-name `{user_header}` is not a header name"))?;
     let lb: LbSettings = settings.get("lb")?;
     let storage: StorageSettings = settings.get("storage")?;
-    let by_cluster = backends(&lb.backends, &lb.stores)?;
+    let prometheus_stores = backends("lb.backend", &lb.backends, "lb.stores", &lb.stores)?;
+    let pyroscope_stores = backends(
+        "lb.pyroscope-backend",
+        &lb.pyroscope_backends,
+        "lb.pyroscope-stores",
+        &lb.pyroscope_stores,
+    )?;
+    let frontends = frontends(
+        &listen,
+        !prometheus_stores.is_empty(),
+        !pyroscope_stores.is_empty(),
+    )?;
     let mut filters = group_by_cluster("lb.filter-label", &lb.filter_labels)?;
-    if let Some(unknown) = filters.keys().find(|c| !by_cluster.contains_key(*c)) {
+    if let Some(unknown) = filters.keys().find(|c| !prometheus_stores.contains_key(*c)) {
         anyhow::bail!("--lb.filter-label names cluster {unknown}, which has no --lb.backend");
     }
     let database_url = storage.database_url.trim().to_owned();
@@ -310,7 +371,10 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         );
         database_url
     };
-    let listener = web::bind_std(&listen)?;
+    let listeners = frontends
+        .iter()
+        .map(|(api, address)| Ok((*api, address.clone(), web::bind_std(address)?)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let security: crate::security::SecuritySettings = settings.get("security")?;
     crate::security::drop_privileges(&security, &[])
         .context("cannot drop privileges (--security.drop-privileges=false to run as started)")?
@@ -350,26 +414,43 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 Owners::Api(ApiOwners::new(&api_url, user_header.as_str(), lb.timeout, &access)?)
             }
         };
-        let mut pools = BTreeMap::new();
-        for (cluster, stores) in &by_cluster {
-            let pool = Arc::new(
-                Pool::of_stores(cluster, stores, lb.strategy, lb.timeout)
-                    .with_context(|| format!("--lb.backend of cluster {cluster}"))?
-                    .with_filter_labels(filters.remove(cluster).unwrap_or_default()),
-            );
-            pool.spawn_health_checks(lb.health_check_interval);
-            pools.insert(cluster.clone(), pool);
-        }
         let admins: BTreeSet<String> = admins.into_iter().filter(|a| !a.is_empty()).collect();
-        let lb = Arc::new(Lb::new(pools, owners, user_header, admins));
-        let listener =
-            web::into_async(listener).with_context(|| format!("cannot listen on {listen}"))?;
-        tracing::info!(address = %listen, clusters = ?by_cluster.keys().collect::<Vec<_>>(), "lb listening");
-        let handler: web::Handler = Arc::new(move |req| {
-            let lb = Arc::clone(&lb);
-            Box::pin(lb.handle(req))
-        });
-        web::serve(listener, options, handler, web::shutdown_signal()).await;
+        let access = Arc::new(Access::new(owners, user_header, admins));
+        let mut servers = Vec::new();
+        for (api, address, listener) in listeners {
+            let (stores, ready_path) = match api {
+                Api::Prometheus => (&prometheus_stores, "/-/ready"),
+                Api::Pyroscope => (&pyroscope_stores, "/ready"),
+            };
+            let mut pools = BTreeMap::new();
+            for (cluster, stores) in stores {
+                let mut pool = Pool::of_stores(cluster, stores, lb.strategy, lb.timeout)
+                    .with_context(|| format!("the {api:?} stores of cluster {cluster}"))?
+                    .with_ready_path(ready_path);
+                if api == Api::Prometheus {
+                    pool = pool.with_filter_labels(filters.remove(cluster).unwrap_or_default());
+                }
+                let pool = Arc::new(pool);
+                pool.spawn_health_checks(lb.health_check_interval);
+                pools.insert(cluster.clone(), pool);
+            }
+            let clusters: Vec<String> = pools.keys().cloned().collect();
+            let frontend = Arc::new(Lb::new(api, pools, Arc::clone(&access)));
+            let listener = web::into_async(listener)
+                .with_context(|| format!("cannot listen on {address}"))?;
+            tracing::info!(%address, api = ?api, ?clusters, "lb listening");
+            let handler: web::Handler = Arc::new(move |req| {
+                let frontend = Arc::clone(&frontend);
+                Box::pin(frontend.handle(req))
+            });
+            servers.push(web::serve(
+                listener,
+                options.clone(),
+                handler,
+                web::shutdown_signal(),
+            ));
+        }
+        futures_util::future::join_all(servers).await;
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
@@ -413,19 +494,23 @@ mod tests {
     #[test]
     fn backends_group_by_cluster() {
         let b = backends(
+            "lb.backend",
             &[
                 "a=http://p1:9090".into(),
                 "a=http://p2:9090".into(),
                 " b = http://vm:8428/prometheus ".into(),
             ],
+            "lb.stores",
             &[],
         )
         .unwrap();
         let urls = |c: &str| b[c].iter().map(|s| s.url.as_str()).collect::<Vec<_>>();
         assert_eq!(urls("a"), ["http://p1:9090", "http://p2:9090"]);
         assert_eq!(urls("b"), ["http://vm:8428/prometheus"]);
-        assert!(backends(&[], &[]).is_err());
-        assert!(backends(&["http://p1:9090".into()], &[]).is_err());
+        assert!(backends("lb.backend", &[], "lb.stores", &[])
+            .unwrap()
+            .is_empty());
+        assert!(backends("lb.backend", &["http://p1:9090".into()], "lb.stores", &[]).is_err());
         let dir = tempfile::tempdir().unwrap();
         let secret = dir.path().join("password");
         std::fs::write(&secret, "s3cret\n").unwrap();
@@ -434,12 +519,38 @@ mod tests {
             secret.display()
         ))
         .unwrap();
-        let b = backends(&["a=http://p1:9090".into()], &[store]).unwrap();
+        let b = backends(
+            "lb.backend",
+            &["a=http://p1:9090".into()],
+            "lb.stores",
+            &[store],
+        )
+        .unwrap();
         assert_eq!(
             b["a"][1].access.basic_auth,
             Some(("prometheus".to_owned(), "s3cret".to_owned()))
         );
         let f = group_by_cluster("lb.filter-label", &["a=hostname".into()]).unwrap();
         assert_eq!(f["a"], ["hostname"]);
+    }
+
+    /// As CEEMS's lb: Prometheus on the first address, Pyroscope on the second, or on the
+    /// first when it is the only one relayed.
+    #[test]
+    fn each_api_gets_its_address() {
+        let two = [":9030".to_owned(), ":9040".to_owned()];
+        let apis = |p, q| frontends(&two, p, q).unwrap();
+        assert_eq!(
+            apis(true, true),
+            [
+                (Api::Prometheus, ":9030".to_owned()),
+                (Api::Pyroscope, ":9040".to_owned())
+            ]
+        );
+        assert_eq!(apis(false, true), [(Api::Pyroscope, ":9030".to_owned())]);
+        assert_eq!(apis(true, false), [(Api::Prometheus, ":9030".to_owned())]);
+        let e = frontends(&two[..1], true, true).unwrap_err().to_string();
+        assert!(e.contains("twice"), "{e}");
+        assert!(frontends(&two, false, false).is_err());
     }
 }

@@ -42,8 +42,9 @@ struct BackendConfig {
     filter_labels: Vec<String>,
     #[serde(default)]
     pyro_urls: Vec<String>,
+    /// The Pyroscope servers with their client settings.
     #[serde(default)]
-    pyro: Vec<serde_norway::Value>,
+    pyroscope: Vec<StoreConfig>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -212,12 +213,11 @@ pub fn to_table(text: &str, dir: &std::path::Path) -> Result<Table, String> {
             lb_table.insert("strategy".into(), Value::String(strategy));
         }
         let (mut backends, mut filters, mut stores) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut pyroscope_backends, mut pyroscope_stores) = (Vec::new(), Vec::new());
         for b in lb.backends {
-            if !b.pyro_urls.is_empty() || !b.pyro.is_empty() {
-                return Err(format!(
-                    "ceems_lb.backends `{}`: Pyroscope is not relayed by ceems lb",
-                    b.id
-                ));
+            pyroscope_backends.extend(b.pyro_urls.iter().map(|u| format!("{}={u}", b.id)));
+            for s in b.pyroscope {
+                pyroscope_stores.push(Value::Table(store(&b.id, s.web, dir)));
             }
             backends.extend(b.tsdb_urls.iter().map(|u| format!("{}={u}", b.id)));
             filters.extend(b.filter_labels.iter().map(|l| format!("{}={l}", b.id)));
@@ -229,6 +229,12 @@ pub fn to_table(text: &str, dir: &std::path::Path) -> Result<Table, String> {
         lb_table.insert("backends".into(), strings(backends));
         if !stores.is_empty() {
             lb_table.insert("stores".into(), Value::Array(stores));
+        }
+        if !pyroscope_backends.is_empty() {
+            lb_table.insert("pyroscope-backends".into(), strings(pyroscope_backends));
+        }
+        if !pyroscope_stores.is_empty() {
+            lb_table.insert("pyroscope-stores".into(), Value::Array(pyroscope_stores));
         }
         if !filters.is_empty() {
             lb_table.insert("filter-labels".into(), strings(filters));
@@ -357,6 +363,31 @@ mod tests {
         );
     }
 
+    /// CEEMS's `config-tsdb-pyro.yml`: Pyroscope beside Prometheus for one cluster.
+    #[test]
+    fn pyroscope_servers_become_our_pyroscope_stores() {
+        let pack = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/ceems-api/pkg/lb/testdata/config-tsdb-pyro.yml"
+        ))
+        .unwrap();
+        let t = to_table(&pack, std::path::Path::new("/etc/ceems_lb")).unwrap();
+        let stores = t["lb"]["pyroscope-stores"].as_array().unwrap();
+        assert_eq!(stores.len(), 1);
+        assert_eq!(stores[0]["cluster"].as_str(), Some("slurm-1"));
+        assert_eq!(stores[0]["url"].as_str(), Some("http://localhost:4040"));
+        assert_eq!(t["lb"]["stores"].as_array().unwrap().len(), 2);
+        let t = to_table(
+            "ceems_lb:\n  backends:\n    - id: a\n      pyro_urls: [http://p:4040]\n",
+            std::path::Path::new("/etc/ceems"),
+        )
+        .unwrap();
+        assert_eq!(
+            t["lb"]["pyroscope-backends"][0].as_str(),
+            Some("a=http://p:4040")
+        );
+    }
+
     #[test]
     fn what_we_do_not_do_is_said() {
         let e = to_table(
@@ -365,12 +396,6 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("resource-based"), "{e}");
-        let e = to_table(
-            "ceems_lb:\n  backends:\n    - id: a\n      pyro_urls: [http://p:4040]\n",
-            std::path::Path::new("/etc/ceems"),
-        )
-        .unwrap_err();
-        assert!(e.contains("Pyroscope"), "{e}");
         let e = to_table(
             "ceems_lb:\n  backend: []\n",
             std::path::Path::new("/etc/ceems"),

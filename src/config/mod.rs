@@ -454,6 +454,16 @@ pub fn load(subcommand: &str, opts: &[Opt], matches: &ArgMatches) -> Result<Laye
                 }
             }
         }
+        // One value where a list is taken (`listen-address = ":9030"`) is a list of one.
+        for opt in opts.iter().filter(|o| o.kind == Kind::List) {
+            if let Some(Value::String(one)) = lookup(&file_table, &opt.key).cloned() {
+                set_path(
+                    &mut file_table,
+                    &opt.key,
+                    Value::Array(vec![Value::String(one)]),
+                );
+            }
+        }
         validate(&file_table, "", opts, path)?;
         overlay(&mut table, file_table, "", &mut from_file);
     }
@@ -570,6 +580,7 @@ mod tests {
             Opt::new("web.listen-address", Kind::Str, "addr").default(":9010"),
             Opt::new("web.max-requests", Kind::Int, "max").default("40"),
             Opt::new("security.drop-privileges", Kind::Flag, "drop").default("true"),
+            Opt::new("lb.addresses", Kind::List, "addresses").default(":9030,:9040"),
         ]
     }
 
@@ -602,6 +613,23 @@ mod tests {
             .get("web")
             .unwrap();
         assert_eq!((w.listen_address.as_str(), w.max_requests), (":1", 7));
+    }
+
+    /// A file written when the key took one value still loads once it takes a list.
+    #[test]
+    fn one_value_in_a_file_is_a_list_of_one() {
+        let addresses = |file: Option<&str>, args: &[&str]| -> Vec<String> {
+            parse(args, file).unwrap().get("lb.addresses").unwrap()
+        };
+        assert_eq!(addresses(None, &[]), [":9030", ":9040"]);
+        let file = "[exporter.lb]\naddresses = \":1\"\n";
+        assert_eq!(addresses(Some(file), &[]), [":1"]);
+        assert_eq!(
+            addresses(Some(file), &["--lb.addresses=:2", "--lb.addresses=:3"]),
+            [":2", ":3"]
+        );
+        let bad = parse(&[], Some("[exporter.lb]\naddresses = 9030\n")).unwrap_err();
+        assert!(bad.to_string().contains("lb.addresses"), "{bad}");
     }
 
     #[test]

@@ -349,6 +349,8 @@ pub struct Pool {
     strategy: Strategy,
     next: AtomicUsize,
     timeout: Duration,
+    /// What the health checks ask (Prometheus's `/-/ready`, Pyroscope's `/ready`).
+    ready_path: &'static str,
 }
 
 /// What `in_flight` counts while a request is out.
@@ -388,12 +390,19 @@ impl Pool {
             strategy,
             next: AtomicUsize::new(0),
             timeout,
+            ready_path: "/-/ready",
         })
     }
 
     /// Removes these labels from every answer.
     pub fn with_filter_labels(mut self, labels: Vec<String>) -> Pool {
         self.filter_labels = labels;
+        self
+    }
+
+    /// Health checks ask `path` instead of Prometheus's `/-/ready`.
+    pub fn with_ready_path(mut self, path: &'static str) -> Pool {
+        self.ready_path = path;
         self
     }
 
@@ -451,7 +460,7 @@ impl Pool {
         })
     }
 
-    /// Asks every backend's `/-/ready` each `interval`, for as long as the pool lives.
+    /// Asks every backend's readiness path each `interval`, for as long as the pool lives.
     pub fn spawn_health_checks(self: &Arc<Self>, interval: Duration) {
         let pool = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -464,7 +473,7 @@ impl Pool {
                     let ok = b
                         .send(
                             Method::GET,
-                            "/-/ready",
+                            pool.ready_path,
                             &[],
                             Bytes::new(),
                             pool.timeout.min(interval),

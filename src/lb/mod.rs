@@ -3,8 +3,10 @@
 //! projects'), checked against the stats-server's database. Admins pass unchecked; every path
 //! but the query, series and label APIs is refused.
 
+pub mod access;
 pub mod backend;
 pub mod owners;
+pub mod pyroscope;
 pub mod query;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,8 +19,8 @@ use hyper::header::{HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 
 use crate::web::Body;
+use access::Access;
 use backend::Pool;
-use owners::Owners;
 
 /// The header that picks the cluster when several are served.
 pub const CLUSTER_HEADER: &str = "x-ceems-cluster-id";
@@ -35,9 +37,6 @@ fn admin_may_read(method: &Method, path: &str) -> bool {
 /// CEEMS's answer to a query of a unit that is not the user's.
 pub const UNIT_FORBIDDEN: &str = "user do not have permissions to view unit metrics";
 
-/// Longest user name accepted, as the stats-server's.
-const MAX_USER_BYTES: usize = 256;
-
 /// Largest form body read (a query is at most [`query::MAX_QUERY_BYTES`]).
 const MAX_BODY_BYTES: usize = 4 * query::MAX_QUERY_BYTES;
 
@@ -45,6 +44,15 @@ const MAX_BODY_BYTES: usize = 4 * query::MAX_QUERY_BYTES;
 /// credentials, cookies) stays here.
 const FORWARDED_REQUEST_HEADERS: &[&str] =
     &["accept", "accept-encoding", "content-type", "user-agent"];
+/// Request headers passed on to Pyroscope: Connect's own too.
+const PYROSCOPE_REQUEST_HEADERS: &[&str] = &[
+    "accept",
+    "accept-encoding",
+    "content-type",
+    "user-agent",
+    "connect-protocol-version",
+    "connect-timeout-ms",
+];
 /// Answer headers passed back.
 const FORWARDED_RESPONSE_HEADERS: &[&str] = &["content-type", "content-encoding", "vary"];
 
@@ -183,89 +191,23 @@ pub fn requested_scope(
     Ok(scope)
 }
 
-/// The proxy: the stores of each cluster, what says who owns what (the stats-server's
-/// database or API), and who the admins are.
+/// Which API a frontend relays: CEEMS's lb listens for each on its own address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Prometheus,
+    Pyroscope,
+}
+
+/// One frontend: the stores of each cluster for its API, and who may read what.
 pub struct Lb {
+    api: Api,
     pools: BTreeMap<String, Arc<Pool>>,
-    owners: Owners,
-    user_header: HeaderName,
-    admins: BTreeSet<String>,
-    verdicts: Verdicts,
-}
-
-/// How long the database's answers are trusted: a job never changes owner, and the admins
-/// change when the stats-server restarts; a user who leaves a project keeps its jobs this long.
-const VERDICT_TTL: std::time::Duration = std::time::Duration::from_secs(60);
-/// Verdicts kept at most; beyond, they are forgotten at once.
-const MAX_VERDICTS: usize = 100_000;
-
-/// The database's recent answers: whether a user is an admin, and the units a user may read
-/// (only the yeses: a job the stats-server has not ingested yet may be theirs in a minute).
-/// Dashboards ask for the same jobs again and again; each answer saves a query.
-#[derive(Default)]
-struct Verdicts {
-    admins: std::sync::Mutex<std::collections::HashMap<String, (bool, std::time::Instant)>>,
-    readable:
-        std::sync::Mutex<std::collections::HashMap<(String, String, String), std::time::Instant>>,
-}
-
-impl Verdicts {
-    fn admin(&self, user: &str) -> Option<bool> {
-        let admins = self.admins.lock().unwrap_or_else(|p| p.into_inner());
-        admins
-            .get(user)
-            .filter(|(_, at)| at.elapsed() < VERDICT_TTL)
-            .map(|(yes, _)| *yes)
-    }
-
-    fn set_admin(&self, user: &str, yes: bool) {
-        let mut admins = self.admins.lock().unwrap_or_else(|p| p.into_inner());
-        if admins.len() >= MAX_VERDICTS {
-            admins.clear();
-        }
-        admins.insert(user.to_owned(), (yes, std::time::Instant::now()));
-    }
-
-    /// The units of `wanted` known to be readable by `user` on `cluster`.
-    fn readable(&self, cluster: &str, user: &str, wanted: &BTreeSet<String>) -> BTreeSet<String> {
-        let readable = self.readable.lock().unwrap_or_else(|p| p.into_inner());
-        wanted
-            .iter()
-            .filter(|u| {
-                readable
-                    .get(&(cluster.to_owned(), user.to_owned(), (*u).clone()))
-                    .is_some_and(|at| at.elapsed() < VERDICT_TTL)
-            })
-            .cloned()
-            .collect()
-    }
-
-    fn set_readable(&self, cluster: &str, user: &str, units: &BTreeSet<String>) {
-        let mut readable = self.readable.lock().unwrap_or_else(|p| p.into_inner());
-        if readable.len() + units.len() > MAX_VERDICTS {
-            readable.clear();
-        }
-        let now = std::time::Instant::now();
-        for u in units {
-            readable.insert((cluster.to_owned(), user.to_owned(), u.clone()), now);
-        }
-    }
+    access: Arc<Access>,
 }
 
 impl Lb {
-    pub fn new(
-        pools: BTreeMap<String, Arc<Pool>>,
-        owners: Owners,
-        user_header: HeaderName,
-        admins: BTreeSet<String>,
-    ) -> Lb {
-        Lb {
-            pools,
-            owners,
-            user_header,
-            admins,
-            verdicts: Verdicts::default(),
-        }
+    pub fn new(api: Api, pools: BTreeMap<String, Arc<Pool>>, access: Arc<Access>) -> Lb {
+        Lb { api, pools, access }
     }
 
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
@@ -287,36 +229,12 @@ impl Lb {
         let (parts, body) = req.into_parts();
         // CEEMS's datasources name the cluster as the path's first segment.
         let (path_cluster, api_path) = split_cluster(&self.pools, parts.uri.path());
-        let endpoint = endpoint(api_path);
         if parts.method != Method::GET && parts.method != Method::POST {
             return Err(Refusal::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "only GET and POST are relayed",
             ));
         }
-        let user = self.user(&parts.headers)?;
-        let body = Limited::new(body, MAX_BODY_BYTES)
-            .collect()
-            .await
-            .map_err(|e| Refusal::new(StatusCode::PAYLOAD_TOO_LARGE, format!("request body: {e}")))?
-            .to_bytes();
-        let content_type = parts
-            .headers
-            .get(hyper::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok());
-        let params = parameters(parts.uri.query(), content_type, &body)?;
-        let admin = self.is_admin(&user).await;
-        if endpoint.is_none() && !(admin && admin_may_read(&parts.method, api_path)) {
-            tracing::info!(%user, path = %parts.uri.path(), "refused: not a query path");
-            return Err(Refusal::forbidden(PATH_FORBIDDEN));
-        }
-        // Admins' queries are not judged, but may still name their cluster with ceems_id.
-        let scope = match endpoint.map(|e| requested_scope(e, &params)) {
-            Some(Ok(scope)) => scope,
-            None => query::Scope::default(),
-            Some(Err(_)) if admin => query::Scope::default(),
-            Some(Err(refusal)) => return Err(refusal),
-        };
         let header_cluster = match parts.headers.get(CLUSTER_HEADER).map(|v| v.to_str()) {
             Some(Ok(id)) => Some(id.trim()),
             Some(Err(_)) => {
@@ -327,35 +245,40 @@ impl Lb {
             }
             None => None,
         };
+        // As CEEMS: a cluster this frontend does not serve is named before anything else.
+        if let Some(id) = header_cluster.filter(|id| !self.pools.contains_key(*id)) {
+            return Err(Refusal::unknown_cluster(id));
+        }
+        let user = self.access.user(&parts.headers)?;
+        let limit = match self.api {
+            Api::Prometheus => MAX_BODY_BYTES,
+            Api::Pyroscope => pyroscope::MAX_BODY_BYTES,
+        };
+        let body = Limited::new(body, limit)
+            .collect()
+            .await
+            .map_err(|e| Refusal::new(StatusCode::PAYLOAD_TOO_LARGE, format!("request body: {e}")))?
+            .to_bytes();
+        let admin = self.access.is_admin(&user).await;
+        let scope = match self.api {
+            Api::Prometheus => prometheus_scope(&parts, api_path, &body, &user, admin)?,
+            Api::Pyroscope => pyroscope_scope(&parts, api_path, &body, &user, admin)?,
+        };
         let pool = choose_pool(&self.pools, path_cluster, header_cluster, &scope.clusters)?;
         if !admin {
-            let mut readable = self.verdicts.readable(&pool.cluster, &user, &scope.units);
-            let unknown: Vec<String> = scope.units.difference(&readable).cloned().collect();
-            if !unknown.is_empty() {
-                let found = self
-                    .owners
-                    .readable(&pool.cluster, &user, &unknown)
-                    .await
-                    .map_err(|e| {
-                        Refusal::new(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            format!("ownership check: {e}"),
-                        )
-                    })?;
-                self.verdicts.set_readable(&pool.cluster, &user, &found);
-                readable.extend(found);
-            }
-            if let Some(other) = scope.units.iter().find(|u| !readable.contains(*u)) {
-                // CEEMS's words, which its users know; which unit, in the log.
-                tracing::info!(%user, unit = %other, cluster = %pool.cluster, "query refused: not the user's unit");
-                return Err(Refusal::forbidden(UNIT_FORBIDDEN));
-            }
+            self.access
+                .check_units(&pool.cluster, &user, &scope.units)
+                .await?;
         }
-        let filtering = !pool.filter_labels.is_empty();
+        let filtering = self.api == Api::Prometheus && !pool.filter_labels.is_empty();
+        let forwarded = match self.api {
+            Api::Prometheus => FORWARDED_REQUEST_HEADERS,
+            Api::Pyroscope => PYROSCOPE_REQUEST_HEADERS,
+        };
         let headers: Vec<(HeaderName, HeaderValue)> = parts
             .headers
             .iter()
-            .filter(|(k, _)| FORWARDED_REQUEST_HEADERS.contains(&k.as_str()))
+            .filter(|(k, _)| forwarded.contains(&k.as_str()))
             // An answer to filter must come uncompressed.
             .filter(|(k, _)| !(filtering && *k == hyper::header::ACCEPT_ENCODING))
             .map(|(k, v)| (k.clone(), v.clone()))
@@ -386,46 +309,70 @@ impl Lb {
         }
         Ok(resp)
     }
+}
 
-    /// The user the configured header names.
-    fn user(&self, headers: &hyper::HeaderMap) -> Result<String, Refusal> {
-        match headers
-            .get(&self.user_header)
-            .map(|v| v.to_str().map(str::trim))
-        {
-            Some(Ok(u)) if u.len() > MAX_USER_BYTES => Err(Refusal::new(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "the {} header is longer than {MAX_USER_BYTES} bytes",
-                    self.user_header
-                ),
-            )),
-            Some(Ok(u)) if !u.is_empty() => Ok(u.to_owned()),
-            _ => Err(Refusal::new(
-                StatusCode::UNAUTHORIZED,
-                format!("no user: the request has no {} header", self.user_header),
-            )),
-        }
+/// What a request to the Prometheus API reads; refused when a user may not call its path.
+fn prometheus_scope(
+    parts: &hyper::http::request::Parts,
+    api_path: &str,
+    body: &[u8],
+    user: &str,
+    admin: bool,
+) -> Result<query::Scope, Refusal> {
+    let content_type = parts
+        .headers
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let params = parameters(parts.uri.query(), content_type, body)?;
+    let endpoint = endpoint(api_path);
+    if endpoint.is_none() && !(admin && admin_may_read(&parts.method, api_path)) {
+        tracing::info!(%user, path = %parts.uri.path(), "refused: not a query path");
+        return Err(Refusal::forbidden(PATH_FORBIDDEN));
     }
+    // Admins' queries are not judged, but may still name their cluster with ceems_id.
+    match endpoint.map(|e| requested_scope(e, &params)) {
+        Some(Ok(scope)) => Ok(scope),
+        None => Ok(query::Scope::default()),
+        Some(Err(_)) if admin => Ok(query::Scope::default()),
+        Some(Err(refusal)) => Err(refusal),
+    }
+}
 
-    async fn is_admin(&self, user: &str) -> bool {
-        if self.admins.contains(user) {
-            return true;
-        }
-        if let Some(yes) = self.verdicts.admin(user) {
-            return yes;
-        }
-        match self.owners.is_admin(user).await {
-            Ok(yes) => {
-                self.verdicts.set_admin(user, yes);
-                yes
-            }
-            Err(e) => {
-                tracing::warn!(%user, error = %e, "cannot read the admins; not one");
-                false
-            }
-        }
+/// What a call of Pyroscope's querier reads; refused when a user may not call it.
+fn pyroscope_scope(
+    parts: &hyper::http::request::Parts,
+    api_path: &str,
+    body: &[u8],
+    user: &str,
+    admin: bool,
+) -> Result<query::Scope, Refusal> {
+    let call = pyroscope::call(api_path).filter(|_| parts.method == Method::POST);
+    if admin && pyroscope::admin_may_call(&parts.method, api_path) {
+        return Ok(query::Scope::default());
     }
+    let Some(call) = call else {
+        tracing::info!(%user, path = %parts.uri.path(), "refused: not a querier method a user may call");
+        return Err(Refusal::forbidden(PATH_FORBIDDEN));
+    };
+    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+    let read = || -> Result<query::Scope, pyroscope::PyroError> {
+        for name in ["content-encoding", "connect-content-encoding"] {
+            if let Some(e) = header(name).filter(|e| !e.eq_ignore_ascii_case("identity")) {
+                return Err(pyroscope::PyroError::Compressed(format!("{name}: {e}")));
+            }
+        }
+        let encoding = pyroscope::encoding(header("content-type"))?;
+        pyroscope::scope(&pyroscope::asked(call, encoding, body)?)
+    };
+    use pyroscope::PyroError as E;
+    read().map_err(|e| {
+        let status = match &e {
+            E::Unsupported(_) | E::Compressed(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            E::Malformed { .. } | E::Scope(query::ScopeError::Parse(_)) => StatusCode::BAD_REQUEST,
+            E::Scope(_) => StatusCode::FORBIDDEN,
+        };
+        Refusal::new(status, e.to_string())
+    })
 }
 
 /// `/<cluster>/api/…` → (the cluster, `/api/…`) when the first segment is a served
@@ -529,13 +476,24 @@ fn api_error(refusal: Refusal) -> Response<Body> {
         s if s.is_server_error() => "unavailable",
         _ => "bad_data",
     });
-    let body = serde_json::json!({
-        "status": "error",
-        "data": null,
-        "errorType": kind,
-        "error": refusal.message,
-    });
-    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+    // CEEMS's bytes: its fields in this order, and the newline Go's encoder ends with.
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct ApiError<'a> {
+        status: &'a str,
+        data: Option<()>,
+        error_type: &'a str,
+        error: &'a str,
+    }
+    let mut body = serde_json::to_vec(&ApiError {
+        status: "error",
+        data: None,
+        error_type: kind,
+        error: &refusal.message,
+    })
+    .unwrap_or_default();
+    body.push(b'\n');
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = refusal.status;
     resp.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -607,23 +565,6 @@ mod tests {
         assert_eq!(
             id(choose_pool(&two, None, Some("c"), &none)),
             Err(StatusCode::BAD_REQUEST)
-        );
-    }
-
-    #[test]
-    fn verdicts_keep_yeses_per_user_and_cluster() {
-        let v = Verdicts::default();
-        let units: BTreeSet<String> = ["1".to_owned(), "2".to_owned()].into();
-        v.set_readable("lab", "alice", &["1".to_owned()].into());
-        assert_eq!(v.readable("lab", "alice", &units), ["1".to_owned()].into());
-        assert!(v.readable("lab", "bob", &units).is_empty());
-        assert!(v.readable("other", "alice", &units).is_empty());
-        assert_eq!(v.admin("root"), None);
-        v.set_admin("root", true);
-        v.set_admin("alice", false);
-        assert_eq!(
-            (v.admin("root"), v.admin("alice")),
-            (Some(true), Some(false))
         );
     }
 

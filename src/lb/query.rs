@@ -36,8 +36,8 @@ pub enum ScopeError {
     TooDeep,
     #[error("not a PromQL expression: {0}")]
     Parse(String),
-    #[error("`{0}` names no unit: add uuid=\"<job id>\"")]
-    Unscoped(String),
+    #[error("`{0}` names no unit: add {1}=\"<job id>\"")]
+    Unscoped(String, &'static str),
     #[error(
         "uuid=~\"{0}\" is not a list of unit ids (a|b|c); a pattern could match others' units"
     )]
@@ -67,8 +67,8 @@ pub fn scope_of_query(query: &str) -> Result<Scope, ScopeError> {
             Expr::Paren(p) => stack.push(&p.expr),
             Expr::Subquery(s) => stack.push(&s.expr),
             Expr::NumberLiteral(_) | Expr::StringLiteral(_) => {}
-            Expr::VectorSelector(vs) => add_selector(&mut scope, vs)?,
-            Expr::MatrixSelector(ms) => add_selector(&mut scope, &ms.vs)?,
+            Expr::VectorSelector(vs) => add_selector(&mut scope, vs, UNIT_LABEL)?,
+            Expr::MatrixSelector(ms) => add_selector(&mut scope, &ms.vs, UNIT_LABEL)?,
             Expr::Call(c) => stack.extend(c.args.args.iter().map(|a| a.as_ref())),
             // The parser never makes one; one we cannot look into is refused.
             Expr::Extension(_) => return Err(ScopeError::NotASelector("an extension".into())),
@@ -77,8 +77,12 @@ pub fn scope_of_query(query: &str) -> Result<Scope, ScopeError> {
     Ok(scope)
 }
 
-fn add_selector(scope: &mut Scope, vs: &VectorSelector) -> Result<(), ScopeError> {
-    scope.units.extend(selector_units(vs)?);
+fn add_selector(
+    scope: &mut Scope,
+    vs: &VectorSelector,
+    unit_label: &'static str,
+) -> Result<(), ScopeError> {
+    scope.units.extend(selector_units(vs, unit_label)?);
     let all = vs
         .matchers
         .matchers
@@ -93,10 +97,23 @@ fn add_selector(scope: &mut Scope, vs: &VectorSelector) -> Result<(), ScopeError
 
 /// The units a series selector (`match[]` of `/api/v1/series`, `/labels`, label values) reads.
 pub fn scope_of_selector(selector: &str) -> Result<Scope, ScopeError> {
+    scope_of_labelled_selector(selector, UNIT_LABEL)
+}
+
+/// The units a selector names with `unit_label` (Pyroscope's label selectors name a job's
+/// profiles with `service_name`). Pyroscope's match-all `{}` names none.
+pub fn scope_of_labelled_selector(
+    selector: &str,
+    unit_label: &'static str,
+) -> Result<Scope, ScopeError> {
+    let bare: String = selector.chars().filter(|c| !c.is_whitespace()).collect();
+    if bare.is_empty() || bare == "{}" {
+        return Err(ScopeError::Unscoped(shorten(selector), unit_label));
+    }
     match parse(selector)? {
         Expr::VectorSelector(vs) => {
             let mut scope = Scope::default();
-            add_selector(&mut scope, &vs)?;
+            add_selector(&mut scope, &vs, unit_label)?;
             Ok(scope)
         }
         other => Err(ScopeError::NotASelector(shorten(&other.to_string()))),
@@ -146,7 +163,10 @@ fn nesting(query: &str) -> usize {
 
 /// The units of one selector: each of its alternative matcher sets (`{a="1" or b="2"}`) must
 /// name its units.
-fn selector_units(vs: &VectorSelector) -> Result<BTreeSet<String>, ScopeError> {
+fn selector_units(
+    vs: &VectorSelector,
+    unit_label: &'static str,
+) -> Result<BTreeSet<String>, ScopeError> {
     let Matchers {
         matchers,
         or_matchers,
@@ -158,7 +178,7 @@ fn selector_units(vs: &VectorSelector) -> Result<BTreeSet<String>, ScopeError> {
     let mut units = BTreeSet::new();
     for set in sets {
         let mut named = false;
-        for m in set.iter().filter(|m| m.name == UNIT_LABEL) {
+        for m in set.iter().filter(|m| m.name == unit_label) {
             match &m.op {
                 MatchOp::Equal if !m.value.is_empty() => {
                     units.insert(m.value.clone());
@@ -173,7 +193,7 @@ fn selector_units(vs: &VectorSelector) -> Result<BTreeSet<String>, ScopeError> {
             }
         }
         if !named {
-            return Err(ScopeError::Unscoped(shorten(&vs.to_string())));
+            return Err(ScopeError::Unscoped(shorten(&vs.to_string()), unit_label));
         }
     }
     Ok(units)
@@ -280,7 +300,7 @@ mod tests {
             r#"max_over_time(b[5m:1m])"#,
         ] {
             assert!(
-                matches!(units_of_query(q), Err(ScopeError::Unscoped(_))),
+                matches!(units_of_query(q), Err(ScopeError::Unscoped(..))),
                 "{q}: {:?}",
                 units_of_query(q)
             );
@@ -325,7 +345,7 @@ mod tests {
         ));
         assert!(matches!(
             scope_of_selector("up"),
-            Err(ScopeError::Unscoped(_))
+            Err(ScopeError::Unscoped(..))
         ));
     }
 

@@ -1,0 +1,186 @@
+//! Who may read what, shared by the Prometheus and the Pyroscope frontends: the user a request
+//! names, whether they are an admin, and whether the units a request reads are theirs, with
+//! the recent answers of the stats-server kept a minute.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use hyper::header::HeaderName;
+use hyper::StatusCode;
+
+use super::owners::Owners;
+use super::{Refusal, UNIT_FORBIDDEN};
+
+/// Longest user name accepted, as the stats-server's.
+const MAX_USER_BYTES: usize = 256;
+
+/// How long the database's answers are trusted: a job never changes owner, and the admins
+/// change when the stats-server restarts; a user who leaves a project keeps its jobs this long.
+const VERDICT_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+/// Verdicts kept at most; beyond, they are forgotten at once.
+const MAX_VERDICTS: usize = 100_000;
+
+/// The database's recent answers: whether a user is an admin, and the units a user may read
+/// (only the yeses: a job the stats-server has not ingested yet may be theirs in a minute).
+/// Dashboards ask for the same jobs again and again; each answer saves a query.
+#[derive(Default)]
+struct Verdicts {
+    admins: Mutex<HashMap<String, (bool, Instant)>>,
+    readable: Mutex<HashMap<(String, String, String), Instant>>,
+}
+
+impl Verdicts {
+    fn admin(&self, user: &str) -> Option<bool> {
+        let admins = self.admins.lock().unwrap_or_else(|p| p.into_inner());
+        admins
+            .get(user)
+            .filter(|(_, at)| at.elapsed() < VERDICT_TTL)
+            .map(|(yes, _)| *yes)
+    }
+
+    fn set_admin(&self, user: &str, yes: bool) {
+        let mut admins = self.admins.lock().unwrap_or_else(|p| p.into_inner());
+        if admins.len() >= MAX_VERDICTS {
+            admins.clear();
+        }
+        admins.insert(user.to_owned(), (yes, Instant::now()));
+    }
+
+    /// The units of `wanted` known to be readable by `user` on `cluster`.
+    fn readable(&self, cluster: &str, user: &str, wanted: &BTreeSet<String>) -> BTreeSet<String> {
+        let readable = self.readable.lock().unwrap_or_else(|p| p.into_inner());
+        wanted
+            .iter()
+            .filter(|u| {
+                readable
+                    .get(&(cluster.to_owned(), user.to_owned(), (*u).clone()))
+                    .is_some_and(|at| at.elapsed() < VERDICT_TTL)
+            })
+            .cloned()
+            .collect()
+    }
+
+    fn set_readable(&self, cluster: &str, user: &str, units: &BTreeSet<String>) {
+        let mut readable = self.readable.lock().unwrap_or_else(|p| p.into_inner());
+        if readable.len() + units.len() > MAX_VERDICTS {
+            readable.clear();
+        }
+        let now = Instant::now();
+        for u in units {
+            readable.insert((cluster.to_owned(), user.to_owned(), u.clone()), now);
+        }
+    }
+}
+
+/// The user header, the admins and where ownership is read.
+pub struct Access {
+    owners: Owners,
+    user_header: HeaderName,
+    admins: BTreeSet<String>,
+    verdicts: Verdicts,
+}
+
+impl Access {
+    pub fn new(owners: Owners, user_header: HeaderName, admins: BTreeSet<String>) -> Access {
+        Access {
+            owners,
+            user_header,
+            admins,
+            verdicts: Verdicts::default(),
+        }
+    }
+
+    /// The user the configured header names.
+    pub fn user(&self, headers: &hyper::HeaderMap) -> Result<String, Refusal> {
+        match headers
+            .get(&self.user_header)
+            .map(|v| v.to_str().map(str::trim))
+        {
+            Some(Ok(u)) if u.len() > MAX_USER_BYTES => Err(Refusal::new(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "the {} header is longer than {MAX_USER_BYTES} bytes",
+                    self.user_header
+                ),
+            )),
+            Some(Ok(u)) if !u.is_empty() => Ok(u.to_owned()),
+            _ => Err(Refusal::new(
+                StatusCode::UNAUTHORIZED,
+                format!("no user: the request has no {} header", self.user_header),
+            )),
+        }
+    }
+
+    pub async fn is_admin(&self, user: &str) -> bool {
+        if self.admins.contains(user) {
+            return true;
+        }
+        if let Some(yes) = self.verdicts.admin(user) {
+            return yes;
+        }
+        match self.owners.is_admin(user).await {
+            Ok(yes) => {
+                self.verdicts.set_admin(user, yes);
+                yes
+            }
+            Err(e) => {
+                tracing::warn!(%user, error = %e, "cannot read the admins; not one");
+                false
+            }
+        }
+    }
+
+    /// Refuses unless every one of `units` on `cluster` is `user`'s to read.
+    pub async fn check_units(
+        &self,
+        cluster: &str,
+        user: &str,
+        units: &BTreeSet<String>,
+    ) -> Result<(), Refusal> {
+        let mut readable = self.verdicts.readable(cluster, user, units);
+        let unknown: Vec<String> = units.difference(&readable).cloned().collect();
+        if !unknown.is_empty() {
+            let found = self
+                .owners
+                .readable(cluster, user, &unknown)
+                .await
+                .map_err(|e| {
+                    Refusal::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("ownership check: {e}"),
+                    )
+                })?;
+            self.verdicts.set_readable(cluster, user, &found);
+            readable.extend(found);
+        }
+        if let Some(other) = units.iter().find(|u| !readable.contains(*u)) {
+            // CEEMS's words, which its users know; which unit, in the log.
+            tracing::info!(%user, unit = %other, %cluster, "query refused: not the user's unit");
+            return Err(Refusal::forbidden(UNIT_FORBIDDEN));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdicts_keep_yeses_per_user_and_cluster() {
+        let v = Verdicts::default();
+        let units: BTreeSet<String> = ["1".to_owned(), "2".to_owned()].into();
+        v.set_readable("lab", "alice", &["1".to_owned()].into());
+        assert_eq!(v.readable("lab", "alice", &units), ["1".to_owned()].into());
+        assert!(v.readable("lab", "bob", &units).is_empty());
+        assert!(v.readable("other", "alice", &units).is_empty());
+        assert_eq!(v.admin("root"), None);
+        v.set_admin("root", true);
+        v.set_admin("alice", false);
+        assert_eq!(
+            (v.admin("root"), v.admin("alice")),
+            (Some(true), Some(false))
+        );
+    }
+}
