@@ -24,7 +24,7 @@ with open(path, "w") as f:
     for i in range(n):
         u = i % 100
         s = now - 3600
-        f.write(f"{1000+i}|cpu|normal|proj{u % 10}|user{u}|{5000+u}|user{u}|{5000+u}|{s}|{s}|{s+60}|00:01:00|60|0:0|COMPLETED|billing=2,cpu=2,mem=2G,node=1|cn001|/home/user{u}|120|job {i}\n")
+        f.write(f"{1000+i}|cpu|normal|proj{u % 10}|user{u}|{5000+u}|user{u}|{5000+u}|{s}|{s}|Unknown|00:01:00|60|0:0|RUNNING|billing=2,cpu=2,mem=2G,node=1|cn001|/home/user{u}|120|job {i}\n")
 PY
 printf '#!/bin/sh\nexec /bin/cat %s\n' "$dir/sacct.txt" > "$dir/sacct"
 chmod 755 "$dir/sacct" "$dir/sacct.txt"

@@ -14,10 +14,10 @@ use common::lab::{prometheus_tools, wait_until, Prometheus};
 use common::{runnable, start_subcommand};
 use serde_json::Value;
 
-/// Job 1 is alice's (project physics), job 2 bob's (chemistry).
+/// Job 1 is alice's (project physics), job 2 bob's (chemistry); both running since 2026-11-21.
 const SACCT: &str = "\
-1|debug|normal|physics|alice|2001|alice|2001|1795358897|1795358897|1795358926|00:00:29|29|0:0|COMPLETED|billing=1,cpu=1,mem=300M,node=1|localhost|/tmp|60|wrap
-2|debug|normal|chemistry|bob|2002|bob|2002|1795358897|1795358897|1795358926|00:00:29|29|0:0|COMPLETED|billing=1,cpu=1,mem=300M,node=1|localhost|/tmp|60|wrap
+1|debug|normal|physics|alice|2001|alice|2001|1795358897|1795358897|Unknown|00:00:29|29|0:0|RUNNING|billing=1,cpu=1,mem=300M,node=1|localhost|/tmp|60|wrap
+2|debug|normal|chemistry|bob|2002|bob|2002|1795358897|1795358897|Unknown|00:00:29|29|0:0|RUNNING|billing=1,cpu=1,mem=300M,node=1|localhost|/tmp|60|wrap
 ";
 
 /// A node whose two jobs burn CPU time as time passes.
@@ -369,4 +369,147 @@ fn the_example_dashboard_asks_only_for_the_chosen_job() {
             );
         }
     }
+}
+
+/// A job id that came back: job 7 was alice's, ended, and is now bob's. A node stand-in
+/// exposes job 7's series as the cgroups would: alice's job's (value 1) until it ended, none
+/// between the two jobs, bob's (value 2) since his began. Through the lb, alice reads her
+/// job's samples and never bob's, whatever time she asks for; bob never reads hers.
+#[test]
+fn a_job_id_that_came_back_is_read_by_each_user_for_their_own_job_only() {
+    if !runnable(
+        "a_job_id_that_came_back_is_read_by_each_user_for_their_own_job_only",
+        prometheus_tools(),
+    ) {
+        return;
+    }
+    let now = || {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    // Whose job 7 is: 1 (alice's), 0 (none), 2 (bob's).
+    let owner = Arc::new(std::sync::atomic::AtomicU8::new(1));
+    let node = {
+        let owner = Arc::clone(&owner);
+        TestServer::start(
+            false,
+            Arc::new(move |_| {
+                let series = match owner.load(std::sync::atomic::Ordering::SeqCst) {
+                    0 => String::new(),
+                    who => format!("ceems_compute_unit_owner{{uuid=\"7\"}} {who}\n"),
+                };
+                Response::raw(
+                    200,
+                    format!("# TYPE ceems_compute_unit_owner gauge\n{series}"),
+                )
+                .with_header("Content-Type", "text/plain; version=0.0.4")
+            }),
+        )
+    };
+    let prometheus = Prometheus::start(&[node.port], &[]);
+    wait_until("alice's job's samples", Duration::from_secs(60), || {
+        prometheus.query("ceems_compute_unit_owner").len() == 1
+    });
+    // Her job began before the first scrape saw it; this is when it was first seen.
+    let seen_alice = now() as i64;
+    let alice_start = seen_alice - 5;
+    std::thread::sleep(Duration::from_secs(4));
+    owner.store(0, std::sync::atomic::Ordering::SeqCst);
+    let alice_end = now().ceil() as i64;
+    std::thread::sleep(Duration::from_secs(4));
+    let bob_start = now().floor() as i64;
+    owner.store(2, std::sync::atomic::Ordering::SeqCst);
+    std::thread::sleep(Duration::from_secs(4));
+    // The stats-server's database: both jobs 7, alice's ended, bob's running.
+    let data = tempfile::tempdir().unwrap();
+    let sacct = format!(
+        "7|debug|normal|physics|alice|2001|alice|2001|{alice_start}|{alice_start}|{alice_end}|00:00:08|8|0:0|COMPLETED|billing=1,cpu=1,mem=300M,node=1|localhost|/tmp|60|wrap\n\
+         7|debug|normal|chemistry|bob|2002|bob|2002|{bob_start}|{bob_start}|Unknown|00:00:04|4|0:0|RUNNING|billing=1,cpu=1,mem=300M,node=1|localhost|/tmp|60|wrap\n"
+    );
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let store = Store::open(&data.path().join("ceems.db")).await.unwrap();
+        let (jobs, errors) = sacct::parse_output(&sacct);
+        assert!(errors.is_empty(), "{errors:?}");
+        store.ingest("lab", &jobs, 100, 1).await.unwrap();
+    });
+    let backend = format!("--lb.backend=lab={}", prometheus.url());
+    let storage = format!("--storage.data.path={}", data.path().display());
+    let lb = start_subcommand(
+        "lb",
+        data.path(),
+        &[
+            backend.as_str(),
+            storage.as_str(),
+            "--web.admin-users=admin",
+            "--lb.scrape-interval=1s",
+            "--security.drop-privileges=false",
+        ],
+        &[],
+    );
+    let selector = encode(r#"ceems_compute_unit_owner{uuid="7"}"#);
+    // The owners of job 7 in an answer: each sample's value.
+    let owners = |user: &str, path: &str| -> (u16, Vec<String>) {
+        let (status, answer) = ask(&lb, Some(user), path, None);
+        let mut seen: Vec<String> = Vec::new();
+        for series in answer["data"]["result"].as_array().into_iter().flatten() {
+            let samples = series["values"]
+                .as_array()
+                .cloned()
+                .unwrap_or_else(|| vec![series["value"].clone()]);
+            for v in samples {
+                let v = v[1].as_str().unwrap_or("").to_owned();
+                if !seen.contains(&v) {
+                    seen.push(v);
+                }
+            }
+        }
+        (status, seen)
+    };
+    let instant = |t: i64| format!("/api/v1/query?query={selector}&time={t}");
+    let range = format!(
+        "/api/v1/query_range?query={selector}&start={}&end={}&step=1",
+        alice_start - 60,
+        now() as i64
+    );
+    // Alice, inside her job's life: her job's series.
+    assert_eq!(
+        owners("alice", &instant(seen_alice + 2)),
+        (200, vec!["1".into()])
+    );
+    // Inside bob's: nothing of bob's (her job's last samples, at most).
+    let (status, seen) = owners("alice", &instant(bob_start + 2));
+    assert!(
+        status == 403 || !seen.contains(&"2".to_owned()),
+        "{status} {seen:?}"
+    );
+    // Her dashboard's whole range: her part of it only.
+    assert_eq!(owners("alice", &range), (200, vec!["1".into()]));
+    // Bob: his job's samples, never hers, whatever range he asks.
+    assert_eq!(owners("bob", &range), (200, vec!["2".into()]));
+    assert_eq!(
+        owners("bob", &instant(seen_alice + 2)).1,
+        Vec::<String>::new()
+    );
+    // A range inside bob's job is not alice's to read at all.
+    let (status, _) = owners(
+        "alice",
+        &format!(
+            "/api/v1/query_range?query={selector}&start={bob_start}&end={}&step=1",
+            bob_start + 3
+        ),
+    );
+    assert_eq!(status, 403);
+    // Reaching into bob's job from hers with a negative offset is refused.
+    let ahead = encode(r#"ceems_compute_unit_owner{uuid="7"} offset -1m"#);
+    let (status, _) = owners(
+        "alice",
+        &format!("/api/v1/query?query={ahead}&time={}", seen_alice + 2),
+    );
+    assert_eq!(status, 403);
+    // An admin reads both.
+    let (status, mut seen) = owners("admin", &range);
+    seen.sort();
+    assert_eq!((status, seen), (200, vec!["1".into(), "2".into()]));
 }

@@ -91,6 +91,12 @@ pub fn opts() -> Vec<Opt> {
         )
         .default("2m"),
         Opt::new(
+            "lb.scrape-interval",
+            Kind::Duration,
+            "The stores' scrape interval: a user reads a job's series from its start to its end (as the stats-server's database says) widened by this much on each side, never beyond, since a job id comes back as another user's job once the ids wrap",
+        )
+        .default("30s"),
+        Opt::new(
             "lb.ceems-api-url",
             Kind::Str,
             "The stats-server's URL (CEEMS's ceems_api_server.web.url): who owns which job and who the admins are asked of its API instead of read from its database (empty: the database)",
@@ -151,6 +157,8 @@ struct LbSettings {
     health_check_interval: Duration,
     #[serde(deserialize_with = "config::de_duration")]
     timeout: Duration,
+    #[serde(deserialize_with = "config::de_duration")]
+    scrape_interval: Duration,
     #[serde(default)]
     ceems_api_url: String,
     /// Stores reached with credentials, TLS settings or headers (TOML only).
@@ -415,7 +423,12 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             }
         };
         let admins: BTreeSet<String> = admins.into_iter().filter(|a| !a.is_empty()).collect();
-        let access = Arc::new(Access::new(owners, user_header, admins));
+        let access = Arc::new(Access::new(
+            owners,
+            user_header,
+            admins,
+            lb.scrape_interval,
+        ));
         let mut servers = Vec::new();
         for (api, address, listener) in listeners {
             let (stores, ready_path) = match api {

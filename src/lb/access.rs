@@ -9,8 +9,10 @@ use std::time::Instant;
 use hyper::header::HeaderName;
 use hyper::StatusCode;
 
-use super::owners::Owners;
+use super::owners::{Owners, Readable};
+use super::window::Window;
 use super::{Refusal, UNIT_FORBIDDEN};
+use crate::store::db::Tenure;
 
 /// Longest user name accepted, as the stats-server's.
 const MAX_USER_BYTES: usize = 256;
@@ -22,13 +24,20 @@ const VERDICT_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 const MAX_VERDICTS: usize = 100_000;
 
 /// The database's recent answers: whether a user is an admin, and the units a user may read
-/// (only the yeses: a job the stats-server has not ingested yet may be theirs in a minute).
-/// Dashboards ask for the same jobs again and again; each answer saves a query.
+/// (only the yeses: a job the stats-server has not ingested yet may be theirs in a minute),
+/// each with every unit that held its id, when the database says. Dashboards ask for the same
+/// jobs again and again; each answer saves a query.
 #[derive(Default)]
 struct Verdicts {
     admins: Mutex<HashMap<String, (bool, Instant)>>,
-    readable: Mutex<HashMap<(String, String, String), Instant>>,
+    readable: Mutex<HashMap<UserUnit, Verdict>>,
 }
+
+/// (cluster, user, unit id).
+type UserUnit = (String, String, String);
+
+/// When a unit was found readable, and the units that held its id, when known.
+type Verdict = (Instant, Option<Vec<Tenure>>);
 
 impl Verdicts {
     fn admin(&self, user: &str) -> Option<bool> {
@@ -47,28 +56,41 @@ impl Verdicts {
         admins.insert(user.to_owned(), (yes, Instant::now()));
     }
 
-    /// The units of `wanted` known to be readable by `user` on `cluster`.
-    fn readable(&self, cluster: &str, user: &str, wanted: &BTreeSet<String>) -> BTreeSet<String> {
+    /// The units of `wanted` known to be readable by `user` on `cluster`, with their ids'
+    /// units when known.
+    fn readable(
+        &self,
+        cluster: &str,
+        user: &str,
+        wanted: &BTreeSet<String>,
+    ) -> HashMap<String, Option<Vec<Tenure>>> {
         let readable = self.readable.lock().unwrap_or_else(|p| p.into_inner());
         wanted
             .iter()
-            .filter(|u| {
+            .filter_map(|u| {
                 readable
-                    .get(&(cluster.to_owned(), user.to_owned(), (*u).clone()))
-                    .is_some_and(|at| at.elapsed() < VERDICT_TTL)
+                    .get(&(cluster.to_owned(), user.to_owned(), u.clone()))
+                    .filter(|(at, _)| at.elapsed() < VERDICT_TTL)
+                    .map(|(_, tenures)| (u.clone(), tenures.clone()))
             })
-            .cloned()
             .collect()
     }
 
-    fn set_readable(&self, cluster: &str, user: &str, units: &BTreeSet<String>) {
+    fn set_readable(&self, cluster: &str, user: &str, found: &Readable) {
         let mut readable = self.readable.lock().unwrap_or_else(|p| p.into_inner());
-        if readable.len() + units.len() > MAX_VERDICTS {
+        if readable.len() + found.units.len() > MAX_VERDICTS {
             readable.clear();
         }
         let now = Instant::now();
-        for u in units {
-            readable.insert((cluster.to_owned(), user.to_owned(), u.clone()), now);
+        for u in &found.units {
+            let tenures = found
+                .tenures
+                .as_ref()
+                .map(|all| all.iter().filter(|t| &t.uuid == u).cloned().collect());
+            readable.insert(
+                (cluster.to_owned(), user.to_owned(), u.clone()),
+                (now, tenures),
+            );
         }
     }
 }
@@ -79,15 +101,23 @@ pub struct Access {
     user_header: HeaderName,
     admins: BTreeSet<String>,
     verdicts: Verdicts,
+    /// Seconds a unit's window is widened by on each side (one scrape interval).
+    margin: f64,
 }
 
 impl Access {
-    pub fn new(owners: Owners, user_header: HeaderName, admins: BTreeSet<String>) -> Access {
+    pub fn new(
+        owners: Owners,
+        user_header: HeaderName,
+        admins: BTreeSet<String>,
+        margin: std::time::Duration,
+    ) -> Access {
         Access {
             owners,
             user_header,
             admins,
             verdicts: Verdicts::default(),
+            margin: margin.as_secs_f64(),
         }
     }
 
@@ -131,15 +161,20 @@ impl Access {
         }
     }
 
-    /// Refuses unless every one of `units` on `cluster` is `user`'s to read.
+    /// Refuses unless every one of `units` on `cluster` is `user`'s to read; the window of
+    /// time they were theirs, when the database says.
     pub async fn check_units(
         &self,
         cluster: &str,
         user: &str,
         units: &BTreeSet<String>,
-    ) -> Result<(), Refusal> {
+    ) -> Result<Option<Window>, Refusal> {
         let mut readable = self.verdicts.readable(cluster, user, units);
-        let unknown: Vec<String> = units.difference(&readable).cloned().collect();
+        let unknown: Vec<String> = units
+            .iter()
+            .filter(|u| !readable.contains_key(*u))
+            .cloned()
+            .collect();
         if !unknown.is_empty() {
             let found = self
                 .owners
@@ -152,14 +187,31 @@ impl Access {
                     )
                 })?;
             self.verdicts.set_readable(cluster, user, &found);
-            readable.extend(found);
+            for u in &found.units {
+                let tenures = found
+                    .tenures
+                    .as_ref()
+                    .map(|all| all.iter().filter(|t| &t.uuid == u).cloned().collect());
+                readable.insert(u.clone(), tenures);
+            }
         }
-        if let Some(other) = units.iter().find(|u| !readable.contains(*u)) {
+        if let Some(other) = units.iter().find(|u| !readable.contains_key(*u)) {
             // CEEMS's words, which its users know; which unit, in the log.
             tracing::info!(%user, unit = %other, %cluster, "query refused: not the user's unit");
             return Err(Refusal::forbidden(UNIT_FORBIDDEN));
         }
-        Ok(())
+        let mut tenures = Vec::new();
+        for known in readable.into_values() {
+            match known {
+                Some(t) => tenures.extend(t),
+                // The API tells no times.
+                None => return Ok(None),
+            }
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        Ok(Window::of(&tenures, self.margin, now))
     }
 }
 
@@ -171,8 +223,17 @@ mod tests {
     fn verdicts_keep_yeses_per_user_and_cluster() {
         let v = Verdicts::default();
         let units: BTreeSet<String> = ["1".to_owned(), "2".to_owned()].into();
-        v.set_readable("lab", "alice", &["1".to_owned()].into());
-        assert_eq!(v.readable("lab", "alice", &units), ["1".to_owned()].into());
+        let found = Readable {
+            units: ["1".to_owned()].into(),
+            tenures: None,
+        };
+        v.set_readable("lab", "alice", &found);
+        assert_eq!(
+            v.readable("lab", "alice", &units)
+                .into_keys()
+                .collect::<Vec<_>>(),
+            ["1"]
+        );
         assert!(v.readable("lab", "bob", &units).is_empty());
         assert!(v.readable("other", "alice", &units).is_empty());
         assert_eq!(v.admin("root"), None);

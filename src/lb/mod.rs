@@ -8,6 +8,7 @@ pub mod backend;
 pub mod owners;
 pub mod pyroscope;
 pub mod query;
+pub mod window;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -260,15 +261,40 @@ impl Lb {
             .map_err(|e| Refusal::new(StatusCode::PAYLOAD_TOO_LARGE, format!("request body: {e}")))?
             .to_bytes();
         let admin = self.access.is_admin(&user).await;
-        let scope = match self.api {
+        let asked = match self.api {
             Api::Prometheus => prometheus_scope(&parts, api_path, &body, &user, admin)?,
             Api::Pyroscope => pyroscope_scope(&parts, api_path, &body, &user, admin)?,
         };
-        let pool = choose_pool(&self.pools, path_cluster, header_cluster, &scope.clusters)?;
+        let pool = choose_pool(
+            &self.pools,
+            path_cluster,
+            header_cluster,
+            &asked.scope.clusters,
+        )?;
+        let mut url_query = parts.uri.query().map(str::to_owned);
+        let mut body = body;
         if !admin {
-            self.access
-                .check_units(&pool.cluster, &user, &scope.units)
+            let window = self
+                .access
+                .check_units(&pool.cluster, &user, &asked.scope.units)
                 .await?;
+            if let Some(window) = window {
+                let fitted = fit_to_window(&window, api_path, &asked.times, url_query.as_deref(), &body)
+                    .map_err(|e| {
+                        tracing::info!(%user, cluster = %pool.cluster, error = %e, "refused: outside the user's time");
+                        let status = match e {
+                            window::WindowError::Repeated(_) | window::WindowError::BadTime(..) => {
+                                StatusCode::BAD_REQUEST
+                            }
+                            _ => StatusCode::FORBIDDEN,
+                        };
+                        Refusal::new(status, e.to_string())
+                    })?;
+                if let Some((query, new_body)) = fitted {
+                    url_query = Some(query).filter(|q| !q.is_empty());
+                    body = Bytes::from(new_body);
+                }
+            }
         }
         let filtering = self.api == Api::Prometheus && !pool.filter_labels.is_empty();
         let forwarded = match self.api {
@@ -283,7 +309,7 @@ impl Lb {
             .filter(|(k, _)| !(filtering && *k == hyper::header::ACCEPT_ENCODING))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let path_and_query = match parts.uri.query() {
+        let path_and_query = match &url_query {
             Some(q) => format!("{api_path}?{q}"),
             None => api_path.to_owned(),
         };
@@ -311,6 +337,22 @@ impl Lb {
     }
 }
 
+/// What a request reads: its units, and the times it names.
+struct Asked {
+    scope: query::Scope,
+    times: Times,
+}
+
+/// Where a request's times are.
+enum Times {
+    /// An admin's, or a path that reads no series.
+    Unread,
+    /// Prometheus's parameters (URL and form body).
+    Prometheus(Vec<(String, String)>),
+    /// A Pyroscope message's.
+    Pyroscope(pyroscope::Call, pyroscope::Encoding, pyroscope::Asked),
+}
+
 /// What a request to the Prometheus API reads; refused when a user may not call its path.
 fn prometheus_scope(
     parts: &hyper::http::request::Parts,
@@ -318,7 +360,7 @@ fn prometheus_scope(
     body: &[u8],
     user: &str,
     admin: bool,
-) -> Result<query::Scope, Refusal> {
+) -> Result<Asked, Refusal> {
     let content_type = parts
         .headers
         .get(hyper::header::CONTENT_TYPE)
@@ -330,12 +372,17 @@ fn prometheus_scope(
         return Err(Refusal::forbidden(PATH_FORBIDDEN));
     }
     // Admins' queries are not judged, but may still name their cluster with ceems_id.
-    match endpoint.map(|e| requested_scope(e, &params)) {
-        Some(Ok(scope)) => Ok(scope),
-        None => Ok(query::Scope::default()),
-        Some(Err(_)) if admin => Ok(query::Scope::default()),
-        Some(Err(refusal)) => Err(refusal),
-    }
+    let scope = match endpoint.map(|e| requested_scope(e, &params)) {
+        Some(Ok(scope)) => scope,
+        None => query::Scope::default(),
+        Some(Err(_)) if admin => query::Scope::default(),
+        Some(Err(refusal)) => return Err(refusal),
+    };
+    let times = match endpoint {
+        Some(_) => Times::Prometheus(params),
+        None => Times::Unread,
+    };
+    Ok(Asked { scope, times })
 }
 
 /// What a call of Pyroscope's querier reads; refused when a user may not call it.
@@ -345,24 +392,31 @@ fn pyroscope_scope(
     body: &[u8],
     user: &str,
     admin: bool,
-) -> Result<query::Scope, Refusal> {
+) -> Result<Asked, Refusal> {
     let call = pyroscope::call(api_path).filter(|_| parts.method == Method::POST);
     if admin && pyroscope::admin_may_call(&parts.method, api_path) {
-        return Ok(query::Scope::default());
+        return Ok(Asked {
+            scope: query::Scope::default(),
+            times: Times::Unread,
+        });
     }
     let Some(call) = call else {
         tracing::info!(%user, path = %parts.uri.path(), "refused: not a querier method a user may call");
         return Err(Refusal::forbidden(PATH_FORBIDDEN));
     };
     let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
-    let read = || -> Result<query::Scope, pyroscope::PyroError> {
+    let read = || -> Result<Asked, pyroscope::PyroError> {
         for name in ["content-encoding", "connect-content-encoding"] {
             if let Some(e) = header(name).filter(|e| !e.eq_ignore_ascii_case("identity")) {
                 return Err(pyroscope::PyroError::Compressed(format!("{name}: {e}")));
             }
         }
         let encoding = pyroscope::encoding(header("content-type"))?;
-        pyroscope::scope(&pyroscope::asked(call, encoding, body)?)
+        let asked = pyroscope::asked(call, encoding, body)?;
+        Ok(Asked {
+            scope: pyroscope::scope(&asked)?,
+            times: Times::Pyroscope(call, encoding, asked),
+        })
     };
     use pyroscope::PyroError as E;
     read().map_err(|e| {
@@ -373,6 +427,42 @@ fn pyroscope_scope(
         };
         Refusal::new(status, e.to_string())
     })
+}
+
+/// The request's URL query and body fitted to the user's window (None: as they are).
+fn fit_to_window(
+    window: &window::Window,
+    api_path: &str,
+    times: &Times,
+    url_query: Option<&str>,
+    body: &[u8],
+) -> Result<Option<(String, Vec<u8>)>, window::WindowError> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    match times {
+        Times::Unread => Ok(None),
+        Times::Prometheus(params) => {
+            let replace = window::fit_prometheus(window, api_path, params, now)?;
+            Ok((!replace.is_empty()).then(|| window::rewrite(url_query, body, &replace)))
+        }
+        Times::Pyroscope(call, encoding, asked) => {
+            let seconds = |ms: i64| (ms != 0).then_some(ms as f64 / 1000.0);
+            let from = seconds(asked.start_ms).unwrap_or(f64::MIN);
+            let to = seconds(asked.end_ms).unwrap_or(now);
+            if from > to {
+                return Ok(None);
+            }
+            let (start, end) = window.fit(from, to, &query::Reach::default())?;
+            if (start, end) == (from, to) {
+                return Ok(None);
+            }
+            let ms = |s: f64| (s * 1000.0).round() as i64;
+            let patched = pyroscope::with_times(*call, *encoding, body, ms(start), ms(end))
+                .map_err(|e| window::WindowError::BadTime("start", e.to_string()))?;
+            Ok(Some((url_query.unwrap_or("").to_owned(), patched)))
+        }
+    }
 }
 
 /// `/<cluster>/api/…` → (the cluster, `/api/…`) when the first segment is a served

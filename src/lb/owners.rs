@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::backend::StoreAccess;
-use crate::store::db::{Store, StoreError, SERVICE_ACCOUNT};
+use crate::store::db::{Store, StoreError, Tenure, SERVICE_ACCOUNT};
 
 /// Why who owns what could not be told.
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +25,15 @@ pub enum OwnersError {
     },
     #[error("the stats-server's admins' list: {0}")]
     Admins(String),
+}
+
+/// What the stats-server says of the units a request names.
+#[derive(Debug, Default)]
+pub struct Readable {
+    /// Those the user may read.
+    pub units: BTreeSet<String>,
+    /// Every unit holding one of the ids, when the database says (not the API).
+    pub tenures: Option<Vec<Tenure>>,
 }
 
 /// Where ownership is looked up.
@@ -107,16 +116,27 @@ impl ApiOwners {
 }
 
 impl Owners {
-    /// Of `uuids` on `cluster`, those `user` may read. The API answers for all of them at once:
-    /// all when it says yes, none when it refuses.
+    /// Of `uuids` on `cluster`, those `user` may read, and, from the database, every unit
+    /// that held each of them (ids wrap) with its times. The API answers for all of them at
+    /// once, without times: all when it says yes, none when it refuses.
     pub async fn readable(
         &self,
         cluster: &str,
         user: &str,
         uuids: &[String],
-    ) -> Result<BTreeSet<String>, OwnersError> {
+    ) -> Result<Readable, OwnersError> {
         match self {
-            Owners::Database(store) => Ok(store.units_readable_by(cluster, user, uuids).await?),
+            Owners::Database(store) => {
+                let tenures = store.unit_tenures(cluster, user, uuids).await?;
+                Ok(Readable {
+                    units: tenures
+                        .iter()
+                        .filter(|t| t.theirs)
+                        .map(|t| t.uuid.clone())
+                        .collect(),
+                    tenures: Some(tenures),
+                })
+            }
             Owners::Api(api) => {
                 let path = {
                     let mut query = form_urlencoded::Serializer::new(String::new());
@@ -126,15 +146,21 @@ impl Owners {
                     }
                     format!("/api/v1/units/verify?{}", query.finish())
                 };
-                match api.get(path, user).await? {
-                    (200, _) => Ok(uuids.iter().cloned().collect()),
-                    (401 | 403, _) => Ok(BTreeSet::new()),
-                    (status, body) => Err(OwnersError::Answer {
-                        status,
-                        what: "the ownership check",
-                        body: body.chars().take(200).collect(),
-                    }),
-                }
+                let units = match api.get(path, user).await? {
+                    (200, _) => uuids.iter().cloned().collect(),
+                    (401 | 403, _) => BTreeSet::new(),
+                    (status, body) => {
+                        return Err(OwnersError::Answer {
+                            status,
+                            what: "the ownership check",
+                            body: body.chars().take(200).collect(),
+                        })
+                    }
+                };
+                Ok(Readable {
+                    units,
+                    tenures: None,
+                })
             }
         }
     }

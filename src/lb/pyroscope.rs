@@ -214,6 +214,40 @@ pub fn asked(call: Call, encoding: Encoding, body: &[u8]) -> Result<Asked, PyroE
     })
 }
 
+/// `body`, the message of `call`, asking for `[start_ms, end_ms]` instead of its own times:
+/// protobuf's fields appended (the last of a field wins, as Pyroscope reads it), JSON's
+/// replaced.
+pub fn with_times(
+    call: Call,
+    encoding: Encoding,
+    body: &[u8],
+    start_ms: i64,
+    end_ms: i64,
+) -> Result<Vec<u8>, PyroError> {
+    match encoding {
+        Encoding::Proto => {
+            let (start_tag, end_tag) = match call {
+                Call::SelectMergeStacktraces | Call::LabelValues => (3, 4),
+                Call::LabelNames => (2, 3),
+            };
+            let mut out = body.to_vec();
+            prost::encoding::int64::encode(start_tag, &start_ms, &mut out);
+            prost::encoding::int64::encode(end_tag, &end_ms, &mut out);
+            Ok(out)
+        }
+        Encoding::Json => {
+            let mut message: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_slice(body).map_err(|e| PyroError::Malformed {
+                    call,
+                    reason: e.to_string(),
+                })?;
+            message.insert("start".into(), start_ms.to_string().into());
+            message.insert("end".into(), end_ms.to_string().into());
+            Ok(serde_json::to_vec(&message).unwrap_or_default())
+        }
+    }
+}
+
 /// The units the call reads: every selector must name its units; a call with none reads all.
 pub fn scope(asked: &Asked) -> Result<Scope, PyroError> {
     let mut scope = Scope::default();
@@ -332,6 +366,48 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(e, PyroError::Malformed { .. }), "{e}");
+    }
+
+    /// The times a window gives replace the message's, however it was encoded.
+    #[test]
+    fn times_are_replaced_in_either_encoding() {
+        for call in [
+            Call::SelectMergeStacktraces,
+            Call::LabelNames,
+            Call::LabelValues,
+        ] {
+            let body = match call {
+                Call::SelectMergeStacktraces => select(r#"{service_name="1"}"#, 5),
+                Call::LabelNames => LabelNamesRequest {
+                    matchers: vec![r#"{service_name="1"}"#.into()],
+                    start: 5,
+                    end: 6,
+                }
+                .encode_to_vec(),
+                Call::LabelValues => LabelValuesRequest {
+                    name: "x".into(),
+                    matchers: vec![r#"{service_name="1"}"#.into()],
+                    start: 5,
+                    end: 6,
+                }
+                .encode_to_vec(),
+            };
+            let patched = with_times(call, Encoding::Proto, &body, 1000, 2000).unwrap();
+            let a = asked(call, Encoding::Proto, &patched).unwrap();
+            assert_eq!((a.start_ms, a.end_ms), (1000, 2000), "{call:?}");
+            assert_eq!(a.selectors, [r#"{service_name="1"}"#]);
+        }
+        let json = br#"{"labelSelector":"{service_name=\"1\"}","start":"5","end":6}"#;
+        let patched = with_times(
+            Call::SelectMergeStacktraces,
+            Encoding::Json,
+            json,
+            1000,
+            2000,
+        )
+        .unwrap();
+        let a = asked(Call::SelectMergeStacktraces, Encoding::Json, &patched).unwrap();
+        assert_eq!((a.start_ms, a.end_ms), (1000, 2000));
     }
 
     #[test]

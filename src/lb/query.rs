@@ -232,6 +232,93 @@ pub fn literal_alternatives(pattern: &str) -> Result<Vec<String>, ScopeError> {
 }
 
 /// Error messages quote at most this much of what they refuse.
+/// How far from its evaluation time an expression reads, in seconds: `[t + from, t + to]`
+/// (ranges, offsets, subqueries), and the absolute intervals its `@ <time>` modifiers read.
+/// An instant selector's lookback is not counted: Prometheus marks a series stale at the
+/// first scrape without it, so it does not read across the gap between two jobs.
+#[derive(Debug, Default, PartialEq)]
+pub struct Reach {
+    pub from: f64,
+    pub to: f64,
+    pub anchored: Vec<(f64, f64)>,
+}
+
+/// The reach of `query` (an expression [`scope_of_query`] accepted).
+pub fn reach_of_query(query: &str) -> Result<Reach, ScopeError> {
+    use promql_parser::parser::{AtModifier, Offset};
+    let expr = parse(query)?;
+    let mut reach = Reach::default();
+    let seconds = |d: &std::time::Duration| d.as_secs_f64();
+    let shift = |offset: &Option<Offset>| match offset {
+        Some(Offset::Pos(d)) => -seconds(d),
+        Some(Offset::Neg(d)) => seconds(d),
+        None => 0.0,
+    };
+    // Each node with the interval it is evaluated over, relative to its anchor, and that
+    // anchor: the query's time, or an `@` time.
+    let mut stack: Vec<(&Expr, (f64, f64), Option<f64>)> = vec![(&expr, (0.0, 0.0), None)];
+    let mut add = |interval: (f64, f64), anchor: Option<f64>| match anchor {
+        None => {
+            reach.from = reach.from.min(interval.0);
+            reach.to = reach.to.max(interval.1);
+        }
+        Some(at) => reach.anchored.push((at + interval.0, at + interval.1)),
+    };
+    let anchor_of = |at: &Option<AtModifier>, anchor: Option<f64>| match at {
+        Some(AtModifier::At(time)) => Some(match time.duration_since(std::time::UNIX_EPOCH) {
+            Ok(d) => d.as_secs_f64(),
+            Err(e) => -e.duration().as_secs_f64(),
+        }),
+        // `@ start()` and `@ end()` are within the query's own range.
+        _ => anchor,
+    };
+    while let Some((e, (lo, hi), anchor)) = stack.pop() {
+        let at = |vs: &VectorSelector, back: f64| {
+            let s = shift(&vs.offset);
+            match &vs.at {
+                Some(AtModifier::At(_)) => ((s - back, s), anchor_of(&vs.at, anchor)),
+                _ => ((lo + s - back, hi + s), anchor),
+            }
+        };
+        match e {
+            Expr::VectorSelector(vs) => {
+                let (interval, anchor) = at(vs, 0.0);
+                add(interval, anchor);
+            }
+            Expr::MatrixSelector(ms) => {
+                let (interval, anchor) = at(&ms.vs, seconds(&ms.range));
+                add(interval, anchor);
+            }
+            Expr::Subquery(sq) => {
+                let s = shift(&sq.offset);
+                let range = seconds(&sq.range);
+                let inner = match &sq.at {
+                    Some(AtModifier::At(_)) => ((s - range, s), anchor_of(&sq.at, anchor)),
+                    _ => ((lo + s - range, hi + s), anchor),
+                };
+                stack.push((&sq.expr, inner.0, inner.1));
+            }
+            Expr::Aggregate(a) => {
+                stack.push((&a.expr, (lo, hi), anchor));
+                if let Some(p) = a.param.as_deref() {
+                    stack.push((p, (lo, hi), anchor));
+                }
+            }
+            Expr::Unary(u) => stack.push((&u.expr, (lo, hi), anchor)),
+            Expr::Binary(b) => {
+                stack.push((&b.lhs, (lo, hi), anchor));
+                stack.push((&b.rhs, (lo, hi), anchor));
+            }
+            Expr::Paren(p) => stack.push((&p.expr, (lo, hi), anchor)),
+            Expr::Call(c) => {
+                stack.extend(c.args.args.iter().map(|a| (a.as_ref(), (lo, hi), anchor)))
+            }
+            Expr::NumberLiteral(_) | Expr::StringLiteral(_) | Expr::Extension(_) => {}
+        }
+    }
+    Ok(reach)
+}
+
 fn shorten(text: &str) -> String {
     const MAX: usize = 200;
     match text.char_indices().nth(MAX) {
@@ -243,6 +330,25 @@ fn shorten(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_reach_of_ranges_offsets_subqueries_and_at() {
+        let r = |q: &str| reach_of_query(q).unwrap();
+        assert_eq!(r(r#"x{uuid="1"}"#), Reach::default());
+        assert_eq!(r(r#"rate(x{uuid="1"}[1h])"#).from, -3600.0);
+        assert_eq!(r(r#"rate(x{uuid="1"}[1h] offset 1d)"#).from, -90000.0);
+        assert_eq!(r(r#"x{uuid="1"} offset -1h"#).to, 3600.0);
+        // A subquery's range and the selector's inside it add up.
+        assert_eq!(
+            r(r#"max_over_time(rate(x{uuid="1"}[5m])[1d:1m])"#).from,
+            -86400.0 - 300.0
+        );
+        let at = r(r#"rate(x{uuid="1"}[5m] @ 1000) + y{uuid="1"}"#);
+        assert_eq!(at.anchored, [(700.0, 1000.0)]);
+        assert_eq!((at.from, at.to), (0.0, 0.0));
+        assert_eq!(r(r#"x{uuid="1"} @ end()"#).anchored, []);
+        assert!(reach_of_query("sum((").is_err());
+    }
 
     fn units(q: &str) -> Vec<String> {
         scope_of_query(q)

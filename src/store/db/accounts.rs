@@ -150,6 +150,55 @@ impl Store {
         Ok(readable)
     }
 
+    /// Every unit on `cluster` that holds one of `uuids` (a job id comes back after its
+    /// manager's ids wrap): when it ran (seconds; a pending one has no start) and whether
+    /// `user` may read it, as [`Store::units_readable_by`] decides.
+    pub async fn unit_tenures(
+        &self,
+        cluster: &str,
+        user: &str,
+        uuids: &[String],
+    ) -> Result<Vec<Tenure>, StoreError> {
+        if uuids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut q = Sql::new("SELECT uuid, ");
+        match self.schema {
+            Schema::Ours => {
+                q.push("started_at, ended_at, (usr = ").bind(user);
+                q.push(" OR project IN (SELECT project FROM associations WHERE cluster_id = ")
+                    .bind(cluster)
+                    .push(" AND usr = ")
+                    .bind(user)
+                    .push(")) FROM units WHERE cluster_id = ")
+                    .bind(cluster);
+            }
+            // CEEMS's times are milliseconds; a running unit ends at 0.
+            Schema::Ceems => {
+                q.push("started_at_ts / 1000, NULLIF(ended_at_ts, 0) / 1000, (username = ")
+                    .bind(user);
+                q.push(" OR project IN (SELECT name FROM projects WHERE cluster_id = ")
+                    .bind(cluster)
+                    .push(" AND EXISTS (SELECT 1 FROM json_each(users) WHERE value = ")
+                    .bind(user)
+                    .push("))) FROM units WHERE cluster_id = ")
+                    .bind(cluster);
+            }
+        }
+        q.push_in("uuid", uuids);
+        let mut tenures = Vec::new();
+        for row in self.fetch_all(&q).await? {
+            let start: Option<i64> = row.get(1)?;
+            tenures.push(Tenure {
+                uuid: row.get(0)?,
+                start: start.filter(|s| *s > 0),
+                end: row.get::<Option<i64>>(2)?.filter(|e| *e > 0),
+                theirs: row.get::<bool>(3)?,
+            });
+        }
+        Ok(tenures)
+    }
+
     /// The configured admins, and CEEMS's service account, which is always one.
     pub async fn is_admin(&self, name: &str) -> Result<bool, StoreError> {
         if name == SERVICE_ACCOUNT {
@@ -158,4 +207,15 @@ impl Store {
         let q = Sql::new("SELECT 1 FROM admin_users WHERE name = $1").arg(name);
         Ok(self.fetch_optional(&q).await?.is_some())
     }
+}
+
+/// One unit holding a job id: when it ran, and whether the asking user may read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenure {
+    pub uuid: String,
+    /// Seconds; none while pending.
+    pub start: Option<i64>,
+    /// Seconds; none while running.
+    pub end: Option<i64>,
+    pub theirs: bool,
 }

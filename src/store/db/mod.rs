@@ -21,7 +21,7 @@ use sqlx::sqlite::{Sqlite, SqlitePool};
 use super::shared_read::SharedRead;
 use super::sql::Backend;
 
-pub use accounts::SERVICE_ACCOUNT;
+pub use accounts::{Tenure, SERVICE_ACCOUNT};
 pub use aggregates::{
     merge_series, AggregateDelta, AggregateTarget, SeriesFold, SeriesWeights, USAGE_SUMS,
 };

@@ -274,6 +274,39 @@ async fn a_user_reads_the_units_they_ran_and_those_of_their_projects() {
         .is_empty());
 }
 
+/// A job id that came back: alice's job 1 ended, then bob's job 1 ran. Each is told apart by
+/// its times, and each user reads only theirs.
+#[tokio::test]
+async fn a_job_id_that_wrapped_is_two_tenures_each_its_users() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = testing::store(tmp.path()).await;
+    let bobs = "1|debug|normal|chemistry|bob|2002|bob|2002|1795400000|1795400000|Unknown|00:01:00|60|0:0|RUNNING|billing=1,cpu=1,mem=300M,node=1|localhost|/tmp|60|wrap\n";
+    let (jobs, errors) = sacct::parse_output(&format!("{LINES}{bobs}"));
+    assert!(errors.is_empty(), "{errors:?}");
+    store.ingest("lab", &jobs, 100, 1).await.unwrap();
+    let mut tenures = store
+        .unit_tenures("lab", "alice", &["1".to_owned()])
+        .await
+        .unwrap();
+    tenures.sort_by_key(|t| t.start);
+    let seen: Vec<(Option<i64>, Option<i64>, bool)> =
+        tenures.iter().map(|t| (t.start, t.end, t.theirs)).collect();
+    assert_eq!(
+        seen,
+        [
+            (Some(1795358897), Some(1795358926), true),
+            (Some(1795400000), None, false)
+        ]
+    );
+    let bob = store
+        .unit_tenures("lab", "bob", &["1".to_owned(), "2".to_owned()])
+        .await
+        .unwrap();
+    assert_eq!(bob.iter().filter(|t| t.theirs).count(), 2, "{bob:?}");
+    // Job 2 is pending: no start yet.
+    assert!(bob.iter().any(|t| t.uuid == "2" && t.start.is_none()));
+}
+
 /// A SQLite database written by the release before migration 0010 opens with its jobs, and
 /// its usage, rebuilt by the migration, already holds the group and allocated times CEEMS's
 /// usage answers need.
