@@ -228,9 +228,18 @@ fn users_see_their_own_jobs_only_and_admins_see_all() {
         )),
     );
     assert_eq!(status, 403, "{answer}");
-    // No user: 401.
-    let (status, _) = ask(&lb, None, &query(alice_rate), None);
-    assert_eq!(status, 401);
+    // No user: 401, in CEEMS's words, which say what to set in Grafana.
+    let (status, answer) = ask(&lb, None, &query(alice_rate), None);
+    assert_eq!(
+        (status, answer["errorType"].as_str()),
+        (401, Some("unauthorized"))
+    );
+    assert!(
+        answer["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("send_user_header = true")),
+        "{answer}"
+    );
     // bob gets his own job, not alice's.
     let (status, _) = ask(&lb, Some("bob"), &query(alice_rate), None);
     assert_eq!(status, 403);

@@ -14,6 +14,9 @@ use super::window::Window;
 use super::{Refusal, UNIT_FORBIDDEN};
 use crate::store::db::Tenure;
 
+/// CEEMS's answer to a request that names no user.
+pub const NO_USER_HEADER: &str = "no user header found. Make sure to set send_user_header = true in [dataproxy] section of Grafana configuration file.";
+
 /// Longest user name accepted, as the stats-server's.
 const MAX_USER_BYTES: usize = 256;
 
@@ -137,7 +140,8 @@ impl Access {
             Some(Ok(u)) if !u.is_empty() => Ok(u.to_owned()),
             _ => Err(Refusal::new(
                 StatusCode::UNAUTHORIZED,
-                format!("no user: the request has no {} header", self.user_header),
+                // CEEMS's words, which say what to fix in Grafana.
+                NO_USER_HEADER,
             )),
         }
     }
