@@ -189,7 +189,18 @@ pub fn fit_prometheus(
             ("start", "end", from, to)
         }
     };
-    let (fitted_from, fitted_to) = window.fit(from, to, &reach)?;
+    let (mut fitted_from, fitted_to) = window.fit(from, to, &reach)?;
+    // A graph's points stay on the grid its panel asked for (`start + k × step`).
+    let step = params
+        .iter()
+        .find(|(k, _)| k == "step")
+        .and_then(|(_, v)| step_seconds(v));
+    if let (true, Some(step)) = (path == "/api/v1/query_range" && fitted_from != from, step) {
+        let aligned = from + ((fitted_from - from) / step).ceil() * step;
+        if aligned <= fitted_to {
+            fitted_from = aligned;
+        }
+    }
     let mut replace = Vec::new();
     if fitted_from != from {
         replace.push((from_key, format_time(fitted_from)));
@@ -198,6 +209,15 @@ pub fn fit_prometheus(
         replace.push((to_key, format_time(fitted_to)));
     }
     Ok(replace)
+}
+
+/// A `step` as Prometheus reads it: seconds, or a duration such as `15s` or `1m30s`.
+fn step_seconds(text: &str) -> Option<f64> {
+    let seconds = match text.trim().parse::<f64>() {
+        Ok(s) => s,
+        Err(_) => humantime::parse_duration(text.trim()).ok()?.as_secs_f64(),
+    };
+    (seconds.is_finite() && seconds > 0.0).then_some(seconds)
 }
 
 /// The URL query and form body of a request with `replace`'s parameters in place of theirs
@@ -298,14 +318,24 @@ mod tests {
             fit("/api/v1/query", q),
             Ok(vec![("time", "2060.000".to_owned())])
         );
-        // A week's graph: her job's part of it.
+        // A week's graph: her job's part of it, on the panel's grid (0 + k × 60 s).
         assert_eq!(
             fit(
                 "/api/v1/query_range",
                 &format!("{q}&start=0&end=9000&step=60")
             ),
             Ok(vec![
-                ("start", "940.000".to_owned()),
+                ("start", "960.000".to_owned()),
+                ("end", "2060.000".to_owned())
+            ])
+        );
+        assert_eq!(
+            fit(
+                "/api/v1/query_range",
+                &format!("{q}&start=10&end=9000&step=1m")
+            ),
+            Ok(vec![
+                ("start", "970.000".to_owned()),
                 ("end", "2060.000".to_owned())
             ])
         );
