@@ -840,6 +840,15 @@ fn curl(port: u16, path: &str, user: &str, cluster: &str, form: Option<&str>) ->
     }
 }
 
+/// A `*-query-*` scenario's two requests: the query of `uuid`'s CPU usage at `time` on the
+/// Prometheus address, then `pyro_requestor`'s call from that time on the Pyroscope one.
+fn query_then_profiles(ports: &[u16], user: &str, cluster: &str, uuid: &str, time: &str) -> String {
+    let path = format!("/api/v1/query?query=avg_cpu_usage%7Buuid%3D%22{uuid}%22%7D&time={time}");
+    let start_ms = time.parse::<f64>().unwrap() as i64 * 1000;
+    curl(ports[0], &path, user, cluster, None)
+        + &pyro_requestor(ports[1], user, cluster, uuid, start_ms)
+}
+
 /// `ceems_lb` as the script starts it, from the pack's root (where its configs' database
 /// path, `./pkg/api/testdata`, holds CEEMS's `ceems.db`), with the pack's config whose stores'
 /// and API server's `localhost` ports are the stand-ins'; on `addresses` listen addresses.
@@ -949,34 +958,28 @@ fn lb_asks_the_api_server(server: &Running, prometheus: &common::http::TestServe
         ],
         2,
     );
-    let (tsdb, pyro) = (lb.ports[0], lb.ports[1]);
-    let query = |uuid: &str, time: &str| {
-        format!("/api/v1/query?query=avg_cpu_usage%7Buuid%3D%22{uuid}%22%7D&time={time}")
-    };
-    let out = curl(
-        tsdb,
-        &query("1481510", "1676990946"),
-        "usr1",
-        "slurm-1",
-        None,
-    ) + &pyro_requestor(pyro, "usr1", "slurm-1", "1481510", 1676990946000);
-    same_output(
-        "lb-forbid-user-query-api",
-        &out,
-        &expected_lb("e2e-test-lb-forbid-user-query-api.txt"),
-    );
-    let out = curl(
-        tsdb,
-        &query("1479763", "1645450627"),
-        "usr1",
-        "slurm-0",
-        None,
-    ) + &pyro_requestor(pyro, "usr1", "slurm-0", "1479763", 1645450627000);
-    same_output(
-        "lb-allow-user-query-api",
-        &out,
-        &expected_lb("e2e-test-lb-allow-user-query-api.txt"),
-    );
+    for (scenario, cluster, uuid, time) in [
+        (
+            "lb-forbid-user-query-api",
+            "slurm-1",
+            "1481510",
+            "1676990946",
+        ),
+        (
+            "lb-allow-user-query-api",
+            "slurm-0",
+            "1479763",
+            "1645450627",
+        ),
+    ] {
+        let out = query_then_profiles(&lb.ports, "usr1", cluster, uuid, time);
+        same_output(
+            scenario,
+            &out,
+            &expected_lb(&format!("e2e-test-{scenario}.txt")),
+        );
+    }
+    let pyro = lb.ports[1];
     // The API's admins pass unchecked; usr3 reads their own job.
     for user in ["grafana", "usr3"] {
         let out = pyro_requestor(pyro, user, "slurm-1", "1481510", 1676990946000);
@@ -995,39 +998,28 @@ fn ceems_lb_scenarios_through_the_ceems_lb_link() {
         ("http://localhost:4040", pyroscope.url()),
     ];
     let config = "/api/v1/status/config";
-    let query = |uuid: &str, time: &str| {
-        format!("/api/v1/query?query=avg_cpu_usage%7Buuid%3D%22{uuid}%22%7D&time={time}")
-    };
 
     let lb = ceems_lb("config-db.yml", &urls, 2);
     let (tsdb, pyro) = (lb.ports[0], lb.ports[1]);
     let out =
         curl(tsdb, config, "usr1", "slurm-0", None) + &curl(pyro, config, "usr1", "slurm-0", None);
     same_output("lb-basic", &out, &expected_lb("e2e-test-lb-server.txt"));
-    let out = curl(
-        tsdb,
-        &query("1481510", "1713032179.506"),
-        "usr1",
-        "slurm-1",
-        None,
-    ) + &pyro_requestor(pyro, "usr1", "slurm-1", "1481510", 1713032179000);
-    same_output(
-        "lb-forbid-user-query-db",
-        &out,
-        &expected_lb("e2e-test-lb-forbid-user-query-db.txt"),
-    );
-    let out = curl(
-        tsdb,
-        &query("1479763", "1645450627"),
-        "usr1",
-        "slurm-0",
-        None,
-    ) + &pyro_requestor(pyro, "usr1", "slurm-0", "1479763", 1645450627000);
-    same_output(
-        "lb-allow-user-query-db",
-        &out,
-        &expected_lb("e2e-test-lb-allow-user-query-db.txt"),
-    );
+    for (scenario, cluster, uuid, time) in [
+        (
+            "lb-forbid-user-query-db",
+            "slurm-1",
+            "1481510",
+            "1713032179.506",
+        ),
+        ("lb-allow-user-query-db", "slurm-0", "1479763", "1645450627"),
+    ] {
+        let out = query_then_profiles(&lb.ports, "usr1", cluster, uuid, time);
+        same_output(
+            scenario,
+            &out,
+            &expected_lb(&format!("e2e-test-{scenario}.txt")),
+        );
+    }
     let form = "query=avg_cpu_usage{uuid=\"1479765\"}";
     let out = curl(tsdb, "/api/v1/query", "grafana", "slurm-1", Some(form))
         + &pyro_requestor(pyro, "grafana", "slurm-1", "1479765", 1645450627000);
