@@ -1,6 +1,6 @@
 getent group ceems >/dev/null || groupadd -r ceems
 getent passwd ceems >/dev/null || useradd -r -g ceems -d /nonexistent -s /sbin/nologin -c "ceems daemons" ceems
-for link in ceems_exporter ceems_api_server redfish_proxy ceems_lb; do
+for link in ceems_exporter ceems_api_server redfish_proxy ceems_lb ceems_tool; do
     ln -sf ceems "/usr/bin/$link"
 done
 chgrp ceems /etc/ceems/ceems.toml && chmod 0640 /etc/ceems/ceems.toml

@@ -8,6 +8,7 @@ pub mod mail_opts;
 pub mod mailprog;
 pub mod redfish_proxy;
 pub mod stats_server;
+pub mod tool;
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -22,6 +23,7 @@ const ARGV0_ALIASES: &[(&str, &str)] = &[
     ("ceems_api_server", "stats-server"),
     ("redfish_proxy", "redfish-proxy"),
     ("ceems_lb", "lb"),
+    ("ceems_tool", "tool"),
 ];
 
 /// The git revision, branch and rustc version of this build (`build.rs`; "unknown" where the
@@ -55,7 +57,8 @@ pub fn cli() -> Command {
         .long_about(
             "Compute energy and emissions monitoring for HPC batch jobs.\n\n\
              One binary for the whole stack: run `ceems <subcommand> --help` for each part. \
-             Invoked through a link named ceems_exporter, ceems_api_server, redfish_proxy or ceems_lb, \
+             Invoked through a link named ceems_exporter, ceems_api_server, redfish_proxy, ceems_lb \
+             or ceems_tool, \
              it runs that subcommand directly.",
         )
         .subcommand_required(true)
@@ -66,6 +69,7 @@ pub fn cli() -> Command {
         .subcommand(lb::command())
         .subcommand(check_privileges::command())
         .subcommand(mailprog::command())
+        .subcommand(tool::command())
         .subcommand(assets::command())
 }
 
@@ -77,6 +81,7 @@ fn dispatch(name: &str, matches: &clap::ArgMatches) -> anyhow::Result<ExitCode> 
         "lb" => lb::run(matches),
         "check-privileges" => check_privileges::run(matches),
         "mailprog" => mailprog::run(matches),
+        "tool" => tool::run(matches),
         "generate-assets" => assets::run(matches),
         other => anyhow::bail!("unknown subcommand {other}"),
     }

@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod cors;
+pub mod generate;
 pub mod toolkit;
 
 use std::convert::Infallible;

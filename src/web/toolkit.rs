@@ -351,7 +351,11 @@ impl WebSecurity {
             }
         };
 
+        let named = |p: &Option<PathBuf>| p.as_deref().is_some_and(|p| !p.as_os_str().is_empty());
         let tls = match file.tls_server_config {
+            // As exporter-toolkit: no certificate and no key is plain HTTP (CEEMS's
+            // `ceems_tool config create-web-config` writes both empty without --tls).
+            Some(t) if !named(&t.cert_file) && !named(&t.key_file) => None,
             None => None,
             Some(t) => Some(Arc::new(build_tls(t, &resolve, &invalid)?)),
         };
@@ -568,6 +572,14 @@ mod tests {
             "http_server_config:\n  headers:\n    Server: x\n",
         );
         assert!(e.contains("headers.Server"), "{e}");
+        // Both files empty, as CEEMS's tool writes them without TLS: plain HTTP.
+        let plain = tmp.path().join("plain.yml");
+        std::fs::write(
+            &plain,
+            "tls_server_config:\n  cert_file: \"\"\n  key_file: \"\"\nbasic_auth_users: {}\n",
+        )
+        .unwrap();
+        assert!(WebSecurity::load(&plain).unwrap().tls.is_none());
         let e = err(tmp.path(), "tls_config:\n  cert_file: x\n");
         assert!(e.contains("tls_config"), "{e}");
         let e = err(
