@@ -44,10 +44,31 @@ pub fn command() -> Command {
         .subcommand(lb::command())
 }
 
-/// The listener of a daemon: binding below 1024 needs CAP_NET_BIND_SERVICE unless root. The
-/// daemon binds before it drops privileges, and so does this test.
-fn listener_part(settings: &Layered) -> anyhow::Result<PartCheck> {
-    let listen: String = settings.get("web.listen-address")?;
+/// The listeners of a daemon (the lb has two when it relays Pyroscope too): binding below 1024
+/// needs CAP_NET_BIND_SERVICE unless root. The daemon binds before it drops privileges, and
+/// so does this test.
+fn listener_parts(settings: &Layered) -> anyhow::Result<Vec<PartCheck>> {
+    let addresses: Vec<String> = match settings.get::<toml::Value>("web.listen-address")? {
+        toml::Value::Array(list) => list
+            .iter()
+            .filter_map(|a| a.as_str().map(str::to_owned))
+            .collect(),
+        other => vec![other.as_str().unwrap_or_default().to_owned()],
+    };
+    let several = addresses.len() > 1;
+    addresses
+        .into_iter()
+        .map(|listen| {
+            let mut part = listener_part(&listen)?;
+            if several {
+                part.part = format!("listener {listen}");
+            }
+            Ok(part)
+        })
+        .collect()
+}
+
+fn listener_part(listen: &str) -> anyhow::Result<PartCheck> {
     let port: u16 = listen
         .rsplit(':')
         .next()
@@ -58,7 +79,7 @@ fn listener_part(settings: &Layered) -> anyhow::Result<PartCheck> {
     } else {
         Vec::new()
     };
-    let test = match crate::web::bind_std(&listen) {
+    let test = match crate::web::bind_std(listen) {
         Ok(_) => OperationTest {
             operation: format!("listen on {listen}"),
             outcome: TestOutcome::Ok,
@@ -104,7 +125,8 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let binary = std::env::current_exe().context("locating this binary")?;
     let file_caps = security::file_caps(&binary).unwrap_or(None);
 
-    let mut parts = vec![listener_part(&settings)?];
+    let mut parts = listener_parts(&settings)?;
+    let listeners = parts.len();
     let mut collectors = Vec::new();
     let mut sudo_commands = Vec::new();
     let mut subs = Vec::new();
@@ -164,7 +186,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             .copied()
             .collect()
     };
-    if let Some(listener) = parts.first_mut() {
+    for listener in parts.iter_mut().take(listeners) {
         // The daemon binds before it drops: what counts is what it started with.
         listener.missing = listener
             .needs
