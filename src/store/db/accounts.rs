@@ -111,8 +111,32 @@ impl Store {
         Ok(())
     }
 
+    /// `(…)`: whether a unit of `cluster` is `user`'s to read: they ran it, or it is a project's
+    /// they are a member of (as CEEMS's load balancer decides; in CEEMS's schema, the projects
+    /// whose users list them).
+    fn push_readable_by(&self, q: &mut Sql, cluster: &str, user: &str) {
+        match self.schema {
+            Schema::Ours => {
+                q.push("(usr = ").bind(user);
+                q.push(" OR project IN (SELECT project FROM associations WHERE cluster_id = ")
+                    .bind(cluster)
+                    .push(" AND usr = ")
+                    .bind(user)
+                    .push("))");
+            }
+            Schema::Ceems => {
+                q.push("(username = ").bind(user);
+                q.push(" OR project IN (SELECT name FROM projects WHERE cluster_id = ")
+                    .bind(cluster)
+                    .push(" AND EXISTS (SELECT 1 FROM json_each(users) WHERE value = ")
+                    .bind(user)
+                    .push(")))");
+            }
+        }
+    }
+
     /// Of `uuids` on `cluster`, those `user` may read: units they ran, and units of the
-    /// projects they are a member of (as CEEMS's load balancer decides).
+    /// projects they are a member of.
     pub async fn units_readable_by(
         &self,
         cluster: &str,
@@ -123,25 +147,8 @@ impl Store {
             return Ok(BTreeSet::new());
         }
         let mut q = Sql::new("SELECT DISTINCT uuid FROM units WHERE cluster_id = ");
-        match self.schema {
-            Schema::Ours => {
-                q.bind(cluster).push(" AND (usr = ").bind(user);
-                q.push(" OR project IN (SELECT project FROM associations WHERE cluster_id = ")
-                    .bind(cluster)
-                    .push(" AND usr = ")
-                    .bind(user)
-                    .push("))");
-            }
-            // CEEMS's: the units of the projects whose users list the user.
-            Schema::Ceems => {
-                q.bind(cluster).push(" AND (username = ").bind(user);
-                q.push(" OR project IN (SELECT name FROM projects WHERE cluster_id = ")
-                    .bind(cluster)
-                    .push(" AND EXISTS (SELECT 1 FROM json_each(users) WHERE value = ")
-                    .bind(user)
-                    .push(")))");
-            }
-        }
+        q.bind(cluster).push(" AND ");
+        self.push_readable_by(&mut q, cluster, user);
         q.push_in("uuid", uuids);
         let mut readable = BTreeSet::new();
         for row in self.fetch_all(&q).await? {
@@ -162,29 +169,13 @@ impl Store {
         if uuids.is_empty() {
             return Ok(Vec::new());
         }
-        let mut q = Sql::new("SELECT uuid, ");
-        match self.schema {
-            Schema::Ours => {
-                q.push("started_at, ended_at, (usr = ").bind(user);
-                q.push(" OR project IN (SELECT project FROM associations WHERE cluster_id = ")
-                    .bind(cluster)
-                    .push(" AND usr = ")
-                    .bind(user)
-                    .push(")) FROM units WHERE cluster_id = ")
-                    .bind(cluster);
-            }
+        let mut q = Sql::new(match self.schema {
+            Schema::Ours => "SELECT uuid, started_at, ended_at, ",
             // CEEMS's times are milliseconds; a running unit ends at 0.
-            Schema::Ceems => {
-                q.push("started_at_ts / 1000, NULLIF(ended_at_ts, 0) / 1000, (username = ")
-                    .bind(user);
-                q.push(" OR project IN (SELECT name FROM projects WHERE cluster_id = ")
-                    .bind(cluster)
-                    .push(" AND EXISTS (SELECT 1 FROM json_each(users) WHERE value = ")
-                    .bind(user)
-                    .push("))) FROM units WHERE cluster_id = ")
-                    .bind(cluster);
-            }
-        }
+            Schema::Ceems => "SELECT uuid, started_at_ts / 1000, NULLIF(ended_at_ts, 0) / 1000, ",
+        });
+        self.push_readable_by(&mut q, cluster, user);
+        q.push(" FROM units WHERE cluster_id = ").bind(cluster);
         q.push_in("uuid", uuids);
         let mut tenures = Vec::new();
         for row in self.fetch_all(&q).await? {
