@@ -135,7 +135,11 @@ pub fn command() -> Command {
                  (/api/v1/query, query_range, series, labels, label values; GET or POST) is relayed \
                  only when every selector in it names its jobs with uuid=\"…\" or uuid=~\"a|b\" and \
                  every job named is the user's or one of their projects', as the stats-server's \
-                 database says; admins pass unchecked; every other path gets 403.",
+                 database says, and only for the time those jobs ran (job ids wrap); admins pass \
+                 unchecked; every other path gets 403. Pyroscope servers (--lb.pyroscope-backend) \
+                 are served alike on the second --web.listen-address: SelectMergeStacktraces, \
+                 LabelNames and LabelValues whose selectors name the user's jobs with \
+                 service_name=\"…\".",
             ),
         &opts(),
     )

@@ -1,7 +1,9 @@
-//! `ceems lb`: a proxy in front of the Prometheus-API stores of each cluster that lets a
-//! user's query through only when every compute unit it can read is theirs (or their
-//! projects'), checked against the stats-server's database. Admins pass unchecked; every path
-//! but the query, series and label APIs is refused.
+//! `ceems lb`: a proxy in front of the Prometheus-API stores (and Pyroscope servers, on a
+//! second address) of each cluster that lets a user's query through only when every compute
+//! unit it can read is theirs (or their projects'), checked against the stats-server's
+//! database or API, and only for the time those units were theirs (`window.rs`). Admins pass
+//! unchecked; every path but the query, series and label APIs (Pyroscope's three querier
+//! calls) is refused.
 
 pub mod access;
 pub mod backend;
