@@ -25,7 +25,10 @@ fuzz_target!(|data: &[u8]| {
             others: vec![(3000.0, None)],
         };
         for path in ["/api/v1/query", "/api/v1/query_range", "/api/v1/series"] {
-            let _ = ceems::lb::window::fit_prometheus(&window, path, &params, 2500.0);
+            let reach = ceems::lb::requested_scope(ceems::lb::Endpoint::Query, &params)
+                .map(|s| s.reach)
+                .unwrap_or_default();
+            let _ = ceems::lb::window::fit_prometheus(&window, path, &params, &reach, 2500.0);
         }
     }
     if let Ok(text) = std::str::from_utf8(data) {

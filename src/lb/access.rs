@@ -85,11 +85,7 @@ impl Verdicts {
             readable.clear();
         }
         let now = Instant::now();
-        for u in &found.units {
-            let tenures = found
-                .tenures
-                .as_ref()
-                .map(|all| all.iter().filter(|t| &t.uuid == u).cloned().collect());
+        for (u, tenures) in found.by_unit() {
             readable.insert(
                 (cluster.to_owned(), user.to_owned(), u.clone()),
                 (now, tenures),
@@ -191,13 +187,7 @@ impl Access {
                     )
                 })?;
             self.verdicts.set_readable(cluster, user, &found);
-            for u in &found.units {
-                let tenures = found
-                    .tenures
-                    .as_ref()
-                    .map(|all| all.iter().filter(|t| &t.uuid == u).cloned().collect());
-                readable.insert(u.clone(), tenures);
-            }
+            readable.extend(found.by_unit().map(|(u, tenures)| (u.clone(), tenures)));
         }
         if let Some(other) = units.iter().find(|u| !readable.contains_key(*u)) {
             // CEEMS's words, which its users know; which unit, in the log.

@@ -175,10 +175,7 @@ pub fn requested_scope(
     let mut scope = query::Scope::default();
     for (_, value) in params.iter().filter(|(k, _)| k == name) {
         match analyse(value) {
-            Ok(s) => {
-                scope.units.extend(s.units);
-                scope.clusters.extend(s.clusters);
-            }
+            Ok(s) => scope.extend(s),
             Err(e @ query::ScopeError::Parse(_)) => {
                 return Err(Refusal::new(StatusCode::BAD_REQUEST, e.to_string()))
             }
@@ -349,8 +346,8 @@ struct Asked {
 enum Times {
     /// An admin's, or a path that reads no series.
     Unread,
-    /// Prometheus's parameters (URL and form body).
-    Prometheus(Vec<(String, String)>),
+    /// Prometheus's parameters (URL and form body), and how far back its queries read.
+    Prometheus(Vec<(String, String)>, query::Reach),
     /// A Pyroscope message's.
     Pyroscope(pyroscope::Call, pyroscope::Encoding, pyroscope::Asked),
 }
@@ -374,14 +371,14 @@ fn prometheus_scope(
         return Err(Refusal::forbidden(PATH_FORBIDDEN));
     }
     // Admins' queries are not judged, but may still name their cluster with ceems_id.
-    let scope = match endpoint.map(|e| requested_scope(e, &params)) {
+    let mut scope = match endpoint.map(|e| requested_scope(e, &params)) {
         Some(Ok(scope)) => scope,
         None => query::Scope::default(),
         Some(Err(_)) if admin => query::Scope::default(),
         Some(Err(refusal)) => return Err(refusal),
     };
     let times = match endpoint {
-        Some(_) => Times::Prometheus(params),
+        Some(_) => Times::Prometheus(params, std::mem::take(&mut scope.reach)),
         None => Times::Unread,
     };
     Ok(Asked { scope, times })
@@ -444,8 +441,8 @@ fn fit_to_window(
         .map_or(0.0, |d| d.as_secs_f64());
     match times {
         Times::Unread => Ok(None),
-        Times::Prometheus(params) => {
-            let replace = window::fit_prometheus(window, api_path, params, now)?;
+        Times::Prometheus(params, reach) => {
+            let replace = window::fit_prometheus(window, api_path, params, reach, now)?;
             Ok((!replace.is_empty()).then(|| window::rewrite(url_query, body, &replace)))
         }
         Times::Pyroscope(call, encoding, asked) => {

@@ -36,6 +36,19 @@ pub struct Readable {
     pub tenures: Option<Vec<Tenure>>,
 }
 
+impl Readable {
+    /// Each readable unit with the units that held its id, when known.
+    pub fn by_unit(&self) -> impl Iterator<Item = (&String, Option<Vec<Tenure>>)> {
+        self.units.iter().map(|u| {
+            let tenures = self
+                .tenures
+                .as_ref()
+                .map(|all| all.iter().filter(|t| &t.uuid == u).cloned().collect());
+            (u, tenures)
+        })
+    }
+}
+
 /// Where ownership is looked up.
 pub enum Owners {
     Database(Arc<Store>),

@@ -255,9 +255,7 @@ pub fn scope(asked: &Asked) -> Result<Scope, PyroError> {
         return Err(ScopeError::Unscoped("no label selector".into(), UNIT_LABEL).into());
     }
     for s in &asked.selectors {
-        let one = query::scope_of_labelled_selector(s, UNIT_LABEL)?;
-        scope.units.extend(one.units);
-        scope.clusters.extend(one.clusters);
+        scope.extend(query::scope_of_labelled_selector(s, UNIT_LABEL)?);
     }
     Ok(scope)
 }

@@ -19,6 +19,19 @@ pub const CLUSTER_LABEL: &str = "ceems_id";
 pub struct Scope {
     pub units: BTreeSet<String>,
     pub clusters: BTreeSet<String>,
+    /// How far from its evaluation time it reads, from the same parse.
+    pub reach: Reach,
+}
+
+impl Scope {
+    /// Adds what `other` reads.
+    pub fn extend(&mut self, other: Scope) {
+        self.units.extend(other.units);
+        self.clusters.extend(other.clusters);
+        self.reach.from = self.reach.from.min(other.reach.from);
+        self.reach.to = self.reach.to.max(other.reach.to);
+        self.reach.anchored.extend(other.reach.anchored);
+    }
 }
 
 /// Longest expression analysed (Grafana's longest, a regex of a few hundred job ids, is a few
@@ -74,6 +87,7 @@ pub fn scope_of_query(query: &str) -> Result<Scope, ScopeError> {
             Expr::Extension(_) => return Err(ScopeError::NotASelector("an extension".into())),
         }
     }
+    scope.reach = reach_of_expr(&expr);
     Ok(scope)
 }
 
@@ -243,10 +257,13 @@ pub struct Reach {
     pub anchored: Vec<(f64, f64)>,
 }
 
-/// The reach of `query` (an expression [`scope_of_query`] accepted).
+/// The reach of `query` (an expression [`scope_of_query`] accepted; its scope carries it).
 pub fn reach_of_query(query: &str) -> Result<Reach, ScopeError> {
+    Ok(reach_of_expr(&parse(query)?))
+}
+
+fn reach_of_expr(expr: &Expr) -> Reach {
     use promql_parser::parser::{AtModifier, Offset};
-    let expr = parse(query)?;
     let mut reach = Reach::default();
     let seconds = |d: &std::time::Duration| d.as_secs_f64();
     let shift = |offset: &Option<Offset>| match offset {
@@ -256,7 +273,7 @@ pub fn reach_of_query(query: &str) -> Result<Reach, ScopeError> {
     };
     // Each node with the interval it is evaluated over, relative to its anchor, and that
     // anchor: the query's time, or an `@` time.
-    let mut stack: Vec<(&Expr, (f64, f64), Option<f64>)> = vec![(&expr, (0.0, 0.0), None)];
+    let mut stack: Vec<(&Expr, (f64, f64), Option<f64>)> = vec![(expr, (0.0, 0.0), None)];
     let mut add = |interval: (f64, f64), anchor: Option<f64>| match anchor {
         None => {
             reach.from = reach.from.min(interval.0);
@@ -316,7 +333,7 @@ pub fn reach_of_query(query: &str) -> Result<Reach, ScopeError> {
             Expr::NumberLiteral(_) | Expr::StringLiteral(_) | Expr::Extension(_) => {}
         }
     }
-    Ok(reach)
+    reach
 }
 
 fn shorten(text: &str) -> String {

@@ -152,28 +152,24 @@ fn one_time(params: &[(String, String)], key: &'static str) -> Result<Option<f64
 
 /// The time parameters of a Prometheus API request fitted to `window`: those to send instead
 /// of the request's (none when it fits as it is).
+/// `reach` is how far from their evaluation time its queries read (series and label calls
+/// read only their range).
 pub fn fit_prometheus(
     window: &Window,
     path: &str,
     params: &[(String, String)],
+    reach: &super::query::Reach,
     now: f64,
 ) -> Result<Vec<(&'static str, String)>, WindowError> {
-    let mut reach = super::query::Reach::default();
-    let (from_key, to_key, from, to) = match path {
+    let no_reach = super::query::Reach::default();
+    let (from_key, to_key, from, to, reach) = match path {
         "/api/v1/query" | "/api/v1/query_range" => {
-            for (_, q) in params.iter().filter(|(k, _)| k == "query") {
-                // The scope check parsed it already.
-                let r = super::query::reach_of_query(q).unwrap_or_default();
-                reach.from = reach.from.min(r.from);
-                reach.to = reach.to.max(r.to);
-                reach.anchored.extend(r.anchored);
-            }
             if path == "/api/v1/query" {
                 let t = one_time(params, "time")?.unwrap_or(now);
-                ("time", "time", t, t)
+                ("time", "time", t, t, reach)
             } else {
                 match (one_time(params, "start")?, one_time(params, "end")?) {
-                    (Some(from), Some(to)) if from < to => ("start", "end", from, to),
+                    (Some(from), Some(to)) if from < to => ("start", "end", from, to, reach),
                     // The store refuses what is missing or reversed.
                     _ => return Ok(Vec::new()),
                 }
@@ -186,10 +182,10 @@ pub fn fit_prometheus(
             if from > to {
                 return Ok(Vec::new());
             }
-            ("start", "end", from, to)
+            ("start", "end", from, to, &no_reach)
         }
     };
-    let (mut fitted_from, fitted_to) = window.fit(from, to, &reach)?;
+    let (mut fitted_from, fitted_to) = window.fit(from, to, reach)?;
     // A graph's points stay on the grid its panel asked for (`start + k × step`).
     let step = params
         .iter()
@@ -309,7 +305,14 @@ mod tests {
             end: Some(2060.0),
             others: vec![(5000.0, None)],
         };
-        let fit = |path: &str, q: &str| fit_prometheus(&alice, path, &pairs(q), 9000.0);
+        let fit = |path: &str, q: &str| {
+            let params = pairs(q);
+            let mut scope = crate::lb::query::Scope::default();
+            for (_, query) in params.iter().filter(|(k, _)| k == "query") {
+                scope.extend(crate::lb::query::scope_of_query(query).unwrap());
+            }
+            fit_prometheus(&alice, path, &params, &scope.reach, 9000.0)
+        };
         let q = "query=x%7Buuid%3D%227%22%7D";
         // Inside: as asked.
         assert_eq!(fit("/api/v1/query", &format!("{q}&time=1500")), Ok(vec![]));
