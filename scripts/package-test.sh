@@ -37,12 +37,14 @@ check "ceems check-privileges passes as root" \
   /usr/bin/ceems check-privileges exporter --config.file=/etc/ceems/ceems.toml --web.listen-address=127.0.0.1:0
 check "config file is a conffile readable by the ceems user only" \
   sh -c 'dpkg-query -W -f="\${Conffiles}" ceems | grep -q /etc/ceems/ceems.toml && test "$(stat -c %U:%G:%a /etc/ceems/ceems.toml)" = root:ceems:640 && getent passwd ceems >/dev/null'
+check "cacct is setgid ceems and its config readable by group ceems only" \
+  sh -c 'test "$(stat -c %U:%G:%a /usr/bin/cacct)" = root:ceems:2755 && test "$(stat -c %U:%G:%a /etc/ceems/config.yml)" = root:ceems:640 && /usr/bin/cacct --helpformat | grep -q jobID'
 check "units installed and verified" \
   systemd-analyze verify --man=no /lib/systemd/system/ceems_exporter.service /lib/systemd/system/redfish_proxy.service /lib/systemd/system/ceems_api_server.service /lib/systemd/system/ceems_lb.service
 check "man pages and completions installed" \
   sh -c 'ls /usr/share/man/man1/ceems-exporter.1* && test -s /usr/share/bash-completion/completions/ceems && test -s /usr/share/zsh/vendor-completions/_ceems'
 dpkg --purge ceems >/dev/null
 check "removal leaves no binary or link" \
-  sh -c '! test -e /usr/bin/ceems && ! test -e /usr/bin/ceems_exporter && ! test -e /usr/bin/redfish_proxy && ! test -e /usr/bin/ceems_lb && ! test -e /usr/bin/ceems_tool'
+  sh -c '! test -e /usr/bin/ceems && ! test -e /usr/bin/ceems_exporter && ! test -e /usr/bin/redfish_proxy && ! test -e /usr/bin/ceems_lb && ! test -e /usr/bin/ceems_tool && ! test -e /usr/bin/cacct'
 echo "package: $passed passed, $failed failed"
 [ "$failed" = 0 ]

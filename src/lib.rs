@@ -4,6 +4,7 @@
 //! `check-privileges`, `mailprog`) sharing one config loader, one collector registry and one
 //! web layer. The README's "Layout" says what each module holds and may import.
 
+pub mod acct;
 pub mod cmd;
 pub mod collect;
 pub mod config;

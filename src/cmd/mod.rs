@@ -1,6 +1,7 @@
 //! Subcommands: flags and wiring only; the work lives in the library modules.
 
 pub mod assets;
+pub mod cacct;
 pub mod check_privileges;
 pub mod exporter;
 pub mod lb;
@@ -24,6 +25,7 @@ const ARGV0_ALIASES: &[(&str, &str)] = &[
     ("redfish_proxy", "redfish-proxy"),
     ("ceems_lb", "lb"),
     ("ceems_tool", "tool"),
+    ("cacct", "cacct"),
 ];
 
 /// The git revision, branch and rustc version of this build (`build.rs`; "unknown" where the
@@ -57,8 +59,8 @@ pub fn cli() -> Command {
         .long_about(
             "Compute energy and emissions monitoring for HPC batch jobs.\n\n\
              One binary for the whole stack: run `ceems <subcommand> --help` for each part. \
-             Invoked through a link named ceems_exporter, ceems_api_server, redfish_proxy, ceems_lb \
-             or ceems_tool, \
+             Invoked through a link named ceems_exporter, ceems_api_server, redfish_proxy, ceems_lb, \
+             ceems_tool or cacct, \
              it runs that subcommand directly.",
         )
         .subcommand_required(true)
@@ -70,6 +72,7 @@ pub fn cli() -> Command {
         .subcommand(check_privileges::command())
         .subcommand(mailprog::command())
         .subcommand(tool::command())
+        .subcommand(cacct::command())
         .subcommand(assets::command())
 }
 
@@ -82,6 +85,7 @@ fn dispatch(name: &str, matches: &clap::ArgMatches) -> anyhow::Result<ExitCode> 
         "check-privileges" => check_privileges::run(matches),
         "mailprog" => mailprog::run(matches),
         "tool" => tool::run(matches),
+        "cacct" => cacct::run(matches),
         "generate-assets" => assets::run(matches),
         other => anyhow::bail!("unknown subcommand {other}"),
     }

@@ -10,6 +10,7 @@
 //! own YAML files are read into the same tree (`redfish_proxy_yaml`).
 
 mod api_yaml;
+pub mod http_client;
 mod lb_yaml;
 mod opt;
 pub mod redfish_proxy_yaml;

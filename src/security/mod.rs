@@ -193,6 +193,23 @@ pub fn drop_privileges(
     })
 }
 
+/// Whether this process runs with ids its file granted (a setuid or setgid program such as
+/// `cacct`): its effective user or group is not the caller's.
+pub fn set_id() -> bool {
+    nix::unistd::geteuid() != nix::unistd::getuid()
+        || nix::unistd::getegid() != nix::unistd::getgid()
+}
+
+/// Gives up, for good, the user and group a setuid or setgid file granted: every id becomes
+/// the caller's. What the program read with them (its protected config) stays read; nothing
+/// after this (requests, files it writes) runs with them.
+pub fn drop_set_id() -> Result<(), SecurityError> {
+    let (uid, gid) = (nix::unistd::getuid(), nix::unistd::getgid());
+    nix::unistd::setresgid(gid, gid, gid).map_err(sys("setresgid"))?;
+    nix::unistd::setresuid(uid, uid, uid).map_err(sys("setresuid"))?;
+    Ok(())
+}
+
 /// Creates each missing directory of `dirs`, and its missing parents, owned by the user
 /// [`drop_privileges`] will switch to, so that a first start as root does not stop at
 /// "permission denied" once it runs as that user. Directories that exist are left as they are.

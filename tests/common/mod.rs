@@ -3,6 +3,7 @@
 
 pub mod bmc;
 pub mod browser;
+pub mod ceems_pack;
 pub mod cgroup;
 pub mod http;
 pub mod kubelet;

@@ -1,0 +1,269 @@
+//! `ceems cacct` (and a `cacct` link): a user's jobs, their usage, energy and emissions in the
+//! terminal, from the stats-server's API, as CEEMS's `cacct` prints them.
+//!
+//! The user is the caller's real uid's name. The config (the API server's credentials) is read
+//! from /etc/ceems, which a setgid `cacct` may read and its caller may not; the granted group is
+//! given up right after, before any request or file write.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Arg, ArgAction, ArgMatches, Command};
+
+use crate::acct;
+
+/// Where the config is looked for first.
+const CONFIG_DIR: &str = "/etc/ceems";
+
+pub fn command() -> Command {
+    let text = |name: &'static str, help: &'static str| {
+        Arg::new(name).long(name).value_name("LIST").help(help)
+    };
+    let boolean = |name: &'static str, help: &'static str| {
+        Arg::new(name)
+            .long(name)
+            .value_name("BOOL")
+            .num_args(0..=1)
+            .require_equals(true)
+            .default_value("false")
+            .default_missing_value("true")
+            .value_parser(clap::builder::BoolishValueParser::new())
+            .help(help)
+    };
+    let fields: Vec<&str> = acct::FIELDS.iter().map(|f| f.key).collect();
+    Command::new("cacct")
+        .about("Energy, emissions, usage and performance of your jobs, from the stats-server (CEEMS's cacct)")
+        .arg(text("account", "Comma separated list of accounts to select jobs to display. By default, all accounts are selected."))
+        .arg(
+            Arg::new("starttime")
+                .long("starttime")
+                .value_name("TIME")
+                .help("Select jobs eligible after this local time. Valid format is YYYY-MM-DD[THH:MM[:SS]] (default: 00:00:00 of the current day)."),
+        )
+        .arg(
+            Arg::new("endtime")
+                .long("endtime")
+                .value_name("TIME")
+                .help("Select jobs eligible before this local time. Valid format is YYYY-MM-DD[THH:MM[:SS]] (default: now)."),
+        )
+        .arg(text("job", "Comma separated list of jobs to display information. Default is all jobs in the period."))
+        .arg(text("user", "Comma separated list of user names to select jobs to display (admins only). By default, the running user is used."))
+        .arg(text("format", "Comma separated list of fields (Use --helpformat for list of available fields)."))
+        .arg(boolean("helpformat", "List of available fields."))
+        .arg(boolean(
+            "long",
+            Box::leak(format!("Equivalent to specifying --format=\"{}\".", fields.join(",")).into_boxed_str()),
+        ))
+        .arg(boolean("ts", "Time series data of jobs are saved in CSV format (default: false)."))
+        .arg(
+            Arg::new("ts.out-dir")
+                .long("ts.out-dir")
+                .value_name("DIR")
+                .default_value("out")
+                .help("Directory to save time series data."),
+        )
+        .arg(boolean("csv", "Produce CSV output (default: false)."))
+        .arg(boolean("html", "Produce HTML output (default: false)."))
+        .arg(boolean("markdown", "Produce markdown output (default: false)."))
+        // CEEMS's test-build flags: honoured for root only, never in a setuid or setgid run.
+        .arg(Arg::new("current-user").long("current-user").hide(true).action(ArgAction::Set))
+        .arg(Arg::new("config-path").long("config-path").hide(true).action(ArgAction::Set))
+}
+
+/// CEEMS's way of failing: `cacct: error: …` and status 1.
+fn fail(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("cacct: error: {message}");
+    ExitCode::FAILURE
+}
+
+fn list(m: &ArgMatches, name: &str) -> Vec<String> {
+    m.get_one::<String>(name)
+        .map(|s| {
+            s.split(',')
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A local time as cacct's flags take it.
+fn parse_time(text: &str) -> Option<jiff::Timestamp> {
+    let zone = jiff::tz::TimeZone::system();
+    for format in ["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M"] {
+        if let Ok(t) = jiff::civil::DateTime::strptime(format, text) {
+            return t.to_zoned(zone.clone()).ok().map(|z| z.timestamp());
+        }
+    }
+    let day = jiff::civil::Date::strptime("%Y-%m-%d", text).ok()?;
+    day.to_zoned(zone).ok().map(|z| z.timestamp())
+}
+
+/// The caller: the real uid's user name. `--current-user` only for root in a plain run.
+fn caller(m: &ArgMatches) -> Result<String, String> {
+    let uid = nix::unistd::getuid();
+    if let Some(name) = m.get_one::<String>("current-user") {
+        if !uid.is_root() || crate::security::set_id() {
+            return Err("--current-user is for tests, run by root: refused".into());
+        }
+        return Ok(name.clone());
+    }
+    match nix::unistd::User::from_uid(uid) {
+        Ok(Some(u)) => Ok(u.name),
+        Ok(None) => Err(format!("failed to get current user: uid {uid} has no name")),
+        Err(e) => Err(format!("failed to get current user: {e}")),
+    }
+}
+
+/// The user's own config directory (`$XDG_CONFIG_HOME/ceems` or `~/.config/ceems`).
+fn user_config_dir() -> Option<PathBuf> {
+    let base = match std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(std::env::var_os("HOME")?).join(".config"),
+    };
+    Some(base.join("ceems"))
+}
+
+pub fn run(m: &ArgMatches) -> anyhow::Result<ExitCode> {
+    let flag = |name: &str| m.get_one::<bool>(name).copied().unwrap_or(false);
+    if flag("helpformat") {
+        print!("{}", acct::help_format());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut names = list(m, "format");
+    if names.is_empty() || flag("long") {
+        names = match flag("long") {
+            true => acct::FIELDS.iter().map(|f| f.key.to_owned()).collect(),
+            false => acct::DEFAULT_FIELDS
+                .iter()
+                .map(|f| (*f).to_owned())
+                .collect(),
+        };
+    }
+    let fields = match acct::fields(&names) {
+        Ok(f) => f,
+        Err(e) => return Ok(fail(e)),
+    };
+    let jobs = list(m, "job");
+    if flag("ts") && jobs.is_empty() {
+        return Ok(fail(
+            "explicit job IDs must be passed using --job when --ts is enabled",
+        ));
+    }
+    let now = jiff::Timestamp::now();
+    let midnight = now
+        .to_zoned(jiff::tz::TimeZone::system())
+        .start_of_day()
+        .map(|z| z.timestamp())
+        .unwrap_or(now);
+    let mut window = [midnight, now];
+    for (i, name) in ["starttime", "endtime"].into_iter().enumerate() {
+        if let Some(text) = m.get_one::<String>(name) {
+            match parse_time(text) {
+                Some(t) => window[i] = t,
+                None => {
+                    return Ok(fail(format!(
+                        "failed to parse --{name} flag: invalid time format"
+                    )))
+                }
+            }
+        }
+    }
+    let user = match caller(m) {
+        Ok(u) => u,
+        Err(e) => return Ok(fail(e)),
+    };
+    let mut users = list(m, "user");
+    if users.len() == 1 && users[0] == user {
+        users.clear();
+    }
+    // Read with what the file grants (a setgid cacct), then give it up for good.
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Some(dir) = m.get_one::<String>("config-path") {
+        if !nix::unistd::getuid().is_root() || crate::security::set_id() {
+            return Ok(fail("--config-path is for tests, run by root: refused"));
+        }
+        dirs.push(PathBuf::from(dir));
+    }
+    dirs.push(PathBuf::from(CONFIG_DIR));
+    let loaded = acct::load_settings(&dirs);
+    crate::security::drop_set_id()?;
+    let settings = match loaded {
+        Err(acct::AcctError::NoConfig(_)) if user_config_dir().is_some() => {
+            dirs.extend(user_config_dir());
+            acct::load_settings(&dirs)
+        }
+        other => other,
+    };
+    let settings = match settings {
+        Ok(s) => s,
+        Err(e) => return Ok(fail(format!("failed to read config file: {e}"))),
+    };
+    let query = acct::Query {
+        from: window[0].as_second(),
+        to: window[1].as_second(),
+        accounts: list(m, "account"),
+        jobs,
+        users,
+        fields,
+    };
+    let timeout = Duration::from_secs(60);
+    let fetched = acct::Client::new(&settings.api, timeout)
+        .and_then(|api| acct::fetch(&api, &settings, &user, &query));
+    let (units, usage) = match fetched {
+        Ok(answer) => answer,
+        Err(e @ (acct::AcctError::Forbidden | acct::AcctError::Server)) => {
+            eprintln!("{e}");
+            return Ok(ExitCode::FAILURE);
+        }
+        Err(e) => return Ok(fail(format!("failed to fetch jobs: {e}"))),
+    };
+    if flag("ts") {
+        let dir = PathBuf::from(m.get_one::<String>("ts.out-dir").map_or("out", |d| d));
+        if settings.queries.is_empty() {
+            eprintln!("time series data not available");
+        } else {
+            let saved = acct::Client::new(&settings.tsdb, timeout).and_then(|tsdb| {
+                acct::series::save(&tsdb, &settings.queries, &units, &dir, now.as_millisecond())
+            });
+            match saved {
+                Ok(_) => eprintln!("time series data saved to directory {}", dir.display()),
+                Err(e) => eprintln!("failed to fetch time series data {e}"),
+            }
+        }
+    }
+    let table = acct::table(&units, &usage, &user, &query.users);
+    let text = match (flag("html"), flag("csv"), flag("markdown")) {
+        (true, _, _) => table.render_html(),
+        (_, true, _) => table.render_csv(),
+        (_, _, true) => table.render_markdown(),
+        _ => table.render(),
+    };
+    print!("{text}");
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_the_flags_three_forms_in_local_time() {
+        let zone = jiff::tz::TimeZone::system();
+        let want = jiff::civil::date(2022, 2, 20)
+            .to_zoned(zone)
+            .unwrap()
+            .timestamp();
+        assert_eq!(parse_time("2022-02-20"), Some(want));
+        assert_eq!(
+            parse_time("2022-02-20T01:02").map(|t| t.as_second() - want.as_second()),
+            Some(3720)
+        );
+        assert_eq!(
+            parse_time("2022-02-20T01:02:03").map(|t| t.as_second() - want.as_second()),
+            Some(3723)
+        );
+        assert_eq!(parse_time("20/02/2022"), None);
+    }
+}

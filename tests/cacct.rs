@@ -1,0 +1,332 @@
+//! `ceems cacct` through the `cacct` link. CEEMS's seven `cacct-*` scenarios as its e2e script
+//! runs them: our stats-server (through the `ceems_api_server` link) with the pack's config and
+//! `--web.config.file=cmd/cacct/testdata/web-config.yml`, stand-ins of the pack's mocks, and
+//! cacct with the pack's config; output (standard output and error together) compared byte for
+//! byte with CEEMS's expected files. Then a setgid cacct run by a user, as CEEMS installs it.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::ceems_pack::{pack_config, Mocks};
+
+fn expected(name: &str) -> String {
+    let path = common::fixtures()
+        .join("ceems-api/cmd/cacct/testdata/output")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// `cacct ARGS` from the pack's directory, standard output and error in one file, as the
+/// script's `> file 2>&1`.
+fn cacct(link: &Path, dir: &Path, args: &[&str]) -> String {
+    let out = dir.join("cacct.out");
+    let file = std::fs::File::create(&out).unwrap();
+    Command::new(link)
+        .current_dir(common::fixtures().join("ceems-api"))
+        .args(args)
+        .stdout(Stdio::from(file.try_clone().unwrap()))
+        .stderr(Stdio::from(file))
+        .status()
+        .unwrap();
+    std::fs::read_to_string(out).unwrap()
+}
+
+/// The API server as the cacct scenarios start it, once its first update has the units' series.
+fn api_server(dir: &Path, mocks: &Mocks) -> common::Running {
+    let config = pack_config(dir, mocks);
+    let link = dir.join("ceems_api_server");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ceems"), &link).unwrap();
+    let mut command = Command::new(&link);
+    command
+        .current_dir(common::fixtures().join("ceems-api"))
+        .args([
+            "--storage.data.skip.delete.old.units",
+            "--test.disable.checks",
+            &format!("--config.file={}", config.display()),
+            "--web.config.file=cmd/cacct/testdata/web-config.yml",
+            "--log.level=debug",
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("server.log")).unwrap());
+    let server = common::start_listening(command, "ceems_api_server");
+    let start = std::time::Instant::now();
+    loop {
+        let answer = ureq::get(&server.url(
+            "/api/v1/units/admin?cluster_id=slurm-0&from=0&to=2000000000&field=uuid&field=avg_cpu_usage",
+        ))
+        .set("X-Grafana-User", "grafana")
+        .set("Authorization", "Basic Y2VlbXM6cGFzc3dvcmQ=")
+        .call()
+        .ok()
+        .and_then(|r| r.into_string().ok())
+        .unwrap_or_default();
+        // Its ten ended jobs (the two running ones are not asked).
+        if answer.matches("avg_cpu_usage").count() >= 10 {
+            return server;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "not updated: {answer}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn ceems_cacct_scenarios_through_the_cacct_link() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mocks = Mocks::start();
+    let server = api_server(dir, &mocks);
+    // The pack's cacct config, its servers' ports replaced by ours.
+    let config_dir = dir.join("cacct-config");
+    std::fs::create_dir(&config_dir).unwrap();
+    let config =
+        std::fs::read_to_string(common::fixtures().join("ceems-api/cmd/cacct/testdata/config.yml"))
+            .unwrap()
+            .replace("http://localhost:9020", &server.url(""))
+            .replace("http://localhost:9090", &mocks.prometheus.url());
+    std::fs::write(config_dir.join("config.yml"), config).unwrap();
+    let link = dir.join("cacct");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ceems"), &link).unwrap();
+    let config_path = format!("--config-path={}", config_dir.display());
+    let ts_dir = dir.join("ts");
+    let ts_out = format!("--ts.out-dir={}", ts_dir.display());
+    let (start, end) = ("--starttime=2022-02-20", "--endtime=2022-03-20");
+    let run = |user: &str, extra: &[&str]| -> String {
+        let user = format!("--current-user={user}");
+        let mut args = vec![user.as_str(), config_path.as_str()];
+        args.extend(extra);
+        cacct(&link, dir, &args)
+    };
+    let mut failed = Vec::new();
+    let mut check = |scenario: &str, got: String, fixture: &str| {
+        let want = expected(fixture);
+        if got != want {
+            failed.push(format!("{scenario}:\n--- got\n{got}--- want\n{want}"));
+        }
+    };
+    check(
+        "cacct-default-format",
+        run("usr1", &[start, end]),
+        "e2e-test-cacct-default-format.txt",
+    );
+    check(
+        "cacct-long-format",
+        run("usr1", &[start, end, "--long"]),
+        "e2e-test-cacct-long-format.txt",
+    );
+    check(
+        "cacct-custom-format",
+        run("usr1", &[start, end, "--format=jobid,account,cpuusage"]),
+        "e2e-test-cacct-custom-format.txt",
+    );
+    check(
+        "cacct-admin-user",
+        run("grafana", &[start, end, "--user=usr1,usr2"]),
+        "e2e-test-cacct-admin-user.txt",
+    );
+    check(
+        "cacct-forbid-query",
+        run("usr3", &[start, end, "--user=usr1,usr2"]),
+        "e2e-test-cacct-forbid-query.txt",
+    );
+    // The script drops the line naming the directory, then appends the files.
+    let mut ts = run("usr1", &["--job=147973", "--ts", &ts_out]);
+    ts.retain_lines(|l| !l.starts_with("time series data saved to directory"));
+    ts.push_str(&std::fs::read_to_string(ts_dir.join("metadata.json")).unwrap_or_default());
+    ts.push_str(&std::fs::read_to_string(ts_dir.join("554b56cadf9dea4b.csv")).unwrap_or_default());
+    check("cacct-tsdata", ts, "e2e-test-cacct-tsdata.txt");
+    check(
+        "cacct-tsdata-fail",
+        run("usr1", &[start, end, "--ts", &ts_out]),
+        "e2e-test-cacct-tsdata-fail.txt",
+    );
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// Lines of a text, some dropped.
+trait RetainLines {
+    fn retain_lines(&mut self, keep: impl Fn(&str) -> bool);
+}
+
+impl RetainLines for String {
+    fn retain_lines(&mut self, keep: impl Fn(&str) -> bool) {
+        *self = self
+            .split_inclusive('\n')
+            .filter(|l| keep(l.trim_end_matches('\n')))
+            .collect();
+    }
+}
+
+#[test]
+fn cacct_help_lists_its_fields() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ceems"))
+        .args(["cacct", "--helpformat"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(
+        text.contains("| cpuUsage       | Average CPU usage over the duration of the job"),
+        "{text}"
+    );
+}
+
+/// The pack's `sacct` answer with two of its users renamed to this machine's alice and bob.
+fn sacct_of_alice_and_bob(dir: &Path) -> std::path::PathBuf {
+    let pack = std::fs::read_to_string(common::fixtures().join("ceems-api/pkg/api/testdata/sacct"))
+        .unwrap();
+    let lines: String = pack
+        .lines()
+        .filter(|l| l.contains('|'))
+        .map(|l| {
+            l.trim_start_matches("echo \"\"\"")
+                .replace("usr1", "alice")
+                .replace("usr2", "bob")
+                + "\n"
+        })
+        .collect();
+    let path = dir.join("sacct");
+    std::fs::write(&path, format!("#!/bin/sh\ncat <<'EOF'\n{lines}EOF\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+fn ensure_account(kind: &str, name: &str) {
+    let known = Command::new("getent").args([kind, name]).output().unwrap();
+    if !known.status.success() {
+        let status = match kind {
+            "group" => Command::new("groupadd").args(["-r", name]).status(),
+            _ => Command::new("useradd").args(["-M", name]).status(),
+        };
+        assert!(status.unwrap().success(), "cannot add {kind} {name}");
+    }
+}
+
+/// CEEMS's install: cacct setgid `ceems`, its config in /etc/ceems readable by that group only.
+/// Run by alice, it reads her jobs with the API server's password she cannot read; it cannot
+/// be told to be someone else or to read another config; its files are hers, not the group's.
+#[test]
+fn a_setgid_cacct_reads_its_config_for_its_caller_only() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test installs a setgid program: run it as root"
+    );
+    for (kind, name) in [("group", "ceems"), ("passwd", "alice"), ("passwd", "bob")] {
+        ensure_account(kind, name);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sacct = sacct_of_alice_and_bob(dir);
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ceems"));
+    command
+        .args([
+            "stats-server",
+            &format!("--storage.data.path={}", dir.join("data").display()),
+            &format!("--slurm.sacct.path={}", sacct.display()),
+            "--slurm.sacctmgr.path=",
+            "--slurm.cluster-id=slurm-0",
+            "--web.admin-users=grafana",
+            "--storage.update-interval=1h",
+            "--storage.data.skip.delete.old.units",
+        ])
+        .arg(format!(
+            "--web.config.file={}",
+            common::fixtures()
+                .join("ceems-api/cmd/cacct/testdata/web-config.yml")
+                .display()
+        ))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let server = common::start_listening(command, "stats-server");
+    // The installed program and its config (the pack's, pointed at this server).
+    let bin = dir.join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let cacct = bin.join("cacct");
+    std::fs::copy(env!("CARGO_BIN_EXE_ceems"), &cacct).unwrap();
+    let ceems_gid = nix::unistd::Group::from_name("ceems").unwrap().unwrap().gid;
+    nix::unistd::chown(&cacct, Some(nix::unistd::Uid::from_raw(0)), Some(ceems_gid)).unwrap();
+    std::fs::set_permissions(&cacct, std::fs::Permissions::from_mode(0o2755)).unwrap();
+    let config =
+        std::fs::read_to_string(common::fixtures().join("ceems-api/cmd/cacct/testdata/config.yml"))
+            .unwrap()
+            .replace("http://localhost:9020", &server.url(""))
+            // No TSDB: --ts still writes its metadata, as the caller.
+            .replace("http://localhost:9090", "http://127.0.0.1:9");
+    std::fs::write(dir.join("config.yml"), config).unwrap();
+    let alice = nix::unistd::User::from_name("alice").unwrap().unwrap();
+    let out = dir.join("out");
+    std::fs::create_dir(&out).unwrap();
+    nix::unistd::chown(&out, Some(alice.uid), Some(alice.gid)).unwrap();
+    // In a mount namespace of its own, /etc/ceems is a tmpfs holding the config.
+    let had_etc_ceems = Path::new("/etc/ceems").exists();
+    let script = format!(
+        r#"set -u
+mkdir -p /etc/ceems
+mount -t tmpfs -o mode=0755 tmpfs /etc/ceems
+install -o root -g ceems -m 0640 {dir}/config.yml /etc/ceems/config.yml
+as() {{ u=$1; shift; setpriv --reuid="$u" --regid="$u" --init-groups "$@"; }}
+period="--starttime=2022-02-20 --endtime=2024-01-01"
+as alice {cacct} $period --format=jobid,user --csv > {dir}/alice.out 2>&1; echo $? > {dir}/alice.rc
+as bob {cacct} $period --format=jobid,user --csv > {dir}/bob.out 2>&1
+as alice cat /etc/ceems/config.yml > {dir}/cat.out 2>&1; echo $? > {dir}/cat.rc
+as alice {cacct} $period --user=bob > {dir}/others.out 2>&1; echo $? > {dir}/others.rc
+as alice {cacct} $period --current-user=bob > {dir}/mock-user.out 2>&1
+as alice {cacct} $period --config-path={dir} > {dir}/mock-config.out 2>&1
+as alice {cacct} --job=1479763 --ts --ts.out-dir={out}/ts > {dir}/ts.out 2>&1
+"#,
+        dir = dir.display(),
+        cacct = cacct.display(),
+        out = out.display(),
+    );
+    let status = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .status()
+        .unwrap();
+    if !had_etc_ceems {
+        let _ = std::fs::remove_dir("/etc/ceems");
+    }
+    assert!(status.success());
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+    let alice_out = read("alice.out");
+    assert_eq!(read("alice.rc").trim(), "0", "{alice_out}");
+    assert!(alice_out.contains("\n1479763,alice\n"), "{alice_out}");
+    assert!(alice_out.contains("\n147973,alice\n"), "{alice_out}");
+    assert!(!alice_out.contains("bob"), "{alice_out}");
+    let bob_out = read("bob.out");
+    assert!(
+        bob_out.contains(",bob\n") && !bob_out.contains("alice"),
+        "{bob_out}"
+    );
+    assert_ne!(
+        read("cat.rc").trim(),
+        "0",
+        "alice read the config: {}",
+        read("cat.out")
+    );
+    assert!(read("cat.out").contains("Permission denied"));
+    assert_eq!(read("others.rc").trim(), "1");
+    assert_eq!(
+        read("others.out"),
+        "forbidden. It is likely that the user is attempting to view statistics of others\n"
+    );
+    assert!(
+        read("mock-user.out").contains("--current-user is for tests"),
+        "{}",
+        read("mock-user.out")
+    );
+    assert!(read("mock-config.out").contains("--config-path is for tests"));
+    // The series directory is alice's, in her group: the granted group was given up.
+    let meta = std::fs::metadata(out.join("ts/metadata.json"))
+        .unwrap_or_else(|e| panic!("{e}: {}", read("ts.out")));
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        (meta.uid(), meta.gid()),
+        (alice.uid.as_raw(), alice.gid.as_raw())
+    );
+}
