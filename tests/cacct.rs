@@ -279,6 +279,11 @@ as alice {cacct} $period --user=bob > {dir}/others.out 2>&1; echo $? > {dir}/oth
 as alice {cacct} $period --current-user=bob > {dir}/mock-user.out 2>&1
 as alice {cacct} $period --config-path={dir} > {dir}/mock-config.out 2>&1
 as alice {cacct} --job=1479763 --ts --ts.out-dir={out}/ts > {dir}/ts.out 2>&1
+ln -s {cacct} {out}/ceems
+as alice {out}/ceems tool check web-config /etc/ceems/config.yml > {dir}/renamed.out 2>&1
+printf 'ceems_api_server:\n  web:\n    hunter2: 1\n' > /etc/ceems/config.yml
+as alice {cacct} > {dir}/broken.out 2>&1
+exit 0
 "#,
         dir = dir.display(),
         cacct = cacct.display(),
@@ -321,6 +326,18 @@ as alice {cacct} --job=1479763 --ts --ts.out-dir={out}/ts > {dir}/ts.out 2>&1
         read("mock-user.out")
     );
     assert!(read("mock-config.out").contains("--config-path is for tests"));
+    // Under another name it is still cacct, which takes no subcommand.
+    let renamed = read("renamed.out");
+    assert!(
+        renamed.contains("unexpected argument 'tool'") && !renamed.contains("SUCCESS"),
+        "{renamed}"
+    );
+    // A broken config's details stay unsaid to its callers.
+    let broken = read("broken.out");
+    assert!(
+        broken.contains("run by root says why") && !broken.contains("hunter2"),
+        "{broken}"
+    );
     // The series directory is alice's, in her group: the granted group was given up.
     let meta = std::fs::metadata(out.join("ts/metadata.json"))
         .unwrap_or_else(|e| panic!("{e}: {}", read("ts.out")));

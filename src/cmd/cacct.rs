@@ -151,6 +151,45 @@ pub fn run(m: &ArgMatches) -> anyhow::Result<ExitCode> {
             "explicit job IDs must be passed using --job when --ts is enabled",
         ));
     }
+    let user = match caller(m) {
+        Ok(u) => u,
+        Err(e) => return Ok(fail(e)),
+    };
+    let mut users = list(m, "user");
+    if users.len() == 1 && users[0] == user {
+        users.clear();
+    }
+    // Read with what the file grants (a setgid cacct), then give it up for good, before
+    // anything reads the environment or the user's files.
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Some(dir) = m.get_one::<String>("config-path") {
+        if !nix::unistd::getuid().is_root() || crate::security::set_id() {
+            return Ok(fail("--config-path is for tests, run by root: refused"));
+        }
+        dirs.push(PathBuf::from(dir));
+    }
+    dirs.push(PathBuf::from(CONFIG_DIR));
+    let set_id = crate::security::set_id();
+    let loaded = acct::load_settings(&dirs);
+    crate::security::drop_set_id()?;
+    let settings = match loaded {
+        Err(acct::AcctError::NoConfig(_)) if user_config_dir().is_some() => {
+            dirs.extend(user_config_dir());
+            acct::load_settings(&dirs)
+        }
+        other => other,
+    };
+    let settings = match settings {
+        Ok(s) => s,
+        // What a parser says may quote the protected file: not for its callers' eyes.
+        Err(acct::AcctError::Config { path, .. }) if set_id => {
+            return Ok(fail(format!(
+                "failed to read config file {}: invalid (`ceems cacct` run by root says why)",
+                path.display()
+            )))
+        }
+        Err(e) => return Ok(fail(format!("failed to read config file: {e}"))),
+    };
     let now = jiff::Timestamp::now();
     let midnight = now
         .to_zoned(jiff::tz::TimeZone::system())
@@ -170,36 +209,6 @@ pub fn run(m: &ArgMatches) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let user = match caller(m) {
-        Ok(u) => u,
-        Err(e) => return Ok(fail(e)),
-    };
-    let mut users = list(m, "user");
-    if users.len() == 1 && users[0] == user {
-        users.clear();
-    }
-    // Read with what the file grants (a setgid cacct), then give it up for good.
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    if let Some(dir) = m.get_one::<String>("config-path") {
-        if !nix::unistd::getuid().is_root() || crate::security::set_id() {
-            return Ok(fail("--config-path is for tests, run by root: refused"));
-        }
-        dirs.push(PathBuf::from(dir));
-    }
-    dirs.push(PathBuf::from(CONFIG_DIR));
-    let loaded = acct::load_settings(&dirs);
-    crate::security::drop_set_id()?;
-    let settings = match loaded {
-        Err(acct::AcctError::NoConfig(_)) if user_config_dir().is_some() => {
-            dirs.extend(user_config_dir());
-            acct::load_settings(&dirs)
-        }
-        other => other,
-    };
-    let settings = match settings {
-        Ok(s) => s,
-        Err(e) => return Ok(fail(format!("failed to read config file: {e}"))),
-    };
     let query = acct::Query {
         from: window[0].as_second(),
         to: window[1].as_second(),

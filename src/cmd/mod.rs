@@ -99,7 +99,13 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
         .and_then(|n| n.to_str())
         .unwrap_or("ceems")
         .to_owned();
-    let result = match ARGV0_ALIASES.iter().find(|(alias, _)| *alias == argv0) {
+    // A setuid or setgid copy (cacct's install) runs cacct whatever its name: no other
+    // subcommand may run with the ids its file grants.
+    let alias = match crate::security::set_id() {
+        true => Some(&("cacct", "cacct")),
+        false => ARGV0_ALIASES.iter().find(|(alias, _)| *alias == argv0),
+    };
+    let result = match alias {
         Some((_, sub)) => {
             let cmd = cli()
                 .find_subcommand(sub)
