@@ -146,6 +146,15 @@ fn ceems_cacct_scenarios_through_the_cacct_link() {
         "e2e-test-cacct-tsdata-fail.txt",
     );
     assert!(failed.is_empty(), "{}", failed.join("\n"));
+    // Beyond CEEMS: a job's text report, for its owner only.
+    let report = run("usr1", &["--job=1479763", "--report"]);
+    for part in ["1479763", "Findings", "CANCELLED"] {
+        assert!(report.contains(part), "{part}: {report}");
+    }
+    assert_eq!(
+        run("usr3", &["-j", "1479763", "--report"]),
+        "cacct: error: job 1479763 is not one of yours (or the stats-server does not know it)\n"
+    );
 }
 
 /// Lines of a text, some dropped.

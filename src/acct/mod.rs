@@ -274,6 +274,10 @@ pub enum AcctError {
     Forbidden,
     #[error("server did not return any data due to unknown error")]
     Server,
+    #[error("job {0} is not one of yours (or the stats-server does not know it)")]
+    NotYours(String),
+    #[error("job {0} is in several clusters ({1}): set ceems_api_server.cluster_id")]
+    Ambiguous(String, String),
     #[error("{url}: {reason}")]
     Request { url: String, reason: String },
 }
@@ -473,6 +477,50 @@ pub fn fetch(
     }
     let usage = data(api.get(&format!("/api/v1/usage/current{admin}"), &params, &header)?)?;
     Ok((units, usage))
+}
+
+/// The text report of the caller's job `job` (the stats-server's `/report/{cluster}/{job}.txt`,
+/// what its mail carries). Without a cluster in the config, the job's own is asked first.
+pub fn report(
+    api: &Client,
+    settings: &Settings,
+    caller: &str,
+    job: &str,
+) -> Result<String, AcctError> {
+    let header = [(settings.user_header.as_str(), caller)];
+    let cluster = match settings.cluster_id.as_str() {
+        "" => {
+            let params = [
+                ("uuid".to_owned(), job.to_owned()),
+                ("field".to_owned(), "cluster_id".to_owned()),
+                ("from".to_owned(), "0".to_owned()),
+            ];
+            let units = data(api.get("/api/v1/units", &params, &header)?)?;
+            let mut clusters: Vec<String> = units.iter().map(|u| text(&u["cluster_id"])).collect();
+            clusters.sort();
+            clusters.dedup();
+            match clusters.as_slice() {
+                [one] => one.clone(),
+                [] => return Err(AcctError::NotYours(job.to_owned())),
+                _ => return Err(AcctError::Ambiguous(job.to_owned(), clusters.join(", "))),
+            }
+        }
+        c => c.to_owned(),
+    };
+    let path = format!(
+        "/report/{}/{}.txt",
+        form_urlencoded::byte_serialize(cluster.as_bytes()).collect::<String>(),
+        form_urlencoded::byte_serialize(job.as_bytes()).collect::<String>()
+    );
+    match api.get(&path, &[], &header)? {
+        (200, body) => Ok(String::from_utf8_lossy(&body).into_owned()),
+        (401, _) => Err(AcctError::Forbidden),
+        (403 | 404, _) => Err(AcctError::NotYours(job.to_owned())),
+        (status, body) => Err(AcctError::Request {
+            url: path,
+            reason: format!("HTTP {status}: {}", String::from_utf8_lossy(&body).trim()),
+        }),
+    }
 }
 
 /// The `data` list of an API answer, or why there is none.

@@ -47,7 +47,8 @@ pub fn command() -> Command {
                 .value_name("TIME")
                 .help("Select jobs eligible before this local time. Valid format is YYYY-MM-DD[THH:MM[:SS]] (default: now)."),
         )
-        .arg(text("job", "Comma separated list of jobs to display information. Default is all jobs in the period."))
+        .arg(text("job", "Comma separated list of jobs to display information. Default is all jobs in the period.").short('j'))
+        .arg(boolean("report", "Print the report of the job given with --job: its findings with advice, energy, emissions, what it asked for and used (the text its mail carries)."))
         .arg(text("user", "Comma separated list of user names to select jobs to display (admins only). By default, the running user is used."))
         .arg(text("format", "Comma separated list of fields (Use --helpformat for list of available fields)."))
         .arg(boolean("helpformat", "List of available fields."))
@@ -218,6 +219,24 @@ pub fn run(m: &ArgMatches) -> anyhow::Result<ExitCode> {
         fields,
     };
     let timeout = Duration::from_secs(60);
+    if flag("report") {
+        let [job] = query.jobs.as_slice() else {
+            return Ok(fail("--report needs one job: --job=ID"));
+        };
+        let text = acct::Client::new(&settings.api, timeout)
+            .and_then(|api| acct::report(&api, &settings, &user, job));
+        return Ok(match text {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e @ acct::AcctError::Forbidden) => {
+                eprintln!("{e}");
+                ExitCode::FAILURE
+            }
+            Err(e) => fail(e),
+        });
+    }
     let fetched = acct::Client::new(&settings.api, timeout)
         .and_then(|api| acct::fetch(&api, &settings, &user, &query));
     let (units, usage) = match fetched {
