@@ -25,6 +25,9 @@ if [ "$(id -u)" = 0 ]; then
   python3 -c 'import sushy_tools.static.main' 2>/dev/null || python3 -m pip install -q sushy-tools >/dev/null 2>&1 || true
   # A real SMTP server for the mail tests (tests/mail.rs, tests/slurm_mail_lab.rs).
   python3 -c 'import aiosmtpd' 2>/dev/null || python3 -m pip install -q aiosmtpd >/dev/null 2>&1 || true
+  # Debian's MUNGE, whose munged the cacct tests start with keys of their own (tests/cacct.rs).
+  command -v munged >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends munge >/dev/null 2>&1 \
+    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends munge >/dev/null; }
   # A real long-term store behind Prometheus's remote write (tests/victoria_metrics_lab.rs).
   command -v victoria-metrics >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends victoria-metrics >/dev/null 2>&1 \
     || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends victoria-metrics >/dev/null; }

@@ -253,6 +253,7 @@ fn a_setgid_cacct_reads_its_config_for_its_caller_only() {
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     let server = common::start_listening(command, "stats-server");
+    wait_for_jobs(&server);
     // The installed program and its config (the pack's, pointed at this server).
     let bin = dir.join("bin");
     std::fs::create_dir(&bin).unwrap();
@@ -354,5 +355,224 @@ exit 0
     assert_eq!(
         (meta.uid(), meta.gid()),
         (alice.uid.as_raw(), alice.gid.as_raw())
+    );
+}
+
+/// Waits until the server has pulled sacct's jobs (asked as the admin, with the password).
+fn wait_for_jobs(server: &common::Running) {
+    let start = std::time::Instant::now();
+    loop {
+        let answer = ureq::get(&server.url("/api/v1/units/admin?from=0&to=2000000000&field=uuid"))
+            .set("X-Grafana-User", "grafana")
+            .set("Authorization", "Basic Y2VlbXM6cGFzc3dvcmQ=")
+            .call()
+            .ok()
+            .and_then(|r| r.into_string().ok())
+            .unwrap_or_default();
+        if answer.contains("\"1479763\"") {
+            return;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "no jobs: {answer}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// A munged of the test's own, with its own key and socket in `dir`.
+struct Munged {
+    _child: common::KillOnDrop,
+    socket: std::path::PathBuf,
+}
+
+fn munged(dir: &Path) -> Munged {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let key = dir.join("munge.key");
+    let made = Command::new("mungekey")
+        .args([
+            "--create",
+            "--bits=1024",
+            &format!("--keyfile={}", key.display()),
+        ])
+        .status()
+        .expect("mungekey (Debian's munge) is needed");
+    assert!(made.success());
+    let socket = dir.join("socket");
+    let child = Command::new("munged")
+        .args(["--foreground", "--force"])
+        .arg(format!("--key-file={}", key.display()))
+        .arg(format!("--socket={}", socket.display()))
+        .arg(format!("--pid-file={}", dir.join("pid").display()))
+        .arg(format!("--seed-file={}", dir.join("seed").display()))
+        .arg(format!("--log-file={}", dir.join("log").display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !socket.exists() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "munged did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Munged {
+        _child: common::KillOnDrop(child),
+        socket,
+    }
+}
+
+/// A credential made by `user` with munged at `socket` for `request`, living `ttl` seconds.
+fn credential(user: &str, socket: &Path, request: &str, ttl: u32) -> String {
+    let out = Command::new("setpriv")
+        .args([
+            &format!("--reuid={user}"),
+            &format!("--regid={user}"),
+            "--init-groups",
+            "munge",
+        ])
+        .arg(format!("--socket={}", socket.display()))
+        .arg(format!("--string={request}"))
+        .arg(format!("--ttl={ttl}"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// GET `path` with these headers: status and body.
+fn get(server: &common::Running, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut req = ureq::get(&server.url(path));
+    for (k, v) in headers {
+        req = req.set(k, v);
+    }
+    match req.call() {
+        Ok(r) => (r.status(), r.into_string().unwrap()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap()),
+        Err(e) => panic!("{path}: {e}"),
+    }
+}
+
+/// `--web.munge-credentials`: with Debian's munged and a key of the test's, a credential names
+/// its maker; one replayed, expired, made with another key or for another request is refused;
+/// the user header cannot override it; Grafana's way (basic auth and the header) still works;
+/// cacct with `munge: true` needs no password.
+#[test]
+fn munge_credentials_name_the_caller() {
+    for (kind, name) in [("group", "ceems"), ("passwd", "alice"), ("passwd", "bob")] {
+        ensure_account(kind, name);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ours = munged(&dir.join("munge"));
+    let other_key = munged(&dir.join("munge-other"));
+    let sacct = sacct_of_alice_and_bob(dir);
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ceems"));
+    command
+        .args([
+            "stats-server",
+            &format!("--storage.data.path={}", dir.join("data").display()),
+            &format!("--slurm.sacct.path={}", sacct.display()),
+            "--slurm.sacctmgr.path=",
+            "--slurm.cluster-id=slurm-0",
+            "--web.admin-users=grafana",
+            "--storage.update-interval=1h",
+            "--storage.data.skip.delete.old.units",
+            "--web.munge-credentials",
+        ])
+        .arg(format!("--web.munge-socket={}", ours.socket.display()))
+        .arg(format!(
+            "--web.config.file={}",
+            common::fixtures()
+                .join("ceems-api/cmd/cacct/testdata/web-config.yml")
+                .display()
+        ))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let server = common::start_listening(command, "stats-server");
+    wait_for_jobs(&server);
+    let path = "/api/v1/units?from=0&to=2000000000&field=uuid&field=username";
+    let with = |cred: &str| format!("MUNGE {cred}");
+    let alice = credential("alice", &ours.socket, &format!("GET {path}"), 300);
+    let (status, body) = get(&server, path, &[("Authorization", &with(&alice))]);
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("\"1479763\"") && !body.contains("bob"),
+        "{body}"
+    );
+    let (status, body) = get(&server, path, &[("Authorization", &with(&alice))]);
+    assert_eq!(status, 401, "a replayed credential: {body}");
+    assert!(body.contains("Replayed"), "{body}");
+    let short = credential("alice", &ours.socket, &format!("GET {path}"), 1);
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let (status, body) = get(&server, path, &[("Authorization", &with(&short))]);
+    assert_eq!(status, 401, "an expired credential: {body}");
+    assert!(body.contains("Expired"), "{body}");
+    let foreign = credential("alice", &other_key.socket, &format!("GET {path}"), 300);
+    let (status, body) = get(&server, path, &[("Authorization", &with(&foreign))]);
+    assert_eq!(status, 401, "another key's credential: {body}");
+    let elsewhere = credential("alice", &ours.socket, "GET /api/v1/units/admin", 300);
+    let (status, body) = get(&server, path, &[("Authorization", &with(&elsewhere))]);
+    assert_eq!(status, 401, "a credential for another request: {body}");
+    let bob = credential("bob", &ours.socket, &format!("GET {path}"), 300);
+    let (status, body) = get(
+        &server,
+        path,
+        &[("Authorization", &with(&bob)), ("X-Grafana-User", "alice")],
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("bob") && !body.contains("alice"), "{body}");
+    // Grafana's way: the web config's password and the header.
+    let grafana = [
+        ("Authorization", "Basic Y2VlbXM6cGFzc3dvcmQ="),
+        ("X-Grafana-User", "alice"),
+    ];
+    let (status, body) = get(&server, path, &grafana);
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("\"1479763\"") && !body.contains("bob"),
+        "{body}"
+    );
+    assert_eq!(get(&server, path, &[("X-Grafana-User", "alice")]).0, 401);
+    // cacct as alice with `munge: true` and no password, its config where cacct looks.
+    let config = format!(
+        "ceems_api_server:\n  cluster_id: slurm-0\n  munge: true\n  munge_socket: {}\n  web:\n    url: {}\n",
+        ours.socket.display(),
+        server.url("")
+    );
+    std::fs::write(dir.join("config.yml"), config).unwrap();
+    let cacct = dir.join("cacct");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ceems"), &cacct).unwrap();
+    let had_etc_ceems = Path::new("/etc/ceems").exists();
+    let script = format!(
+        r#"mkdir -p /etc/ceems
+mount -t tmpfs -o mode=0755 tmpfs /etc/ceems
+install -m 0644 {dir}/config.yml /etc/ceems/config.yml
+setpriv --reuid=alice --regid=alice --init-groups {cacct} --starttime=2022-02-20 --endtime=2024-01-01 --format=jobid,user --csv > {dir}/alice.out 2>&1
+exit 0
+"#,
+        dir = dir.display(),
+        cacct = cacct.display(),
+    );
+    let status = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .status()
+        .unwrap();
+    if !had_etc_ceems {
+        let _ = std::fs::remove_dir("/etc/ceems");
+    }
+    assert!(status.success());
+    let out = std::fs::read_to_string(dir.join("alice.out")).unwrap();
+    assert!(
+        out.contains("\n1479763,alice\n") && !out.contains("bob"),
+        "{out}"
     );
 }

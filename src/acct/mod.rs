@@ -301,6 +301,11 @@ struct ApiServer {
     user_header_name: String,
     #[serde(default)]
     web: ClientWeb,
+    /// Ours: a MUNGE credential names the caller (the server's `--web.munge-credentials`).
+    #[serde(default)]
+    munge: bool,
+    #[serde(default)]
+    munge_socket: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -310,6 +315,46 @@ struct Tsdb {
     web: ClientWeb,
     #[serde(default)]
     queries: BTreeMap<String, String>,
+    /// Ours: for a TSDB behind `ceems lb --web.munge-credentials`.
+    #[serde(default)]
+    munge: bool,
+    #[serde(default)]
+    munge_socket: String,
+}
+
+/// Each request carries a fresh MUNGE credential made for it (`munge --string`).
+#[derive(Debug, Clone)]
+pub struct Munge {
+    /// munged's socket; none: its default.
+    pub socket: Option<PathBuf>,
+}
+
+impl Munge {
+    fn of(on: bool, socket: &str) -> Option<Munge> {
+        on.then(|| Munge {
+            socket: (!socket.is_empty()).then(|| PathBuf::from(socket)),
+        })
+    }
+
+    /// A credential of the caller's uid whose payload is `request`.
+    fn credential(&self, request: &str) -> Result<String, String> {
+        let mut command = std::process::Command::new("munge");
+        if let Some(socket) = &self.socket {
+            command.arg(format!("--socket={}", socket.display()));
+        }
+        let out = command
+            .arg(format!("--string={request}"))
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run munge: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "munge: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
 }
 
 /// The config with every file it names read.
@@ -321,6 +366,8 @@ pub struct Settings {
     pub tsdb: ClientSettings,
     /// Name to PromQL with `%s` where the job ids go.
     pub queries: BTreeMap<String, String>,
+    pub api_munge: Option<Munge>,
+    pub tsdb_munge: Option<Munge>,
 }
 
 /// The names cacct's config file may have, in each directory.
@@ -364,6 +411,11 @@ pub fn load_settings(dirs: &[PathBuf]) -> Result<Settings, AcctError> {
             .resolve(dir)
             .map_err(|e| bad(format!("tsdb.web: {e}")))?,
         queries: config.tsdb.queries,
+        api_munge: Munge::of(
+            config.ceems_api_server.munge,
+            &config.ceems_api_server.munge_socket,
+        ),
+        tsdb_munge: Munge::of(config.tsdb.munge, &config.tsdb.munge_socket),
     })
 }
 
@@ -371,10 +423,15 @@ pub fn load_settings(dirs: &[PathBuf]) -> Result<Settings, AcctError> {
 pub struct Client {
     agent: ureq::Agent,
     settings: ClientSettings,
+    munge: Option<Munge>,
 }
 
 impl Client {
-    pub fn new(settings: &ClientSettings, timeout: Duration) -> Result<Client, AcctError> {
+    pub fn new(
+        settings: &ClientSettings,
+        munge: Option<Munge>,
+        timeout: Duration,
+    ) -> Result<Client, AcctError> {
         let tls = crate::web::client::ClientTls {
             roots_pem: settings.ca_pem.clone(),
             identity_pem: settings.identity_pem.clone(),
@@ -389,6 +446,7 @@ impl Client {
         Ok(Client {
             agent,
             settings: settings.clone(),
+            munge,
         })
     }
 
@@ -399,20 +457,39 @@ impl Client {
         params: &[(String, String)],
         extra: &[(&str, &str)],
     ) -> Result<(u16, Vec<u8>), AcctError> {
-        let url = format!("{}{path}", self.settings.url.trim_end_matches('/'));
+        let base = self.settings.url.trim_end_matches('/');
+        let mut url = format!("{base}{path}");
+        if !params.is_empty() {
+            let mut query = form_urlencoded::Serializer::new(String::new());
+            for (k, v) in params {
+                query.append_pair(k, v);
+            }
+            url = format!("{url}?{}", query.finish());
+        }
         let failed = |reason: String| AcctError::Request {
             url: url.clone(),
             reason,
         };
         let mut request = self.agent.get(&url).set("Accept-Encoding", "gzip");
+        let munge = match &self.munge {
+            // The credential is made for this request: the path and query the server sees.
+            Some(m) => {
+                let after_host = url.splitn(4, '/').nth(3).unwrap_or_default();
+                let credential = m
+                    .credential(&format!("GET /{after_host}"))
+                    .map_err(&failed)?;
+                request = request.set("Authorization", &format!("MUNGE {credential}"));
+                true
+            }
+            None => false,
+        };
         for (k, v) in &self.settings.headers {
-            request = request.set(k, v);
+            if !(munge && k.eq_ignore_ascii_case("authorization")) {
+                request = request.set(k, v);
+            }
         }
         for (k, v) in extra {
             request = request.set(k, v);
-        }
-        for (k, v) in params {
-            request = request.query(k, v);
         }
         let response = match request.call() {
             Ok(r) => r,

@@ -223,7 +223,7 @@ pub fn run(m: &ArgMatches) -> anyhow::Result<ExitCode> {
         let [job] = query.jobs.as_slice() else {
             return Ok(fail("--report needs one job: --job=ID"));
         };
-        let text = acct::Client::new(&settings.api, timeout)
+        let text = acct::Client::new(&settings.api, settings.api_munge.clone(), timeout)
             .and_then(|api| acct::report(&api, &settings, &user, job));
         return Ok(match text {
             Ok(text) => {
@@ -237,7 +237,7 @@ pub fn run(m: &ArgMatches) -> anyhow::Result<ExitCode> {
             Err(e) => fail(e),
         });
     }
-    let fetched = acct::Client::new(&settings.api, timeout)
+    let fetched = acct::Client::new(&settings.api, settings.api_munge.clone(), timeout)
         .and_then(|api| acct::fetch(&api, &settings, &user, &query));
     let (units, usage) = match fetched {
         Ok(answer) => answer,
@@ -252,9 +252,10 @@ pub fn run(m: &ArgMatches) -> anyhow::Result<ExitCode> {
         if settings.queries.is_empty() {
             eprintln!("time series data not available");
         } else {
-            let saved = acct::Client::new(&settings.tsdb, timeout).and_then(|tsdb| {
-                acct::series::save(&tsdb, &settings.queries, &units, &dir, now.as_millisecond())
-            });
+            let saved = acct::Client::new(&settings.tsdb, settings.tsdb_munge.clone(), timeout)
+                .and_then(|tsdb| {
+                    acct::series::save(&tsdb, &settings.queries, &units, &dir, now.as_millisecond())
+                });
             match saved {
                 Ok(_) => eprintln!("time series data saved to directory {}", dir.display()),
                 Err(e) => eprintln!("failed to fetch time series data {e}"),

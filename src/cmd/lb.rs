@@ -20,6 +20,7 @@ use crate::web;
 
 pub fn opts() -> Vec<Opt> {
     let mut opts = web::server_opts(":9030");
+    opts.extend(web::munge_opts());
     // As CEEMS's lb: a second address when Pyroscope is relayed too.
     if let Some(listen) = opts.iter_mut().find(|o| o.key == "web.listen-address") {
         *listen = Opt::new(
@@ -392,7 +393,8 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         .context("cannot drop privileges (--security.drop-privileges=false to run as started)")?
         .log("lb");
     let options = web::ServeOptions::new(usize::try_from(max_requests).unwrap_or(0))
-        .with_security(web::toolkit::WebSecurity::from_settings(&settings)?);
+        .with_security(web::toolkit::WebSecurity::from_settings(&settings)?)
+        .with_munge(web::munge_auth(&settings, &user_header)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("ceems-lb")

@@ -187,6 +187,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         read_timeout: Some(web_settings.read_timeout),
         write_timeout: Some(web_settings.write_timeout),
         security: None,
+        munge: None,
     }
     .with_security(web::toolkit::WebSecurity::from_settings(&settings)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()

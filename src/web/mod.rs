@@ -4,6 +4,7 @@
 pub mod client;
 pub mod cors;
 pub mod generate;
+pub mod munge;
 pub mod toolkit;
 
 use std::convert::Infallible;
@@ -172,6 +173,50 @@ pub fn user_header_opt() -> crate::config::Opt {
     .default("X-Grafana-User")
 }
 
+/// `--web.munge-credentials` and how they are checked: for servers that users reach from the
+/// cluster's hosts (cacct), without a password there.
+pub fn munge_opts() -> Vec<crate::config::Opt> {
+    use crate::config::{Kind, Opt};
+    vec![
+        Opt::new(
+            "web.munge-credentials",
+            Kind::Flag,
+            "Accept MUNGE credentials (Authorization: MUNGE …, as cacct sends them) in place of basic auth: the local munged vouches for the caller's uid, whose name becomes the user header",
+        )
+        .default("false"),
+        Opt::new(
+            "web.munge-socket",
+            Kind::Str,
+            "munged's socket for --web.munge-credentials (empty: munged's default)",
+        )
+        .default(""),
+        Opt::new(
+            "web.unmunge-path",
+            Kind::Str,
+            "The unmunge program that decodes credentials for --web.munge-credentials",
+        )
+        .default("unmunge"),
+    ]
+}
+
+/// The MUNGE check of `--web.munge-credentials`, if on; it sets `user_header`.
+pub fn munge_auth(
+    settings: &crate::config::Layered,
+    user_header: &hyper::header::HeaderName,
+) -> anyhow::Result<Option<munge::MungeAuth>> {
+    if !settings.get::<bool>("web.munge-credentials")? {
+        return Ok(None);
+    }
+    let socket: String = settings.get("web.munge-socket")?;
+    let unmunge: String = settings.get("web.unmunge-path")?;
+    tracing::info!(socket = %socket, unmunge = %unmunge, "MUNGE credentials accepted");
+    Ok(Some(munge::MungeAuth {
+        unmunge: unmunge.into(),
+        socket: (!socket.is_empty()).then(|| socket.into()),
+        user_header: user_header.clone(),
+    }))
+}
+
 /// The client's address, put in every request's extensions.
 #[derive(Debug, Clone, Copy)]
 pub struct PeerAddr(pub SocketAddr);
@@ -189,6 +234,8 @@ pub struct ServeOptions {
     pub write_timeout: Option<Duration>,
     /// TLS, basic auth and headers from `--web.config.file`.
     pub security: Option<Arc<toolkit::WebSecurity>>,
+    /// MUNGE credentials accepted in place of basic auth, naming the user.
+    pub munge: Option<Arc<munge::MungeAuth>>,
 }
 
 impl ServeOptions {
@@ -199,7 +246,13 @@ impl ServeOptions {
             read_timeout: None,
             write_timeout: None,
             security: None,
+            munge: None,
         }
+    }
+
+    pub fn with_munge(mut self, munge: Option<munge::MungeAuth>) -> ServeOptions {
+        self.munge = munge.map(Arc::new);
+        self
     }
 
     pub fn with_security(mut self, security: Option<toolkit::WebSecurity>) -> ServeOptions {
@@ -217,33 +270,65 @@ fn unauthorized() -> Response<Body> {
     resp
 }
 
-/// Basic auth (when configured) in front of the handler, and the configured headers after it.
+/// Basic auth (when configured) or a MUNGE credential (when accepted) in front of the
+/// handler, and the configured headers after it.
 async fn secured(
     security: Option<Arc<toolkit::WebSecurity>>,
+    munge: Option<Arc<munge::MungeAuth>>,
     handler: Handler,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
 ) -> Response<Body> {
-    let Some(sec) = security else {
-        return handler(req).await;
-    };
-    if let Some(auth) = &sec.auth {
-        let header = req
-            .headers()
-            .get(hyper::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let auth = Arc::clone(auth);
-        // bcrypt takes tens of milliseconds: never on an async worker.
-        let ok = tokio::task::spawn_blocking(move || auth.verify_blocking(header.as_deref()))
-            .await
-            .unwrap_or(false);
-        if !ok {
-            return unauthorized();
+    let authorization = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let credential = authorization
+        .as_deref()
+        .and_then(munge::MungeAuth::credential)
+        .map(str::to_owned);
+    match (munge, credential) {
+        (Some(m), Some(credential)) => {
+            let request = format!(
+                "{} {}",
+                req.method(),
+                req.uri().path_and_query().map_or("/", |p| p.as_str())
+            );
+            let auth = Arc::clone(&m);
+            let user =
+                tokio::task::spawn_blocking(move || auth.verify_blocking(&credential, &request))
+                    .await
+                    .unwrap_or_else(|e| Err(munge::MungeError::Unmunge(e.to_string())));
+            match user.map(|u| HeaderValue::from_str(&u)) {
+                Ok(Ok(user)) => {
+                    req.headers_mut().insert(m.user_header.clone(), user);
+                }
+                Ok(Err(_)) => return text_response(StatusCode::UNAUTHORIZED, "Unauthorized\n"),
+                Err(e) => {
+                    tracing::info!(error = %e, "MUNGE credential refused");
+                    return text_response(StatusCode::UNAUTHORIZED, format!("Unauthorized: {e}\n"));
+                }
+            }
+        }
+        _ => {
+            if let Some(auth) = security.as_ref().and_then(|s| s.auth.clone()) {
+                // bcrypt takes tens of milliseconds: never on an async worker.
+                let ok = tokio::task::spawn_blocking(move || {
+                    auth.verify_blocking(authorization.as_deref())
+                })
+                .await
+                .unwrap_or(false);
+                if !ok {
+                    return unauthorized();
+                }
+            }
         }
     }
     let mut resp = handler(req).await;
-    for (k, v) in &sec.headers {
-        resp.headers_mut().insert(k.clone(), v.clone());
+    if let Some(sec) = &security {
+        for (k, v) in &sec.headers {
+            resp.headers_mut().insert(k.clone(), v.clone());
+        }
     }
     resp
 }
@@ -305,10 +390,12 @@ pub async fn serve(
                 let handler = Arc::clone(&handler);
                 let limit = limit.clone();
                 let security = options.security.clone();
+                let munge = options.munge.clone();
                 let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
                     req.extensions_mut().insert(PeerAddr(peer));
                     let handler = Arc::clone(&handler);
                     let security = security.clone();
+                    let munge = munge.clone();
                     let limit = limit.clone();
                     async move {
                         let _permit = match &limit {
@@ -324,7 +411,7 @@ pub async fn serve(
                                 }
                             },
                         };
-                        Ok::<_, Infallible>(secured(security, handler, req).await)
+                        Ok::<_, Infallible>(secured(security, munge, handler, req).await)
                     }
                 });
                 let mut stream = tokio_io_timeout::TimeoutStream::new(stream);

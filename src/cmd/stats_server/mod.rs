@@ -38,6 +38,7 @@ pub use settings::{cluster_entries, needed_capabilities};
 
 pub fn opts() -> Vec<Opt> {
     let mut opts = web::server_opts(":9020");
+    opts.extend(web::munge_opts());
     opts.extend([
         Opt::new(
             "web.admin-users",
@@ -362,8 +363,10 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     crate::security::drop_privileges(&security, &needed_capabilities(&settings)?)
         .context("cannot drop privileges (--security.drop-privileges=false to run as started)")?
         .log("stats-server");
+    let header_name = hyper::header::HeaderName::from_bytes(user_header.as_bytes())?;
     let options = web::ServeOptions::new(256)
-        .with_security(web::toolkit::WebSecurity::from_settings(&settings)?);
+        .with_security(web::toolkit::WebSecurity::from_settings(&settings)?)
+        .with_munge(web::munge_auth(&settings, &header_name)?);
     let db_path = storage.data.path.join("ceems.db");
     let (db_url, db_name) = match postgres {
         true => (
