@@ -20,4 +20,5 @@ pub mod security;
 pub mod store;
 #[doc(hidden)]
 pub mod testing;
+pub mod tool;
 pub mod web;

@@ -82,14 +82,77 @@ pub fn command() -> Command {
                 .subcommand(
                     Command::new("api-healthy")
                         .about("Check that the stats-server answers its /health")
-                        .arg(url("http://localhost:9020", "The stats-server's URL")),
+                        .arg(url("http://localhost:9020", "The stats-server's URL"))
+                        .arg(http_config()),
                 )
                 .subcommand(
                     Command::new("lb-healthy")
                         .about("Check that the lb answers its /health")
-                        .arg(url("http://localhost:9030", "The lb's URL")),
+                        .arg(url("http://localhost:9030", "The lb's URL"))
+                        .arg(http_config()),
                 ),
         )
+        .subcommand(
+            Command::new("tsdb")
+                .about("What a Prometheus scrapes, and the configs that fit it")
+                .subcommand_required(true)
+                .subcommand(
+                    Command::new("create-relabel-configs")
+                        .about("Print the metric_relabel_configs that give the GPU exporters' series (DCGM, AMD SMI, AMD device metrics) the labels of ceems's GPU series, for each scrape job exporting them")
+                        .arg(url("http://localhost:9090", "The Prometheus server's URL"))
+                        .arg(http_config())
+                        .args(window_args()),
+                ),
+        )
+}
+
+/// `--http.config.file`: Prometheus's HTTP client config (basic auth, TLS, headers).
+fn http_config() -> Arg {
+    Arg::new("http.config.file")
+        .long("http.config.file")
+        .value_name("FILE")
+        .help("HTTP client config file (Prometheus's: basic_auth, authorization, tls_config, http_headers) to reach the server")
+}
+
+/// `--start` and `--end` of the series looked at.
+fn window_args() -> [Arg; 2] {
+    [
+        Arg::new("start").long("start").value_name("TIME").help(
+            "Start of the series looked at: RFC 3339 or a unix timestamp (default: 3 hours ago)",
+        ),
+        Arg::new("end")
+            .long("end")
+            .value_name("TIME")
+            .help("End of the series looked at: RFC 3339 or a unix timestamp (default: now)"),
+    ]
+}
+
+/// The URL and the client settings of `--http.config.file`.
+fn client_settings(
+    m: &ArgMatches,
+    url: &str,
+) -> anyhow::Result<crate::config::http_client::ClientSettings> {
+    let mut settings = match m.get_one::<String>("http.config.file") {
+        Some(file) => {
+            anyhow::ensure!(
+                !url.contains('@'),
+                "Cannot set base auth in the server URL and use a http.config.file at the same time"
+            );
+            let path = std::path::Path::new(file);
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("Failed to load HTTP config file: {file}"))?;
+            let web: crate::config::http_client::ClientWeb = serde_norway::from_str(&text)
+                .with_context(|| format!("Failed to load HTTP config file: {file}"))?;
+            web.resolve(path.parent().unwrap_or(std::path::Path::new(".")))
+                .with_context(|| format!("Failed to load HTTP config file: {file}"))?
+        }
+        None => crate::config::http_client::ClientSettings::default(),
+    };
+    settings.url = match url.contains("://") {
+        true => url.trim_end_matches('/').to_owned(),
+        false => format!("http://{}", url.trim_end_matches('/')),
+    };
+    Ok(settings)
 }
 
 pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
@@ -108,7 +171,11 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             Some(("api-healthy" | "lb-healthy", m)) => check_healthy(m),
             _ => anyhow::bail!("ceems tool check: name a command"),
         },
-        _ => anyhow::bail!("ceems tool: name a command (config, check)"),
+        Some(("tsdb", m)) => match m.subcommand() {
+            Some(("create-relabel-configs", m)) => create_relabel_configs(m),
+            _ => anyhow::bail!("ceems tool tsdb: name a command"),
+        },
+        _ => anyhow::bail!("ceems tool: name a command (config, check, tsdb)"),
     }
 }
 
@@ -160,17 +227,22 @@ fn check_web_configs(files: impl Iterator<Item = PathBuf>) -> ExitCode {
 }
 
 fn check_healthy(m: &ArgMatches) -> anyhow::Result<ExitCode> {
-    let url = m
-        .get_one::<String>("url")
-        .map_or("", |u| u)
-        .trim_end_matches('/');
-    let url = match url.contains("://") {
-        true => url.to_owned(),
-        false => format!("http://{url}"),
+    let settings = client_settings(m, m.get_one::<String>("url").map_or("", |u| u))?;
+    let url = settings.url.clone();
+    let tls = web::client::ClientTls {
+        roots_pem: settings.ca_pem.clone(),
+        identity_pem: settings.identity_pem.clone(),
+        insecure_skip_verify: settings.insecure_skip_verify,
     };
-    let agent = web::client::agent(web::client::Timeouts::all(Duration::from_secs(10)), false)
-        .context("cannot make an HTTP client")?;
-    match agent.get(&format!("{url}/health")).call() {
+    let agent =
+        web::client::agent_with_tls(web::client::Timeouts::all(Duration::from_secs(10)), &tls)
+            .map_err(anyhow::Error::msg)
+            .context("cannot make an HTTP client")?;
+    let mut request = agent.get(&format!("{url}/health"));
+    for (k, v) in &settings.headers {
+        request = request.set(k, v);
+    }
+    match request.call() {
         Ok(r) => {
             let body = r.into_string().unwrap_or_default();
             eprintln!("  SUCCESS:  {}", body.trim_end());
@@ -181,4 +253,23 @@ fn check_healthy(m: &ArgMatches) -> anyhow::Result<ExitCode> {
         }
         Err(e) => anyhow::bail!("check failed: URL={url}: {e}"),
     }
+}
+
+fn create_relabel_configs(m: &ArgMatches) -> anyhow::Result<ExitCode> {
+    let settings = client_settings(m, m.get_one::<String>("url").map_or("", |u| u))?;
+    let text = |name: &str| m.get_one::<String>(name).map_or("", |s| s.as_str());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let window = crate::tool::window(text("start"), text("end"), now)
+        .context("error parsing start and/or end time(s)")?;
+    let prometheus = crate::tool::Prometheus::new(settings, Duration::from_secs(120))?;
+    let series = prometheus
+        .series(&crate::tool::relabel::GPU_SERIES, window)
+        .context("error fetching series label values")?;
+    let jobs = crate::tool::Jobs::of(&series);
+    // CEEMS's lines, on standard error as it prints them.
+    eprintln!("Merge the following scrape_configs with the current config.");
+    eprintln!("{}", crate::tool::relabel::scrape_configs(&jobs));
+    Ok(ExitCode::SUCCESS)
 }

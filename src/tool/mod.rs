@@ -1,0 +1,207 @@
+//! `ceems tool tsdb …`'s work: what an operator's Prometheus scrapes, asked of its API, and the
+//! configs that fit it (CEEMS's `ceems_tool`). The command line is `cmd::tool`'s.
+
+pub mod relabel;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::config::http_client::ClientSettings;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    #[error("cannot parse {0:?} to a valid timestamp")]
+    Time(String),
+    #[error("start time is not before end time")]
+    Window,
+    #[error("{url}: {reason}")]
+    Request { url: String, reason: String },
+}
+
+/// A time as CEEMS's tool takes it: unix seconds or RFC 3339; seconds since the epoch.
+pub fn parse_time(text: &str) -> Result<f64, ToolError> {
+    if let Ok(seconds) = text.parse::<f64>() {
+        if seconds.is_finite() {
+            return Ok(seconds);
+        }
+    }
+    text.parse::<jiff::Timestamp>()
+        .map(|t| t.as_millisecond() as f64 / 1000.0)
+        .map_err(|_| ToolError::Time(text.to_owned()))
+}
+
+/// `--start` and `--end` (empty: three hours ago and now).
+pub fn window(start: &str, end: &str, now: f64) -> Result<(f64, f64), ToolError> {
+    let end = match end {
+        "" => now,
+        e => parse_time(e)?,
+    };
+    let start = match start {
+        "" => now - 3.0 * 3600.0,
+        s => parse_time(s)?,
+    };
+    if start >= end {
+        return Err(ToolError::Window);
+    }
+    Ok((start, end))
+}
+
+/// A client of one Prometheus.
+pub struct Prometheus {
+    agent: ureq::Agent,
+    settings: ClientSettings,
+}
+
+impl Prometheus {
+    pub fn new(settings: ClientSettings, timeout: Duration) -> Result<Prometheus, ToolError> {
+        let tls = crate::web::client::ClientTls {
+            roots_pem: settings.ca_pem.clone(),
+            identity_pem: settings.identity_pem.clone(),
+            insecure_skip_verify: settings.insecure_skip_verify,
+        };
+        let agent =
+            crate::web::client::agent_with_tls(crate::web::client::Timeouts::all(timeout), &tls)
+                .map_err(|reason| ToolError::Request {
+                    url: settings.url.clone(),
+                    reason,
+                })?;
+        Ok(Prometheus { agent, settings })
+    }
+
+    /// The `data` of a GET of `path` with `params`.
+    fn data(&self, path: &str, params: &[(&str, String)]) -> Result<Value, ToolError> {
+        let url = format!("{}{path}", self.settings.url.trim_end_matches('/'));
+        let failed = |reason: String| ToolError::Request {
+            url: url.clone(),
+            reason,
+        };
+        let mut request = self.agent.get(&url);
+        for (k, v) in &self.settings.headers {
+            request = request.set(k, v);
+        }
+        for (k, v) in params {
+            request = request.query(k, v);
+        }
+        let body = match request.call() {
+            Ok(r) => r.into_string(),
+            Err(ureq::Error::Status(_, r)) => r.into_string(),
+            Err(e) => return Err(failed(e.to_string())),
+        }
+        .map_err(|e| failed(e.to_string()))?;
+        let answer: Value = serde_json::from_str(&body)
+            .map_err(|e| failed(format!("not a Prometheus answer ({e}): {body:.200}")))?;
+        if answer["status"] != "success" {
+            return Err(failed(format!(
+                "{}: {}",
+                answer["errorType"].as_str().unwrap_or("error"),
+                answer["error"].as_str().unwrap_or("no reason given")
+            )));
+        }
+        Ok(answer["data"].clone())
+    }
+
+    /// The series named `names` seen between `start` and `end`: their labels, in
+    /// Prometheus's order.
+    pub fn series(
+        &self,
+        names: &[&str],
+        (start, end): (f64, f64),
+    ) -> Result<Vec<BTreeMap<String, String>>, ToolError> {
+        let mut params: Vec<(&str, String)> =
+            names.iter().map(|n| ("match[]", (*n).to_owned())).collect();
+        params.push(("start", start.to_string()));
+        params.push(("end", end.to_string()));
+        let data = self.data("/api/v1/series", &params)?;
+        Ok(data
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| {
+                s.as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                    .collect()
+            })
+            .collect())
+    }
+}
+
+/// What Prometheus scrapes, by job: its series names and its hosts (instances without port),
+/// in the order the series came.
+#[derive(Debug, Default)]
+pub struct Jobs {
+    /// Jobs in order of first appearance.
+    pub order: Vec<String>,
+    pub series: BTreeMap<String, Vec<String>>,
+    pub hosts: BTreeMap<String, Vec<String>>,
+}
+
+impl Jobs {
+    pub fn of(series: &[BTreeMap<String, String>]) -> Jobs {
+        let mut jobs = Jobs::default();
+        let push = |list: &mut Vec<String>, item: &str| {
+            if !list.iter().any(|i| i == item) {
+                list.push(item.to_owned());
+            }
+        };
+        for s in series {
+            let get = |k: &str| s.get(k).map_or("", String::as_str);
+            let job = get("job");
+            push(&mut jobs.order, job);
+            push(
+                jobs.series.entry(job.to_owned()).or_default(),
+                get("__name__"),
+            );
+            let host = get("instance").split(':').next().unwrap_or_default();
+            push(jobs.hosts.entry(job.to_owned()).or_default(), host);
+        }
+        jobs
+    }
+
+    pub fn has(&self, job: &str, name: &str) -> bool {
+        self.series
+            .get(job)
+            .is_some_and(|names| names.iter().any(|n| n == name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_unix_seconds_or_rfc3339() {
+        assert_eq!(parse_time("1700000000.5").unwrap(), 1_700_000_000.5);
+        assert_eq!(parse_time("2023-11-14T22:13:20Z").unwrap(), 1_700_000_000.0);
+        assert!(parse_time("yesterday")
+            .unwrap_err()
+            .to_string()
+            .contains("yesterday"));
+        assert_eq!(
+            window("", "", 100_000.0).unwrap(),
+            (100_000.0 - 10_800.0, 100_000.0)
+        );
+        assert!(matches!(window("20", "10", 0.0), Err(ToolError::Window)));
+    }
+
+    #[test]
+    fn jobs_keep_the_order_of_their_first_series() {
+        let s = |job: &str, name: &str, instance: &str| -> BTreeMap<String, String> {
+            [("job", job), ("__name__", name), ("instance", instance)]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect()
+        };
+        let jobs = Jobs::of(&[
+            s("b", "x", "h1:9400"),
+            s("a", "y", "h2:1"),
+            s("b", "y", "h1:9400"),
+        ]);
+        assert_eq!(jobs.order, ["b", "a"]);
+        assert!(jobs.has("b", "y") && !jobs.has("a", "x"));
+        assert_eq!(jobs.hosts["b"], ["h1"]);
+    }
+}
