@@ -241,7 +241,34 @@ fn ceems_tool_relabel_configs_scenario() {
     common::lab::prometheus_tools().expect("prometheus");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let exporters = [
+    let (_prometheus, url, _exporters) = pack_prometheus(
+        dir,
+        &[],
+        "count by (job) ({__name__=~\"DCGM_FI_DEV_POWER_USAGE_INSTANT|amd_gpu_power|gpu_power_usage\"})",
+        4,
+    );
+    let (status, out) = ceems_tool(
+        dir,
+        &["tsdb", "create-relabel-configs", &format!("--url={url}")],
+    );
+    assert_eq!(status, 0, "{out}");
+    let want = std::fs::read_to_string(
+        common::fixtures()
+            .join("ceems-api/cmd/ceems_tool/testdata/output/e2e-test-relabel-config-output.txt"),
+    )
+    .unwrap();
+    assert_eq!(out, want);
+}
+
+/// Prometheus with the pack's config, its GPU exporters' stand-ins and `extra` targets, once
+/// `ready` (a PromQL count) answers `count` series; killed when dropped.
+fn pack_prometheus(
+    dir: &Path,
+    extra: &[(&str, &common::http::TestServer)],
+    ready: &str,
+    count: usize,
+) -> (common::KillOnDrop, String, Vec<common::http::TestServer>) {
+    let exporters = vec![
         ("localhost:9400", gpu_exporter("dcgm")),
         ("localhost:9500", gpu_exporter("amd-smi")),
         ("localhost:9600", gpu_exporter("amd-device-metrics")),
@@ -250,12 +277,16 @@ fn ceems_tool_relabel_configs_scenario() {
         common::fixtures().join("ceems-api/cmd/ceems_tool/testdata/prometheus.yml"),
     )
     .unwrap();
-    for (pack, ours) in &exporters {
+    for (pack, ours) in exporters
+        .iter()
+        .map(|(p, s)| (*p, s))
+        .chain(extra.iter().copied())
+    {
         config = config.replace(pack, ours.url().trim_start_matches("http://"));
     }
     std::fs::write(dir.join("prometheus.yml"), config).unwrap();
     let port = common::free_port();
-    let _prometheus = common::KillOnDrop(
+    let child = common::KillOnDrop(
         Command::new("prometheus")
             .arg(format!(
                 "--config.file={}",
@@ -272,16 +303,15 @@ fn ceems_tool_relabel_configs_scenario() {
             .unwrap(),
     );
     let url = format!("http://127.0.0.1:{port}");
-    // Until every GPU job's series are in (the script sleeps 20 s).
     let start = std::time::Instant::now();
     loop {
         let answer = ureq::get(&format!("{url}/api/v1/query"))
-            .query("query", "count by (job) ({__name__=~\"DCGM_FI_DEV_POWER_USAGE_INSTANT|amd_gpu_power|gpu_power_usage\"})")
+            .query("query", ready)
             .call()
             .ok()
             .and_then(|r| r.into_string().ok())
             .unwrap_or_default();
-        if answer.matches("\"job\"").count() == 4 {
+        if answer.matches("\"metric\"").count() == count {
             break;
         }
         assert!(
@@ -290,15 +320,45 @@ fn ceems_tool_relabel_configs_scenario() {
         );
         std::thread::sleep(std::time::Duration::from_millis(250));
     }
+    (child, url, exporters.into_iter().map(|(_, s)| s).collect())
+}
+
+/// `tsdb create-ceems-tsdb-updater-queries` against a real Prometheus holding the recorded
+/// series CEEMS's `tool-recording-rules` scenario's Prometheus had (CPU use and memory, no
+/// power or emissions): the queries section of that scenario's expected output, byte for byte.
+#[test]
+fn ceems_tool_updater_queries_for_what_prometheus_records() {
+    common::lab::prometheus_tools().expect("prometheus");
+    let tmp = tempfile::tempdir().unwrap();
+    let recorded = common::http::TestServer::start(
+        false,
+        std::sync::Arc::new(|_: &common::http::Request| {
+            common::http::Response::raw(
+                200,
+                "uuid:ceems_cpu_usage:ratio_irate{uuid=\"1479763\"} 0.5\nuuid:ceems_cpu_memory_usage:ratio{uuid=\"1479763\"} 0.25\n",
+            )
+        }),
+    );
+    let (_prometheus, url, _exporters) = pack_prometheus(
+        tmp.path(),
+        &[("localhost:9010", &recorded)],
+        "{__name__=~\"uuid:.*\"}",
+        2,
+    );
     let (status, out) = ceems_tool(
-        dir,
-        &["tsdb", "create-relabel-configs", &format!("--url={url}")],
+        tmp.path(),
+        &[
+            "tsdb",
+            "create-ceems-tsdb-updater-queries",
+            &format!("--url={url}"),
+        ],
     );
     assert_eq!(status, 0, "{out}");
-    let want = std::fs::read_to_string(
+    let pack = std::fs::read_to_string(
         common::fixtures()
-            .join("ceems-api/cmd/ceems_tool/testdata/output/e2e-test-relabel-config-output.txt"),
+            .join("ceems-api/cmd/ceems_tool/testdata/output/e2e-test-recording-rules-output.txt"),
     )
     .unwrap();
+    let want = &pack[pack.find("Queries for TSDB updater:").unwrap()..];
     assert_eq!(out, want);
 }

@@ -102,6 +102,13 @@ pub fn command() -> Command {
                         .arg(url("http://localhost:9090", "The Prometheus server's URL"))
                         .arg(http_config())
                         .args(window_args()),
+                )
+                .subcommand(
+                    Command::new("create-ceems-tsdb-updater-queries")
+                        .about("Print the stats-server's TSDB updater queries for the recorded series (and emission providers) this Prometheus has")
+                        .arg(url("http://localhost:9090", "The Prometheus server's URL"))
+                        .arg(http_config())
+                        .args(window_args()),
                 ),
         )
 }
@@ -173,6 +180,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         },
         Some(("tsdb", m)) => match m.subcommand() {
             Some(("create-relabel-configs", m)) => create_relabel_configs(m),
+            Some(("create-ceems-tsdb-updater-queries", m)) => create_updater_queries(m),
             _ => anyhow::bail!("ceems tool tsdb: name a command"),
         },
         _ => anyhow::bail!("ceems tool: name a command (config, check, tsdb)"),
@@ -255,7 +263,8 @@ fn check_healthy(m: &ArgMatches) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn create_relabel_configs(m: &ArgMatches) -> anyhow::Result<ExitCode> {
+/// The Prometheus of `--url` and the window of `--start` and `--end`.
+fn prometheus_and_window(m: &ArgMatches) -> anyhow::Result<(crate::tool::Prometheus, (f64, f64))> {
     let settings = client_settings(m, m.get_one::<String>("url").map_or("", |u| u))?;
     let text = |name: &str| m.get_one::<String>(name).map_or("", |s| s.as_str());
     let now = std::time::SystemTime::now()
@@ -263,7 +272,34 @@ fn create_relabel_configs(m: &ArgMatches) -> anyhow::Result<ExitCode> {
         .map_or(0.0, |d| d.as_secs_f64());
     let window = crate::tool::window(text("start"), text("end"), now)
         .context("error parsing start and/or end time(s)")?;
-    let prometheus = crate::tool::Prometheus::new(settings, Duration::from_secs(120))?;
+    Ok((
+        crate::tool::Prometheus::new(settings, Duration::from_secs(120))?,
+        window,
+    ))
+}
+
+fn create_updater_queries(m: &ArgMatches) -> anyhow::Result<ExitCode> {
+    let (prometheus, window) = prometheus_and_window(m)?;
+    let names = crate::tool::updater::series();
+    let mut found: Vec<String> = Vec::new();
+    for s in prometheus
+        .series(&names, window)
+        .context("error fetching labelsets")?
+    {
+        if let Some(name) = s.get("__name__").filter(|n| !found.contains(n)) {
+            found.push(name.clone());
+        }
+    }
+    let providers = prometheus
+        .label_values("provider", &[crate::tool::updater::PROVIDER_SERIES], window)
+        .context("error fetching emission factor providers")?;
+    eprintln!("Queries for TSDB updater:");
+    eprintln!("{}", crate::tool::updater::queries(&found, &providers));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn create_relabel_configs(m: &ArgMatches) -> anyhow::Result<ExitCode> {
+    let (prometheus, window) = prometheus_and_window(m)?;
     let series = prometheus
         .series(&crate::tool::relabel::GPU_SERIES, window)
         .context("error fetching series label values")?;

@@ -2,6 +2,7 @@
 //! configs that fit it (CEEMS's `ceems_tool`). The command line is `cmd::tool`'s.
 
 pub mod relabel;
+pub mod updater;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -125,6 +126,34 @@ impl Prometheus {
                     .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
                     .collect()
             })
+            .collect())
+    }
+}
+
+impl Prometheus {
+    /// The values of label `name` on the series `matches` select between `start` and `end`.
+    pub fn label_values(
+        &self,
+        name: &str,
+        matches: &[&str],
+        (start, end): (f64, f64),
+    ) -> Result<Vec<String>, ToolError> {
+        let mut params: Vec<(&str, String)> = matches
+            .iter()
+            .map(|m| ("match[]", (*m).to_owned()))
+            .collect();
+        params.push(("start", start.to_string()));
+        params.push(("end", end.to_string()));
+        let path = format!(
+            "/api/v1/label/{}/values",
+            form_urlencoded::byte_serialize(name.as_bytes()).collect::<String>()
+        );
+        let data = self.data(&path, &params)?;
+        Ok(data
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_owned))
             .collect())
     }
 }

@@ -1,0 +1,172 @@
+//! `tsdb create-ceems-tsdb-updater-queries`: the stats-server's TSDB updater queries for the
+//! recorded series this Prometheus has (and, for emissions, the providers it has), printed as
+//! CEEMS's tool prints them. `{{.UUIDs}}`, `{{.Range}}` and the scrape interval's placeholders
+//! are the updater's, left as they are.
+
+/// How one aggregate of one metric is computed from a recorded series (`%s`).
+struct UpdaterQuery {
+    metric: &'static str,
+    key: &'static str,
+    series: &'static str,
+    query: &'static str,
+}
+
+const MEAN: &str =
+    r#"avg_over_time(avg by (uuid) (%s{uuid=~"{{.UUIDs}}"} > 0 < inf)[{{.Range}}:])"#;
+const ENERGY: &str = r#"sum_over_time(sum by (uuid) (%s{uuid=~"{{.UUIDs}}"} > 0 < inf)[{{.Range}}:{{.ScrapeInterval}}]) * {{.ScrapeIntervalMilli}} / 3.6e9"#;
+const RTE: &str = r#"sum_over_time(sum by (uuid) (%s{uuid=~"{{.UUIDs}}",provider="rte"} > 0 < inf)[{{.Range}}:{{.ScrapeInterval}}]) * {{.ScrapeIntervalMilli}} / 1e3"#;
+const EMAPS: &str = r#"sum_over_time(sum by (uuid) (%s{uuid=~"{{.UUIDs}}",provider="emaps"} > 0 < inf)[{{.Range}}:{{.ScrapeInterval}}]) * {{.ScrapeIntervalMilli}} / 1e3"#;
+const OWID: &str = r#"sum_over_time(sum by (uuid) (%s{uuid=~"{{.UUIDs}}",provider="owid"} > 0 < inf)[{{.Range}}:{{.ScrapeInterval}}]) * {{.ScrapeIntervalMilli}} / 1e3"#;
+
+const fn q(
+    metric: &'static str,
+    key: &'static str,
+    series: &'static str,
+    query: &'static str,
+) -> UpdaterQuery {
+    UpdaterQuery {
+        metric,
+        key,
+        series,
+        query,
+    }
+}
+
+/// Every query, sorted by metric, then by key (the order they are printed in).
+const QUERIES: &[UpdaterQuery] = &[
+    q(
+        "avg_cpu_mem_usage",
+        "global",
+        "uuid:ceems_cpu_memory_usage:ratio",
+        MEAN,
+    ),
+    q(
+        "avg_cpu_usage",
+        "global",
+        "uuid:ceems_cpu_usage:ratio_irate",
+        MEAN,
+    ),
+    q(
+        "avg_gpu_mem_usage",
+        "global",
+        "uuid:ceems_gpu_memory_usage:ratio",
+        MEAN,
+    ),
+    q(
+        "avg_gpu_usage",
+        "global",
+        "uuid:ceems_gpu_usage:ratio",
+        MEAN,
+    ),
+    q(
+        "total_cpu_emissions_gms",
+        "emaps_total",
+        "uuid:ceems_host_emissions_g_s:pue",
+        EMAPS,
+    ),
+    q(
+        "total_cpu_emissions_gms",
+        "owid_total",
+        "uuid:ceems_host_emissions_g_s:pue",
+        OWID,
+    ),
+    q(
+        "total_cpu_emissions_gms",
+        "rte_total",
+        "uuid:ceems_host_emissions_g_s:pue",
+        RTE,
+    ),
+    q(
+        "total_cpu_energy_usage_kwh",
+        "total",
+        "uuid:ceems_host_power_watts:pue",
+        ENERGY,
+    ),
+    q(
+        "total_gpu_emissions_gms",
+        "emaps_total",
+        "uuid:ceems_gpu_emissions_g_s:pue",
+        EMAPS,
+    ),
+    q(
+        "total_gpu_emissions_gms",
+        "owid_total",
+        "uuid:ceems_gpu_emissions_g_s:pue",
+        OWID,
+    ),
+    q(
+        "total_gpu_emissions_gms",
+        "rte_total",
+        "uuid:ceems_gpu_emissions_g_s:pue",
+        RTE,
+    ),
+    q(
+        "total_gpu_energy_usage_kwh",
+        "total",
+        "uuid:ceems_gpu_power_watts:pue",
+        ENERGY,
+    ),
+];
+
+/// The recorded series the queries read.
+pub fn series() -> Vec<&'static str> {
+    let mut names: Vec<&str> = QUERIES.iter().map(|q| q.series).collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
+/// The series whose `provider` label says which emission factors Prometheus has.
+pub const PROVIDER_SERIES: &str = "uuid:ceems_host_emissions_g_s:pue";
+
+/// The `queries` section for the series found and the providers found (`owid`, …), in the
+/// layout CEEMS's template gives it (its blank lines included).
+pub fn queries(found: &[String], providers: &[String]) -> String {
+    let mut out = String::from("---\n\nqueries:");
+    let mut metric = "";
+    for query in QUERIES {
+        if query.metric != metric {
+            if !metric.is_empty() {
+                out.push('\n');
+            }
+            metric = query.metric;
+            out.push_str(&format!("\n  {metric}:"));
+        }
+        let has_series = found.iter().any(|f| f == query.series);
+        let has_provider = !query.series.contains("emissions")
+            || providers.iter().any(|p| format!("{p}_total") == query.key);
+        if has_series && has_provider {
+            out.push_str(&format!(
+                "\n    {}: {}",
+                query.key,
+                query.query.replacen("%s", query.series, 1)
+            ));
+        }
+        out.push('\n');
+    }
+    out.push_str("\n\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_what_prometheus_has_is_asked() {
+        let text = queries(
+            &[
+                "uuid:ceems_host_emissions_g_s:pue".into(),
+                "uuid:ceems_cpu_usage:ratio_irate".into(),
+            ],
+            &["owid".into()],
+        );
+        assert!(text.contains("\n    owid_total: sum_over_time(sum by (uuid) (uuid:ceems_host_emissions_g_s:pue{uuid=~\"{{.UUIDs}}\",provider=\"owid\"}"));
+        assert!(!text.contains("rte_total:"));
+        assert!(text.contains(
+            "\n    global: avg_over_time(avg by (uuid) (uuid:ceems_cpu_usage:ratio_irate{"
+        ));
+        assert!(!text.contains("ratio{uuid"), "{text}");
+        assert_eq!(series().len(), 8);
+    }
+}
