@@ -359,6 +359,9 @@ pub fn load_settings(dirs: &[PathBuf]) -> Result<Settings, AcctError> {
         false => serde_norway::from_str(&text).map_err(|e| bad(e.to_string()))?,
     };
     let dir = path.parent().unwrap_or(Path::new("."));
+    if config.ceems_api_server.web.url.is_empty() {
+        return Err(bad("ceems_api_server.web.url is not set".into()));
+    }
     let header = match config.ceems_api_server.user_header_name.as_str() {
         "" => "X-Grafana-User".to_owned(),
         h => h.to_owned(),
@@ -418,13 +421,19 @@ pub fn fetch(
     params.extend(q.users.iter().map(|u| ("user".to_owned(), u.clone())));
     let admin = if q.users.is_empty() { "" } else { "/admin" };
     let header = [(settings.user_header.as_str(), caller)];
-    let units = data(api.get(&format!("/api/v1/units{admin}"), &params, &header)?)?;
+    let units = data(
+        "/api/v1/units",
+        api.get(&format!("/api/v1/units{admin}"), &params, &header)?,
+    )?;
     params.push(("field".into(), "username".into()));
     params.push(("field".into(), "num_units".into()));
     if tags.contains(&"elapsed") {
         params.push(("field".into(), "total_time_seconds".into()));
     }
-    let usage = data(api.get(&format!("/api/v1/usage/current{admin}"), &params, &header)?)?;
+    let usage = data(
+        "/api/v1/usage/current",
+        api.get(&format!("/api/v1/usage/current{admin}"), &params, &header)?,
+    )?;
     Ok((units, usage))
 }
 
@@ -444,7 +453,7 @@ pub fn report(
                 ("field".to_owned(), "cluster_id".to_owned()),
                 ("from".to_owned(), "0".to_owned()),
             ];
-            let units = data(api.get("/api/v1/units", &params, &header)?)?;
+            let units = data("/api/v1/units", api.get("/api/v1/units", &params, &header)?)?;
             let mut clusters: Vec<String> = units.iter().map(|u| text(&u["cluster_id"])).collect();
             clusters.sort();
             clusters.dedup();
@@ -473,11 +482,14 @@ pub fn report(
 }
 
 /// The `data` list of an API answer, or why there is none.
-fn data((status, body): (u16, Vec<u8>)) -> Result<Vec<Value>, AcctError> {
+fn data(path: &str, (status, body): (u16, Vec<u8>)) -> Result<Vec<Value>, AcctError> {
     if status == 401 || status == 403 {
         return Err(AcctError::Forbidden);
     }
-    let answer: Value = serde_json::from_slice(&body).map_err(|_| AcctError::Server)?;
+    let answer: Value = serde_json::from_slice(&body).map_err(|_| AcctError::Request {
+        url: path.to_owned(),
+        reason: format!("HTTP {status}: not an API answer"),
+    })?;
     if answer["status"] == "error" || status >= 400 {
         return Err(AcctError::Server);
     }

@@ -3,6 +3,7 @@
 //! as CEEMS writes them, for pandas and friends.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::DirBuilderExt as _;
 use std::path::Path;
 
 use serde_json::Value;
@@ -73,7 +74,12 @@ pub fn save(
         url: dir.display().to_string(),
         reason,
     };
-    std::fs::create_dir_all(dir).map_err(|e| failed(e.to_string()))?;
+    // The caller's only, as CEEMS makes it.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| failed(e.to_string()))?;
     let mut saved = Vec::new();
     for unit in units {
         let Some(uuid) = unit["uuid"].as_str() else {
