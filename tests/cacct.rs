@@ -205,6 +205,53 @@ fn sacct_of_alice_and_bob(dir: &Path) -> std::path::PathBuf {
     path
 }
 
+/// A stats-server of alice's and bob's jobs behind the pack's web config (basic auth), with
+/// `extra` flags, once it has them.
+fn alice_and_bob_server(dir: &Path, extra: &[&str]) -> common::Running {
+    let sacct = sacct_of_alice_and_bob(dir);
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ceems"));
+    command
+        .args([
+            "stats-server",
+            &format!("--storage.data.path={}", dir.join("data").display()),
+            &format!("--slurm.sacct.path={}", sacct.display()),
+            "--slurm.sacctmgr.path=",
+            "--slurm.cluster-id=slurm-0",
+            "--web.admin-users=grafana",
+            "--storage.update-interval=1h",
+            "--storage.data.skip.delete.old.units",
+        ])
+        .args(extra)
+        .arg(format!(
+            "--web.config.file={}",
+            common::fixtures()
+                .join("ceems-api/cmd/cacct/testdata/web-config.yml")
+                .display()
+        ))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let server = common::start_listening(command, "stats-server");
+    wait_for_jobs(&server);
+    server
+}
+
+/// Runs `script` (sh) as root in a mount namespace of its own where /etc/ceems is an empty
+/// tmpfs: what it writes there is gone with it, and the machine's /etc/ceems is untouched.
+fn with_private_etc_ceems(script: &str) {
+    let had_etc_ceems = Path::new("/etc/ceems").exists();
+    let script = format!(
+        "set -u\nmkdir -p /etc/ceems\nmount -t tmpfs -o mode=0755 tmpfs /etc/ceems\n{script}\nexit 0\n"
+    );
+    let status = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .status()
+        .unwrap();
+    if !had_etc_ceems {
+        let _ = std::fs::remove_dir("/etc/ceems");
+    }
+    assert!(status.success());
+}
+
 fn ensure_account(kind: &str, name: &str) {
     let known = Command::new("getent").args([kind, name]).output().unwrap();
     if !known.status.success() {
@@ -231,29 +278,7 @@ fn a_setgid_cacct_reads_its_config_for_its_caller_only() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let sacct = sacct_of_alice_and_bob(dir);
-    let mut command = Command::new(env!("CARGO_BIN_EXE_ceems"));
-    command
-        .args([
-            "stats-server",
-            &format!("--storage.data.path={}", dir.join("data").display()),
-            &format!("--slurm.sacct.path={}", sacct.display()),
-            "--slurm.sacctmgr.path=",
-            "--slurm.cluster-id=slurm-0",
-            "--web.admin-users=grafana",
-            "--storage.update-interval=1h",
-            "--storage.data.skip.delete.old.units",
-        ])
-        .arg(format!(
-            "--web.config.file={}",
-            common::fixtures()
-                .join("ceems-api/cmd/cacct/testdata/web-config.yml")
-                .display()
-        ))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let server = common::start_listening(command, "stats-server");
-    wait_for_jobs(&server);
+    let server = alice_and_bob_server(dir, &[]);
     // The installed program and its config (the pack's, pointed at this server).
     let bin = dir.join("bin");
     std::fs::create_dir(&bin).unwrap();
@@ -274,12 +299,8 @@ fn a_setgid_cacct_reads_its_config_for_its_caller_only() {
     std::fs::create_dir(&out).unwrap();
     nix::unistd::chown(&out, Some(alice.uid), Some(alice.gid)).unwrap();
     // In a mount namespace of its own, /etc/ceems is a tmpfs holding the config.
-    let had_etc_ceems = Path::new("/etc/ceems").exists();
     let script = format!(
-        r#"set -u
-mkdir -p /etc/ceems
-mount -t tmpfs -o mode=0755 tmpfs /etc/ceems
-install -o root -g ceems -m 0640 {dir}/config.yml /etc/ceems/config.yml
+        r#"install -o root -g ceems -m 0640 {dir}/config.yml /etc/ceems/config.yml
 as() {{ u=$1; shift; setpriv --reuid="$u" --regid="$u" --init-groups "$@"; }}
 period="--starttime=2022-02-20 --endtime=2024-01-01"
 as alice {cacct} $period --format=jobid,user --csv > {dir}/alice.out 2>&1; echo $? > {dir}/alice.rc
@@ -293,20 +314,12 @@ ln -s {cacct} {out}/ceems
 as alice {out}/ceems tool check web-config /etc/ceems/config.yml > {dir}/renamed.out 2>&1
 printf 'ceems_api_server:\n  web:\n    hunter2: 1\n' > /etc/ceems/config.yml
 as alice {cacct} > {dir}/broken.out 2>&1
-exit 0
 "#,
         dir = dir.display(),
         cacct = cacct.display(),
         out = out.display(),
     );
-    let status = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
-        .status()
-        .unwrap();
-    if !had_etc_ceems {
-        let _ = std::fs::remove_dir("/etc/ceems");
-    }
-    assert!(status.success());
+    with_private_etc_ceems(&script);
     let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
     let alice_out = read("alice.out");
     assert_eq!(read("alice.rc").trim(), "0", "{alice_out}");
@@ -474,31 +487,8 @@ fn munge_credentials_name_the_caller() {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let ours = munged(&dir.join("munge"));
     let other_key = munged(&dir.join("munge-other"));
-    let sacct = sacct_of_alice_and_bob(dir);
-    let mut command = Command::new(env!("CARGO_BIN_EXE_ceems"));
-    command
-        .args([
-            "stats-server",
-            &format!("--storage.data.path={}", dir.join("data").display()),
-            &format!("--slurm.sacct.path={}", sacct.display()),
-            "--slurm.sacctmgr.path=",
-            "--slurm.cluster-id=slurm-0",
-            "--web.admin-users=grafana",
-            "--storage.update-interval=1h",
-            "--storage.data.skip.delete.old.units",
-            "--web.munge-credentials",
-        ])
-        .arg(format!("--web.munge-socket={}", ours.socket.display()))
-        .arg(format!(
-            "--web.config.file={}",
-            common::fixtures()
-                .join("ceems-api/cmd/cacct/testdata/web-config.yml")
-                .display()
-        ))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let server = common::start_listening(command, "stats-server");
-    wait_for_jobs(&server);
+    let socket = format!("--web.munge-socket={}", ours.socket.display());
+    let server = alice_and_bob_server(dir, &["--web.munge-credentials", &socket]);
     let path = "/api/v1/units?from=0&to=2000000000&field=uuid&field=username";
     let with = |cred: &str| format!("MUNGE {cred}");
     let alice = credential("alice", &ours.socket, &format!("GET {path}"), 300);
@@ -551,25 +541,13 @@ fn munge_credentials_name_the_caller() {
     std::fs::write(dir.join("config.yml"), config).unwrap();
     let cacct = dir.join("cacct");
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ceems"), &cacct).unwrap();
-    let had_etc_ceems = Path::new("/etc/ceems").exists();
-    let script = format!(
-        r#"mkdir -p /etc/ceems
-mount -t tmpfs -o mode=0755 tmpfs /etc/ceems
-install -m 0644 {dir}/config.yml /etc/ceems/config.yml
+    with_private_etc_ceems(&format!(
+        r#"install -m 0644 {dir}/config.yml /etc/ceems/config.yml
 setpriv --reuid=alice --regid=alice --init-groups {cacct} --starttime=2022-02-20 --endtime=2024-01-01 --format=jobid,user --csv > {dir}/alice.out 2>&1
-exit 0
 "#,
         dir = dir.display(),
         cacct = cacct.display(),
-    );
-    let status = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
-        .status()
-        .unwrap();
-    if !had_etc_ceems {
-        let _ = std::fs::remove_dir("/etc/ceems");
-    }
-    assert!(status.success());
+    ));
     let out = std::fs::read_to_string(dir.join("alice.out")).unwrap();
     assert!(
         out.contains("\n1479763,alice\n") && !out.contains("bob"),

@@ -57,13 +57,8 @@ impl Client {
         munge: Option<Munge>,
         timeout: Duration,
     ) -> Result<Client, AcctError> {
-        let tls = crate::web::client::ClientTls {
-            roots_pem: settings.ca_pem.clone(),
-            identity_pem: settings.identity_pem.clone(),
-            insecure_skip_verify: settings.insecure_skip_verify,
-        };
         let agent =
-            crate::web::client::agent_with_tls(crate::web::client::Timeouts::all(timeout), &tls)
+            crate::web::client::agent_for(settings, crate::web::client::Timeouts::all(timeout))
                 .map_err(|reason| AcctError::Request {
                     url: settings.url.clone(),
                     reason,

@@ -9,6 +9,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::{AcctError, Client};
+use crate::web::generate::write_private;
 
 /// Prometheus's fingerprint of a label set: FNV-1a 64 over the sorted names and values, each
 /// followed by 0xff.
@@ -128,18 +129,6 @@ pub fn save(
     write_private(&dir.join("metadata.json"), metadata(&saved).as_bytes())
         .map_err(|e| failed(format!("metadata.json: {e}")))?;
     Ok(saved)
-}
-
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(bytes)
 }
 
 /// `metadata.json` as Go's encoder writes it: tab-indented, HTML characters escaped, a newline

@@ -237,15 +237,12 @@ fn check_web_configs(files: impl Iterator<Item = PathBuf>) -> ExitCode {
 fn check_healthy(m: &ArgMatches) -> anyhow::Result<ExitCode> {
     let settings = client_settings(m, m.get_one::<String>("url").map_or("", |u| u))?;
     let url = settings.url.clone();
-    let tls = web::client::ClientTls {
-        roots_pem: settings.ca_pem.clone(),
-        identity_pem: settings.identity_pem.clone(),
-        insecure_skip_verify: settings.insecure_skip_verify,
-    };
-    let agent =
-        web::client::agent_with_tls(web::client::Timeouts::all(Duration::from_secs(10)), &tls)
-            .map_err(anyhow::Error::msg)
-            .context("cannot make an HTTP client")?;
+    let agent = web::client::agent_for(
+        &settings,
+        web::client::Timeouts::all(Duration::from_secs(10)),
+    )
+    .map_err(anyhow::Error::msg)
+    .context("cannot make an HTTP client")?;
     let mut request = agent.get(&format!("{url}/health"));
     for (k, v) in &settings.headers {
         request = request.set(k, v);

@@ -57,13 +57,8 @@ pub struct Prometheus {
 
 impl Prometheus {
     pub fn new(settings: ClientSettings, timeout: Duration) -> Result<Prometheus, ToolError> {
-        let tls = crate::web::client::ClientTls {
-            roots_pem: settings.ca_pem.clone(),
-            identity_pem: settings.identity_pem.clone(),
-            insecure_skip_verify: settings.insecure_skip_verify,
-        };
         let agent =
-            crate::web::client::agent_with_tls(crate::web::client::Timeouts::all(timeout), &tls)
+            crate::web::client::agent_for(&settings, crate::web::client::Timeouts::all(timeout))
                 .map_err(|reason| ToolError::Request {
                     url: settings.url.clone(),
                     reason,

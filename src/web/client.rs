@@ -175,3 +175,17 @@ pub fn agent_with_tls(timeouts: Timeouts, tls: &ClientTls) -> Result<ureq::Agent
         .user_agent(concat!("ceems/", env!("CARGO_PKG_VERSION")))
         .build())
 }
+
+/// A client with these timeouts for a server of a CEEMS `web:` section (its roots, client
+/// certificate and `insecure_skip_verify`; headers are the caller's to send).
+pub fn agent_for(
+    settings: &crate::config::http_client::ClientSettings,
+    timeouts: Timeouts,
+) -> Result<ureq::Agent, String> {
+    let tls = ClientTls {
+        roots_pem: settings.ca_pem.clone(),
+        identity_pem: settings.identity_pem.clone(),
+        insecure_skip_verify: settings.insecure_skip_verify,
+    };
+    agent_with_tls(timeouts, &tls)
+}

@@ -159,15 +159,7 @@ impl Table {
         let layout = Layout::new(self);
         let mut out = String::new();
         layout.render(&mut out);
-        let mut text: String = out
-            .split('\n')
-            .map(|l| l.trim_end())
-            .collect::<Vec<_>>()
-            .join("\n");
-        if !text.is_empty() {
-            text.push('\n');
-        }
-        text
+        finish(out.split('\n').map(str::to_owned).collect())
     }
 
     /// go-pretty's CSV: every cell unwrapped, commas and quotes escaped with `\`.
