@@ -56,7 +56,7 @@ pub fn command() -> Command {
             "long",
             Box::leak(format!("Equivalent to specifying --format=\"{}\".", fields.join(",")).into_boxed_str()),
         ))
-        .arg(boolean("ts", "Time series data of jobs are saved in CSV format (default: false)."))
+        .arg(boolean("ts", "Time series data of jobs are saved in CSV format."))
         .arg(
             Arg::new("ts.out-dir")
                 .long("ts.out-dir")
@@ -64,9 +64,9 @@ pub fn command() -> Command {
                 .default_value("out")
                 .help("Directory to save time series data."),
         )
-        .arg(boolean("csv", "Produce CSV output (default: false)."))
-        .arg(boolean("html", "Produce HTML output (default: false)."))
-        .arg(boolean("markdown", "Produce markdown output (default: false)."))
+        .arg(boolean("csv", "Produce CSV output."))
+        .arg(boolean("html", "Produce HTML output."))
+        .arg(boolean("markdown", "Produce markdown output."))
         // CEEMS's test-build flags: honoured for root only, never in a setuid or setgid run.
         .arg(Arg::new("current-user").long("current-user").hide(true).action(ArgAction::Set))
         .arg(Arg::new("config-path").long("config-path").hide(true).action(ArgAction::Set))

@@ -107,10 +107,13 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
     };
     let result = match alias {
         Some((_, sub)) => {
-            let cmd = cli()
-                .find_subcommand(sub)
-                .cloned()
-                .map(|c| c.name(argv0.clone()).bin_name(argv0.clone()));
+            let cmd = cli().find_subcommand(sub).cloned().map(|c| {
+                // CEEMS's programs answer --version; so do their names here.
+                c.name(argv0.clone())
+                    .bin_name(argv0.clone())
+                    .version(VERSION)
+                    .long_version(LONG_VERSION)
+            });
             match cmd {
                 Some(cmd) => {
                     let matches = cmd.get_matches_from(args);
