@@ -522,3 +522,83 @@ fn a_job_id_that_came_back_is_read_by_each_user_for_their_own_job_only() {
     seen.sort();
     assert_eq!((status, seen), (200, vec!["1".into(), "2".into()]));
 }
+
+/// `ceems lb --web.munge-credentials`: a MUNGE credential made by alice (Debian's munged, a key
+/// of the test's) reads alice's job only, even with an admin's name in the user header; bob's
+/// reads bob's; a credential replayed is refused.
+#[test]
+fn munge_credentials_name_the_lb_s_user() {
+    if !runnable("munge_credentials_name_the_lb_s_user", prometheus_tools()) {
+        return;
+    }
+    let node = node();
+    let prometheus = Prometheus::start(&[node.port], &[]);
+    let rate = "rate(ceems_compute_unit_cpu_user_seconds_total[1m])";
+    wait_until("two samples of each job", Duration::from_secs(60), || {
+        prometheus.query(rate).len() == 2
+    });
+    let data = tempfile::tempdir().unwrap();
+    database(data.path());
+    let munge_dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        munge_dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let munged = common::munge::munged(&munge_dir.path().join("munge"));
+    let backend = format!("--lb.backend=lab={}", prometheus.url());
+    let storage = format!("--storage.data.path={}", data.path().display());
+    let socket = format!("--web.munge-socket={}", munged.socket.display());
+    let args = [
+        backend.as_str(),
+        storage.as_str(),
+        "--web.admin-users=admin",
+        "--web.munge-credentials",
+        socket.as_str(),
+        "--security.drop-privileges=false",
+    ];
+    let lb = start_subcommand("lb", data.path(), &args, &[]);
+    let of = |job: &str| {
+        query(&format!(
+            "rate(ceems_compute_unit_cpu_user_seconds_total{{uuid=\"{job}\"}}[1m])"
+        ))
+    };
+    let get = |user: &str, header: Option<&str>, path: &str| -> (u16, String, String) {
+        let cred = common::munge::credential(user, &munged.socket, &format!("GET {path}"), 300);
+        let mut req = ureq::get(&lb.url(path)).set("Authorization", &format!("MUNGE {cred}"));
+        if let Some(h) = header {
+            req = req.set("X-Grafana-User", h);
+        }
+        let (status, body) = match req.call() {
+            Ok(r) => (r.status(), r.into_string().unwrap()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap()),
+            Err(e) => panic!("{e}"),
+        };
+        (status, body, cred)
+    };
+    // alice, naming the admin in the header: her job, and not bob's.
+    let (status, body, cred) = get("alice", Some("admin"), &of("1"));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        uuids(&serde_json::from_str(&body).unwrap()),
+        ["1"],
+        "{body}"
+    );
+    let (status, body, _) = get("alice", Some("admin"), &of("2"));
+    assert_eq!(status, 403, "{body}");
+    let (status, body, _) = get("bob", None, &of("2"));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        uuids(&serde_json::from_str(&body).unwrap()),
+        ["2"],
+        "{body}"
+    );
+    let path = of("1");
+    let replayed = ureq::get(&lb.url(&path))
+        .set("Authorization", &format!("MUNGE {cred}"))
+        .call();
+    assert!(
+        matches!(replayed, Err(ureq::Error::Status(401, _))),
+        "a replayed credential: {replayed:?}"
+    );
+}

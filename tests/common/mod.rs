@@ -9,6 +9,7 @@ pub mod http;
 pub mod kubelet;
 pub mod lab;
 pub mod mail;
+pub mod munge;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
