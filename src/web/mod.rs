@@ -304,6 +304,14 @@ async fn secured(
                     req.headers_mut().insert(m.user_header.clone(), user);
                 }
                 Ok(Err(_)) => return text_response(StatusCode::UNAUTHORIZED, "Unauthorized\n"),
+                // The server's own fault (no unmunge, say): the operator's to fix, not the caller's.
+                Err(e @ munge::MungeError::Unmunge(_)) => {
+                    tracing::warn!(error = %e, "cannot check a MUNGE credential");
+                    return text_response(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "cannot check MUNGE credentials\n",
+                    );
+                }
                 Err(e) => {
                     tracing::info!(error = %e, "MUNGE credential refused");
                     return text_response(StatusCode::UNAUTHORIZED, format!("Unauthorized: {e}\n"));
