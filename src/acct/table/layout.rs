@@ -47,13 +47,7 @@ impl<'a> Layout<'a> {
                 .collect()
         };
         let (header, rows, footer) = (text(&table.header), text(&table.rows), text(&table.footer));
-        let columns = header
-            .iter()
-            .chain(&rows)
-            .chain(&footer)
-            .map(Vec::len)
-            .max()
-            .unwrap_or(0);
+        let columns = widest(&header, &rows, &footer);
         let mut limits: HashMap<usize, (usize, usize)> = HashMap::new();
         for w in &table.widths {
             let found = header
@@ -94,13 +88,7 @@ impl<'a> Layout<'a> {
             .filter_map(|(c, l)| new_index[c].map(|n| (n, l)))
             .collect();
         let (header, rows, footer) = (keep(header), keep(rows), keep(footer));
-        let columns = header
-            .iter()
-            .chain(&rows)
-            .chain(&footer)
-            .map(Vec::len)
-            .max()
-            .unwrap_or(0);
+        let columns = widest(&header, &rows, &footer);
         let longest_data_row = rows.iter().map(Vec::len).max().unwrap_or(0);
         let mut layout = Layout {
             table,
@@ -487,6 +475,17 @@ impl<'a> Layout<'a> {
         };
         merges && equal_neighbours(row, c)
     }
+}
+
+/// The most cells any row has.
+fn widest(header: &[Vec<String>], rows: &[Vec<String>], footer: &[Vec<String>]) -> usize {
+    header
+        .iter()
+        .chain(rows)
+        .chain(footer)
+        .map(Vec::len)
+        .max()
+        .unwrap_or(0)
 }
 
 fn equal_neighbours(row: &[String], c: usize) -> bool {
