@@ -179,60 +179,6 @@ fn ceems_tool_web_config_scenario_and_checks() {
     assert!(log.contains("check failed"), "{log}");
 }
 
-/// Stand-ins of the GPU exporters the pack's `mock_exporters` runs: NVIDIA's DCGM exporter, AMD's
-/// SMI exporter and AMD's device metrics exporter, each with its series names and labels.
-fn gpu_exporter(kind: &'static str) -> common::http::TestServer {
-    use common::http::{Request, Response};
-    let mut body = String::new();
-    match kind {
-        "dcgm" => {
-            for (i, uuid) in [
-                "GPU-956348bc-d43d-23ed-53d4-857749fa2b67",
-                "GPU-feba7e40-d724-01ff-b00f-3a439a28a6c7",
-            ]
-            .iter()
-            .enumerate()
-            {
-                for name in [
-                    "DCGM_FI_DEV_POWER_USAGE",
-                    "DCGM_FI_DEV_POWER_USAGE_INSTANT",
-                    "DCGM_FI_DEV_GPU_UTIL",
-                ] {
-                    body.push_str(&format!(
-                        "{name}{{Hostname=\"host\",UUID=\"{uuid}\",GPU_I_ID=\"\",device=\"nvidia{i}\",gpu=\"{i}\",pci_bus_id=\"00000000:1{i}:00.0\",modelName=\"NVIDIA A100 80GiB\"}} 150\n"
-                    ));
-                }
-            }
-        }
-        "amd-smi" => {
-            for i in 0..2 {
-                for (name, label) in [
-                    ("amd_gpu_power", "gpu_power"),
-                    ("amd_gpu_use_percent", "gpu_use_percent"),
-                    ("amd_gpu_memory_use_percent", "gpu_memory_use_percent"),
-                ] {
-                    body.push_str(&format!(
-                        "{name}{{{label}=\"{i}\",productname=\"Advanced Micro Devices Inc\"}} 50\n"
-                    ));
-                }
-            }
-        }
-        _ => {
-            for i in 0..2 {
-                for name in ["gpu_power_usage", "gpu_gfx_activity", "gpu_used_vram"] {
-                    body.push_str(&format!(
-                        "{name}{{gpu_id=\"{i}\",gpu_partition_id=\"0\",serial_number=\"2017000080{i}c\"}} 50\n"
-                    ));
-                }
-            }
-        }
-    }
-    common::http::TestServer::start(
-        false,
-        std::sync::Arc::new(move |_: &Request| Response::raw(200, body.clone())),
-    )
-}
-
 /// CEEMS's `tool-relabel-configs` scenario: a real Prometheus with the pack's config scraping
 /// the three GPU exporters' stand-ins, and `ceems_tool tsdb create-relabel-configs` printing
 /// CEEMS's expected output byte for byte.
@@ -241,7 +187,7 @@ fn ceems_tool_relabel_configs_scenario() {
     common::lab::prometheus_tools().expect("prometheus");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let (_prometheus, url, _exporters) = pack_prometheus(
+    let (_prometheus, url, _exporters) = common::tool_pack::pack_prometheus(
         dir,
         &[],
         "count by (job) ({__name__=~\"DCGM_FI_DEV_POWER_USAGE_INSTANT|amd_gpu_power|gpu_power_usage\"})",
@@ -257,108 +203,5 @@ fn ceems_tool_relabel_configs_scenario() {
             .join("ceems-api/cmd/ceems_tool/testdata/output/e2e-test-relabel-config-output.txt"),
     )
     .unwrap();
-    assert_eq!(out, want);
-}
-
-/// Prometheus with the pack's config, its GPU exporters' stand-ins and `extra` targets, once
-/// `ready` (a PromQL count) answers `count` series; killed when dropped.
-fn pack_prometheus(
-    dir: &Path,
-    extra: &[(&str, &common::http::TestServer)],
-    ready: &str,
-    count: usize,
-) -> (common::KillOnDrop, String, Vec<common::http::TestServer>) {
-    let exporters = vec![
-        ("localhost:9400", gpu_exporter("dcgm")),
-        ("localhost:9500", gpu_exporter("amd-smi")),
-        ("localhost:9600", gpu_exporter("amd-device-metrics")),
-    ];
-    let mut config = std::fs::read_to_string(
-        common::fixtures().join("ceems-api/cmd/ceems_tool/testdata/prometheus.yml"),
-    )
-    .unwrap();
-    for (pack, ours) in exporters
-        .iter()
-        .map(|(p, s)| (*p, s))
-        .chain(extra.iter().copied())
-    {
-        config = config.replace(pack, ours.url().trim_start_matches("http://"));
-    }
-    std::fs::write(dir.join("prometheus.yml"), config).unwrap();
-    let port = common::free_port();
-    let child = common::KillOnDrop(
-        Command::new("prometheus")
-            .arg(format!(
-                "--config.file={}",
-                dir.join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("tsdb").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let url = format!("http://127.0.0.1:{port}");
-    let start = std::time::Instant::now();
-    loop {
-        let answer = ureq::get(&format!("{url}/api/v1/query"))
-            .query("query", ready)
-            .call()
-            .ok()
-            .and_then(|r| r.into_string().ok())
-            .unwrap_or_default();
-        if answer.matches("\"metric\"").count() == count {
-            break;
-        }
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(60),
-            "{answer}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(250));
-    }
-    (child, url, exporters.into_iter().map(|(_, s)| s).collect())
-}
-
-/// `tsdb create-ceems-tsdb-updater-queries` against a real Prometheus holding the recorded
-/// series CEEMS's `tool-recording-rules` scenario's Prometheus had (CPU use and memory, no
-/// power or emissions): the queries section of that scenario's expected output, byte for byte.
-#[test]
-fn ceems_tool_updater_queries_for_what_prometheus_records() {
-    common::lab::prometheus_tools().expect("prometheus");
-    let tmp = tempfile::tempdir().unwrap();
-    let recorded = common::http::TestServer::start(
-        false,
-        std::sync::Arc::new(|_: &common::http::Request| {
-            common::http::Response::raw(
-                200,
-                "uuid:ceems_cpu_usage:ratio_irate{uuid=\"1479763\"} 0.5\nuuid:ceems_cpu_memory_usage:ratio{uuid=\"1479763\"} 0.25\n",
-            )
-        }),
-    );
-    let (_prometheus, url, _exporters) = pack_prometheus(
-        tmp.path(),
-        &[("localhost:9010", &recorded)],
-        "{__name__=~\"uuid:.*\"}",
-        2,
-    );
-    let (status, out) = ceems_tool(
-        tmp.path(),
-        &[
-            "tsdb",
-            "create-ceems-tsdb-updater-queries",
-            &format!("--url={url}"),
-        ],
-    );
-    assert_eq!(status, 0, "{out}");
-    let pack = std::fs::read_to_string(
-        common::fixtures()
-            .join("ceems-api/cmd/ceems_tool/testdata/output/e2e-test-recording-rules-output.txt"),
-    )
-    .unwrap();
-    let want = &pack[pack.find("Queries for TSDB updater:").unwrap()..];
     assert_eq!(out, want);
 }

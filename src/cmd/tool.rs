@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use std::os::unix::fs::DirBuilderExt as _;
+
 use anyhow::Context as _;
 use clap::{Arg, ArgAction, ArgMatches, Command};
 
@@ -97,6 +99,56 @@ pub fn command() -> Command {
                 .about("What a Prometheus scrapes, and the configs that fit it")
                 .subcommand_required(true)
                 .subcommand(
+                    Command::new("create-recording-rules")
+                        .about("Write recording rules for each scrape job of ceems exporters: the node power source it has (Cray, Redfish, IPMI DCMI or RAPL), the GPU exporter on its hosts, PUE and emission factor")
+                        .arg(url("http://localhost:9090", "The Prometheus server's URL"))
+                        .arg(http_config())
+                        .args(window_args())
+                        .arg(
+                            Arg::new("pue")
+                                .long("pue")
+                                .value_name("PUE")
+                                .default_value("1")
+                                .value_parser(clap::value_parser!(f64))
+                                .help("Power usage effectiveness of the data centre, multiplying every power"),
+                        )
+                        .arg(
+                            Arg::new("emission-factor")
+                                .long("emission-factor")
+                                .value_name("G_PER_KWH")
+                                .default_value("0")
+                                .value_parser(clap::value_parser!(f64))
+                                .help("A static emission factor (gCO2/kWh); 0: the emission factor series Prometheus has for --country-code, else OWID's figure for it"),
+                        )
+                        .arg(
+                            Arg::new("country-code")
+                                .long("country-code")
+                                .value_name("ISO2")
+                                .default_value("")
+                                .help("ISO 3166-1 alpha-2 code of the country whose emission factor is used"),
+                        )
+                        .arg(
+                            Arg::new("eval-interval")
+                                .long("eval-interval")
+                                .value_name("DURATION")
+                                .default_value("0s")
+                                .help("Evaluation interval of the per-unit rules (0s: Prometheus's evaluation_interval)"),
+                        )
+                        .arg(
+                            Arg::new("output-dir")
+                                .long("output-dir")
+                                .value_name("DIR")
+                                .default_value("rules")
+                                .help("Directory the rules files are written to (made if missing)"),
+                        )
+                        .arg(
+                            Arg::new("disable-providers")
+                                .long("disable-providers")
+                                .action(ArgAction::SetTrue)
+                                .hide(true),
+                        ),
+                )
+                .subcommand(
                     Command::new("create-relabel-configs")
                         .about("Print the metric_relabel_configs that give the GPU exporters' series (DCGM, AMD SMI, AMD device metrics) the labels of ceems's GPU series, for each scrape job exporting them")
                         .arg(url("http://localhost:9090", "The Prometheus server's URL"))
@@ -179,6 +231,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             _ => anyhow::bail!("ceems tool check: name a command"),
         },
         Some(("tsdb", m)) => match m.subcommand() {
+            Some(("create-recording-rules", m)) => create_recording_rules(m),
             Some(("create-relabel-configs", m)) => create_relabel_configs(m),
             Some(("create-ceems-tsdb-updater-queries", m)) => create_updater_queries(m),
             _ => anyhow::bail!("ceems tool tsdb: name a command"),
@@ -304,5 +357,91 @@ fn create_relabel_configs(m: &ArgMatches) -> anyhow::Result<ExitCode> {
     // CEEMS's lines, on standard error as it prints them.
     eprintln!("Merge the following scrape_configs with the current config.");
     eprintln!("{}", crate::tool::relabel::scrape_configs(&jobs));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Asks on the terminal which of `chassis` reports the node's power (CEEMS's prompt).
+fn choose_chassis(job: &str, chassis: &[String]) -> Result<String, crate::tool::ToolError> {
+    eprintln!("Multiple chassis found for the Redfish power series of job {job}");
+    eprintln!("Choose the chassis that reports host power usage");
+    for (i, c) in chassis.iter().enumerate() {
+        eprintln!("[{i}]: {c}");
+    }
+    eprintln!("Enter number between 0 and {}", chassis.len() - 1);
+    let mut line = String::new();
+    let refused = |reason: String| crate::tool::ToolError::Input(reason);
+    std::io::stdin()
+        .read_line(&mut line)
+        .map_err(|e| refused(format!("failed to read the choice: {e}")))?;
+    let index: usize = line
+        .trim()
+        .parse()
+        .map_err(|_| refused(format!("invalid choice {:?}: not a number", line.trim())))?;
+    chassis.get(index).cloned().ok_or_else(|| {
+        refused(format!(
+            "choice {index} out of range: must be between 0 and {}",
+            chassis.len() - 1
+        ))
+    })
+}
+
+fn create_recording_rules(m: &ArgMatches) -> anyhow::Result<ExitCode> {
+    use crate::tool::rules;
+    let (prometheus, window) = prometheus_and_window(m)?;
+    let number = |name: &str| m.get_one::<f64>(name).copied().unwrap_or(0.0);
+    let text = |name: &str| m.get_one::<String>(name).map_or("", |s| s.as_str());
+    let eval = humantime::parse_duration(text("eval-interval"))
+        .with_context(|| format!("--eval-interval `{}`", text("eval-interval")))?;
+    let country = text("country-code").to_owned();
+    let owid = crate::collect::emissions::tables::shipped()
+        .ok()
+        .and_then(|t| t.owid.get(&country.to_uppercase()).map(|(_, f)| *f));
+    let settings = rules::discover::Settings {
+        pue: number("pue"),
+        emission_factor: number("emission-factor"),
+        eval: (!eval.is_zero()).then_some(eval),
+        disable_providers: m.get_flag("disable-providers"),
+        owid_factor: owid,
+        country,
+    };
+    let found = rules::discover::discover(&prometheus, window, &settings, &mut choose_chassis)
+        .context("cannot tell what Prometheus scrapes")?;
+    for note in &found.notes {
+        eprintln!("{note}");
+    }
+    let dir = PathBuf::from(text("output-dir"));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .with_context(|| format!("cannot make the output directory {}", dir.display()))?;
+    let write = |name: String, text: String| -> anyhow::Result<()> {
+        let path = dir.join(name);
+        web::generate::write_private(&path, text.as_bytes())
+            .with_context(|| format!("cannot write {}", path.display()))
+    };
+    if found.jobs.is_empty() {
+        eprintln!("no scrape job has ceems's series with a power source (Cray, Redfish, IPMI DCMI or RAPL): no rules written");
+    }
+    for job in &found.jobs {
+        eprintln!(
+            "generating recording rules for job {} in file {}.rules",
+            job.job, job.job
+        );
+        write(
+            format!("{}.rules", job.job),
+            rules::host_rules(job, &found.emissions),
+        )?;
+        if let Some(gpu) = &job.gpu {
+            eprintln!(
+                "generating recording rules for GPU for job {} in file {}-gpu.rules",
+                gpu.job, gpu.job
+            );
+            write(
+                format!("{}-gpu.rules", gpu.job),
+                rules::gpu_rules(job, gpu, &found.emissions),
+            )?;
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -2,6 +2,7 @@
 //! configs that fit it (CEEMS's `ceems_tool`). The command line is `cmd::tool`'s.
 
 pub mod relabel;
+pub mod rules;
 pub mod updater;
 
 use std::collections::BTreeMap;
@@ -19,6 +20,8 @@ pub enum ToolError {
     Window,
     #[error("{url}: {reason}")]
     Request { url: String, reason: String },
+    #[error("{0}")]
+    Input(String),
 }
 
 /// A time as CEEMS's tool takes it: unix seconds or RFC 3339; seconds since the epoch.
@@ -49,6 +52,39 @@ pub fn window(start: &str, end: &str, now: f64) -> Result<(f64, f64), ToolError>
     Ok((start, end))
 }
 
+/// `d` as Go's `time.Duration` writes it (`500ms`, `2s`, `2m0s`, `1h30m0s`), which CEEMS's
+/// tool writes into rules.
+pub fn go_duration(d: Duration) -> String {
+    let ns = d.as_nanos();
+    // Whole and fractional parts of `ns` in units of `unit` ns, trailing zeros dropped.
+    let decimal = |ns: u128, unit: u128| {
+        let (whole, frac) = (ns / unit, ns % unit);
+        match frac {
+            0 => whole.to_string(),
+            f => {
+                let width = unit.ilog10() as usize;
+                let digits = format!("{f:0width$}");
+                format!("{whole}.{}", digits.trim_end_matches('0'))
+            }
+        }
+    };
+    match ns {
+        0 => "0s".into(),
+        n if n < 1_000 => format!("{n}ns"),
+        n if n < 1_000_000 => format!("{}µs", decimal(n, 1_000)),
+        n if n < 1_000_000_000 => format!("{}ms", decimal(n, 1_000_000)),
+        n => {
+            let (h, m) = (n / 3_600_000_000_000, (n / 60_000_000_000) % 60);
+            let s = decimal(n % 60_000_000_000, 1_000_000_000);
+            match (h, m) {
+                (0, 0) => format!("{s}s"),
+                (0, m) => format!("{m}m{s}s"),
+                (h, m) => format!("{h}h{m}m{s}s"),
+            }
+        }
+    }
+}
+
 /// A client of one Prometheus.
 pub struct Prometheus {
     agent: ureq::Agent,
@@ -66,8 +102,12 @@ impl Prometheus {
         Ok(Prometheus { agent, settings })
     }
 
-    /// The `data` of a GET of `path` with `params`.
-    fn data(&self, path: &str, params: &[(&str, String)]) -> Result<Value, ToolError> {
+    pub fn url(&self) -> &str {
+        &self.settings.url
+    }
+
+    /// The `data` of a GET of API `path` with `params`.
+    pub fn get(&self, path: &str, params: &[(&str, String)]) -> Result<Value, ToolError> {
         let url = format!("{}{path}", self.settings.url.trim_end_matches('/'));
         let failed = |reason: String| ToolError::Request {
             url: url.clone(),
@@ -109,7 +149,7 @@ impl Prometheus {
             names.iter().map(|n| ("match[]", (*n).to_owned())).collect();
         params.push(("start", start.to_string()));
         params.push(("end", end.to_string()));
-        let data = self.data("/api/v1/series", &params)?;
+        let data = self.get("/api/v1/series", &params)?;
         Ok(data
             .as_array()
             .into_iter()
@@ -143,7 +183,7 @@ impl Prometheus {
             "/api/v1/label/{}/values",
             form_urlencoded::byte_serialize(name.as_bytes()).collect::<String>()
         );
-        let data = self.data(&path, &params)?;
+        let data = self.get(&path, &params)?;
         Ok(data
             .as_array()
             .into_iter()
@@ -195,6 +235,19 @@ impl Jobs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_are_spelled_as_go_spells_them() {
+        let ms = Duration::from_millis;
+        assert_eq!(go_duration(ms(0)), "0s");
+        assert_eq!(go_duration(ms(500)), "500ms");
+        assert_eq!(go_duration(ms(2000)), "2s");
+        assert_eq!(go_duration(ms(1500)), "1.5s");
+        assert_eq!(go_duration(ms(120_000)), "2m0s");
+        assert_eq!(go_duration(ms(5_400_000)), "1h30m0s");
+        assert_eq!(go_duration(Duration::from_secs(10_800)), "3h0m0s");
+        assert_eq!(go_duration(Duration::from_micros(1500)), "1.5ms");
+    }
 
     #[test]
     fn times_are_unix_seconds_or_rfc3339() {

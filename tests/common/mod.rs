@@ -10,6 +10,7 @@ pub mod kubelet;
 pub mod lab;
 pub mod mail;
 pub mod munge;
+pub mod tool_pack;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
