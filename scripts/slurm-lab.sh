@@ -140,11 +140,17 @@ CONF
 chown slurm:slurm /etc/slurm/slurmdbd.conf && chmod 600 /etc/slurm/slurmdbd.conf
 
 # Daemons, accounts and users. Daemons started from an older configuration (no GPUs, no JWT)
-# are restarted.
-if running slurmd && { ! scontrol show node localhost 2>/dev/null | grep -q "Gres=gpu:2" \
-    || ! scontrol show config 2>/dev/null | grep -q '^AuthAltTypes *= auth/jwt'; }; then
+# are restarted; only when slurmctld answered (a busy one, just after jobs were cancelled,
+# may not, and is no reason to restart).
+if running slurmd && node_info=$(scontrol show node localhost 2>/dev/null) \
+    && config_info=$(scontrol show config 2>/dev/null) \
+    && { ! grep -q "Gres=gpu:2" <<<"$node_info" \
+         || ! grep -q '^AuthAltTypes *= auth/jwt' <<<"$config_info"; }; then
   for d in slurmd slurmctld slurmdbd; do pkill -x "$d" || true; done
-  wait_for 30 sh -c '! pgrep -x slurmd && ! pgrep -x slurmctld && ! pgrep -x slurmdbd'
+  if ! wait_for 30 sh -c '! pgrep -x slurmd && ! pgrep -x slurmctld && ! pgrep -x slurmdbd'; then
+    for d in slurmd slurmctld slurmdbd; do pkill -9 -x "$d" || true; done
+    wait_for 10 sh -c '! pgrep -x slurmd && ! pgrep -x slurmctld && ! pgrep -x slurmdbd'
+  fi
 fi
 running slurmdbd || slurmdbd
 wait_for 30 sacctmgr -n list cluster
