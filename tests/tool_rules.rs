@@ -517,4 +517,33 @@ fn the_rules_written_for_the_slurm_lab_give_every_job_its_power() {
     assert!((node - 1.2 * 332.0).abs() < 1e-6, "{node}");
     let sum: f64 = power.iter().sum();
     assert!(sum <= node * 1.0001, "{power:?} > {node}");
+
+    // The stats-server's default queries read what these rules record: each job's energy and
+    // emissions, for its owner.
+    let (server, _data) = common::lab::start_stats_server(&recording.url());
+    let fields = "&field=uuid&field=total_cpu_energy_usage_kwh&field=total_cpu_emissions_gms";
+    for (user, id) in [("alice", &ids[0]), ("bob", &ids[1])] {
+        let mut unit = serde_json::Value::Null;
+        wait_until(
+            &format!("{user}'s job's energy"),
+            Duration::from_secs(60),
+            || {
+                let units = common::api_get(
+                    &server,
+                    &format!("/api/v1/units?from=0&uuid={id}{fields}"),
+                    user,
+                );
+                unit = units["data"][0].clone();
+                unit["total_cpu_energy_usage_kwh"]["total"]
+                    .as_f64()
+                    .unwrap_or(0.0)
+                    > 0.0
+            },
+        );
+        let emissions = unit["total_cpu_emissions_gms"]
+            .as_object()
+            .map(|m| m.values().filter_map(|v| v.as_f64()).sum::<f64>())
+            .unwrap_or(0.0);
+        assert!(emissions > 0.0, "{unit}");
+    }
 }

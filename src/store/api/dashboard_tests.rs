@@ -196,7 +196,8 @@ async fn aggregates_are_answered_as_ceems_series() {
     let job = &data(&a)[0];
     assert_eq!(job["avg_cpu_usage"], json!({"global": 75.0}));
     assert_eq!(job["avg_cpu_mem_usage"], json!({"global": 50.0}));
-    assert_eq!(job["total_cpu_energy_usage_kwh"], json!({"total": 0.01}));
+    // The job's share of its nodes' power (CEEMS's meaning), not its CPU packages'.
+    assert_eq!(job["total_cpu_energy_usage_kwh"], json!({"total": 0.02}));
     assert_eq!(job["total_cpu_emissions_gms"], json!({"owid_total": 1.5}));
     assert_eq!(job["avg_gpu_usage"], json!({"global": 50.0}));
     assert_eq!(job["total_gpu_energy_usage_kwh"], json!({"total": 0.05}));
@@ -216,7 +217,7 @@ async fn aggregates_are_answered_as_ceems_series() {
     let usage = &data(&a)[0];
     assert_eq!(usage["num_units"], 3);
     assert_eq!(usage["avg_cpu_usage"], json!({"global": 75.0}));
-    assert_eq!(usage["total_cpu_energy_usage_kwh"], json!({"total": 0.03}));
+    assert_eq!(usage["total_cpu_energy_usage_kwh"], json!({"total": 0.06}));
     assert_eq!(usage["avg_gpu_usage"], json!({"global": 50.0}));
     assert_eq!(usage["total_gpu_energy_usage_kwh"], json!({"total": 0.05}));
 }

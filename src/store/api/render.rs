@@ -261,9 +261,12 @@ impl UnitRow {
                 "global",
                 percent(self.mean_memory_bytes, self.alloc_mem_bytes as f64),
             ),
-            "total_cpu_energy_usage_kwh" if agg => {
-                out.series(name, "total", Some(self.cpu_energy_joules / JOULES_PER_KWH))
-            }
+            // CEEMS's: the energy of the job's share of its nodes (uuid:ceems_host_power_watts:pue).
+            "total_cpu_energy_usage_kwh" if agg => out.series(
+                name,
+                "total",
+                Some(self.host_energy_joules / JOULES_PER_KWH),
+            ),
             "total_cpu_emissions_gms" if agg => {
                 out.series(name, emissions_key, Some(self.emissions_grams))
             }
@@ -293,6 +296,9 @@ impl UnitRow {
             "avg_cpu_mem_usage_bytes" => out.value(name, number(self.mean_memory_bytes)),
             "total_host_energy_usage_kwh" => {
                 out.value(name, number(self.host_energy_joules / JOULES_PER_KWH))
+            }
+            "total_cpu_package_energy_kwh" => {
+                out.value(name, number(self.cpu_energy_joules / JOULES_PER_KWH))
             }
             "total_emissions_gms" => out.value(name, number(self.emissions_grams)),
             "total_io_read_bytes" => out.value(name, number(self.io_read_bytes)),

@@ -88,9 +88,11 @@ impl UsageRow {
                     "global",
                     percent(s("memory_byte_seconds"), s("alloc_memory_byte_seconds")),
                 ),
-                "total_cpu_energy_usage_kwh" if agg => {
-                    out.series(name, "total", Some(s("cpu_energy_joules") / JOULES_PER_KWH))
-                }
+                "total_cpu_energy_usage_kwh" if agg => out.series(
+                    name,
+                    "total",
+                    Some(s("host_energy_joules") / JOULES_PER_KWH),
+                ),
                 "total_cpu_emissions_gms" if agg => {
                     out.series(name, emissions_key, Some(s("emissions_grams")))
                 }
@@ -112,6 +114,9 @@ impl UsageRow {
                 "total_cpu_seconds" => out.value(name, number(s("cpu_seconds"))),
                 "total_host_energy_usage_kwh" => {
                     out.value(name, number(s("host_energy_joules") / JOULES_PER_KWH))
+                }
+                "total_cpu_package_energy_kwh" => {
+                    out.value(name, number(s("cpu_energy_joules") / JOULES_PER_KWH))
                 }
                 "total_emissions_gms" => out.value(name, number(s("emissions_grams"))),
                 "total_io_read_bytes" => out.value(name, number(s("io_read_bytes"))),

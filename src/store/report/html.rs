@@ -83,11 +83,11 @@ table{{border-collapse:collapse}}td,th{{text-align:left;padding:.2rem .8rem .2re
     h.push_str("<h2>Energy and emissions</h2>\n<table>");
     let _ = writeln!(
         h,
-        "<tr><th>Host energy</th><td>{:.3} kWh</td></tr><tr><th>CPU energy</th><td>{:.3} kWh</td></tr>\
+        "<tr><th>Host energy</th><td>{:.3} kWh</td></tr><tr><th>CPU packages energy</th><td>{:.3} kWh</td></tr>\
 <tr><th>GPU energy</th><td>{:.3} kWh</td></tr><tr><th>Emissions</th><td>{:.1} g CO2e</td></tr>\
 <tr><th>CPU time</th><td>{:.0} s (mean use {})</td></tr></table>",
         num("total_host_energy_usage_kwh"),
-        num("total_cpu_energy_usage_kwh"),
+        num("total_cpu_package_energy_kwh"),
         num("total_gpu_energy_usage_kwh"),
         num("total_emissions_gms"),
         num("total_cpu_seconds"),

@@ -141,9 +141,9 @@ pub(super) fn render_text(cluster: &str, job: &str, data: &ReportData) -> String
         (
             "Energy",
             format!(
-                "host {:.3} kWh, CPU {:.3} kWh, GPU {:.3} kWh",
+                "host {:.3} kWh, CPU packages {:.3} kWh, GPU {:.3} kWh",
                 num("total_host_energy_usage_kwh"),
-                num("total_cpu_energy_usage_kwh"),
+                num("total_cpu_package_energy_kwh"),
                 num("total_gpu_energy_usage_kwh")
             ),
         ),
