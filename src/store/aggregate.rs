@@ -275,6 +275,8 @@ pub struct AggregateReport {
     pub updated: usize,
     pub too_short: u64,
     pub queries: usize,
+    /// Batches the store refused for their size, asked again in halves.
+    pub splits: usize,
 }
 
 /// Groups due jobs so that one query's window fits all of its jobs: jobs counted up to the
@@ -345,15 +347,27 @@ pub async fn update(
             if batch.is_empty() {
                 continue;
             }
-            match query_batch(&prometheus, queries, limits, &batch, range, now).await {
-                Ok((deltas, n)) => {
-                    report.queries += n;
-                    store.apply_aggregates(&deltas, now).await?;
-                    report.updated += deltas.len();
-                }
-                Err(e) => {
-                    tracing::warn!(cluster, jobs = batch.len(), error = %e, "aggregates not updated; retried at the next run");
-                    first_error.get_or_insert(e);
+            // A batch the store refuses for its size is asked again in halves; each part
+            // that answers is written, whatever becomes of the others.
+            let mut parts = vec![batch];
+            while let Some(part) = parts.pop() {
+                match query_batch(&prometheus, queries, limits, &part, range, now).await {
+                    Ok((deltas, n)) => {
+                        report.queries += n;
+                        store.apply_aggregates(&deltas, now).await?;
+                        report.updated += deltas.len();
+                    }
+                    Err(AggregateError::Prometheus(e)) if e.is_too_large() && part.len() > 1 => {
+                        report.splits += 1;
+                        tracing::info!(cluster, jobs = part.len(), error = %e, "the store refused a batch for its size; asking for it in halves");
+                        let (first, second) = part.split_at(part.len() / 2);
+                        parts.push(second.to_vec());
+                        parts.push(first.to_vec());
+                    }
+                    Err(e) => {
+                        tracing::warn!(cluster, jobs = part.len(), error = %e, "aggregates not updated; retried at the next run");
+                        first_error.get_or_insert(e);
+                    }
                 }
             }
         }
@@ -465,6 +479,8 @@ mod tests {
         asked: Mutex<Vec<String>>,
         at: Mutex<Vec<i64>>,
         down: Mutex<bool>,
+        /// Refuses, as VictoriaMetrics does, a query naming more jobs than this.
+        max_jobs: Mutex<Option<usize>>,
     }
 
     impl Prometheus for FakePrometheus {
@@ -489,6 +505,14 @@ mod tests {
                 .nth(1)
                 .and_then(|r| r.split('"').next())
                 .unwrap_or("");
+            if let Some(max) = *self.max_jobs.lock().unwrap() {
+                if ids.split('|').count() > max {
+                    return Err(PromError::Request {
+                        url: "fake".into(),
+                        message: format!("status 422: {{\"status\":\"error\",\"errorType\":\"422\",\"error\":\"the number of matching timeseries exceeds {max}; either narrow down the search or increase -search.maxUniqueTimeseries command-line flag value\"}}"),
+                    });
+                }
+            }
             let v = if promql.contains("cpu_user") {
                 2.0 * range
             } else if promql.contains("host_power") {
@@ -613,6 +637,53 @@ mod tests {
             .unwrap();
         assert_eq!((r.updated, r.queries), (0, 0));
         assert!(fake.asked.lock().unwrap().is_empty());
+    }
+
+    /// A store that refuses a batch for its size (VictoriaMetrics's series limit) gets it in
+    /// halves until each part passes: every job is counted, once.
+    #[tokio::test]
+    async fn a_batch_refused_for_its_size_is_asked_in_halves() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = crate::store::db::testing::store(tmp.path()).await;
+        let lines: String = (1..=9)
+            .map(|i| format!("{i}|debug|normal|physics|alice|2001|alice|2001|990|1000|1600|00:10:00|600|0:0|COMPLETED|billing=1,cpu=1,mem=1G,node=1|localhost|/tmp|60|j{i}\n"))
+            .collect();
+        let (jobs, _) = sacct::parse_output(&lines);
+        store.ingest("lab", &jobs, 0, 1700).await.unwrap();
+        let fake = Arc::new(FakePrometheus::default());
+        *fake.max_jobs.lock().unwrap() = Some(2);
+        let (limits, q) = (Limits::default(), Queries::default());
+        let r = update(&store, fake.clone(), &q, &limits, "lab", None, 1700)
+            .await
+            .unwrap();
+        assert_eq!(r.updated, 9);
+        assert!(r.splits >= 4, "{r:?}");
+        let rows = store
+            .fetch_all(&Sql::new(
+                "SELECT cpu_seconds, aggregates_status FROM units ORDER BY uuid",
+            ))
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 9);
+        for row in rows {
+            let (cpu, status): (f64, String) = (row.get(0).unwrap(), row.get(1).unwrap());
+            assert_eq!((cpu, status.as_str()), (2.0 * 700.0, "done"));
+        }
+        // Not even one job passes: the run fails, and says why.
+        let more: String = lines
+            .replace(
+                "|1600|00:10:00|600|0:0|COMPLETED",
+                "|Unknown|00:00:00|0|0:0|RUNNING",
+            )
+            .replace("|j", "|k");
+        let more = more.lines().map(|l| format!("1{l}\n")).collect::<String>();
+        let (jobs, _) = sacct::parse_output(&more);
+        store.ingest("lab", &jobs, 0, 1800).await.unwrap();
+        *fake.max_jobs.lock().unwrap() = Some(0);
+        let e = update(&store, fake.clone(), &q, &limits, "lab", None, 1800)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("maxUniqueTimeseries"), "{e}");
     }
 
     /// Accounting can learn of a job's end after its aggregates were counted past it (slurmdbd

@@ -15,6 +15,30 @@ pub enum PromError {
     Shape(String),
 }
 
+impl PromError {
+    /// The store refused the query for its size (Prometheus's `--query.max-samples`,
+    /// VictoriaMetrics's `-search.maxUniqueTimeseries` and `-search.maxSamplesPerQuery`,
+    /// Thanos's and Mimir's series and chunk limits): fewer jobs at a time may pass.
+    pub fn is_too_large(&self) -> bool {
+        let PromError::Request { message, .. } = self else {
+            return false;
+        };
+        let m = message.to_ascii_lowercase();
+        [
+            "too many samples",
+            "maxuniquetimeseries",
+            "maxsamplesperquery",
+            "maxseries",
+            "max-samples",
+            "exceeded the maximum",
+            "limit exceeded",
+            "exceeds the limit",
+        ]
+        .iter()
+        .any(|hint| m.contains(hint))
+    }
+}
+
 /// An instant query: `(uuid, value)` of each series of the result.
 pub trait Prometheus: Send + Sync {
     fn query(&self, promql: &str, at: i64) -> Result<Vec<(String, f64)>, PromError>;

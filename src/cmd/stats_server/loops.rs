@@ -196,6 +196,7 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                             jobs = r.updated,
                             too_short = r.too_short,
                             queries = r.queries,
+                            split_batches = r.splits,
                             "aggregates updated"
                         );
                     }
