@@ -26,6 +26,8 @@ impl PromError {
         let m = message.to_ascii_lowercase();
         [
             "too many samples",
+            "matching timeseries exceeds",
+            "-search.max",
             "maxuniquetimeseries",
             "maxsamplesperquery",
             "maxseries",
@@ -37,6 +39,20 @@ impl PromError {
         .iter()
         .any(|hint| m.contains(hint))
     }
+}
+
+/// A store's error as a log line can hold it: VictoriaMetrics repeats the whole query (some
+/// thousands of job ids) three times before saying why, at the end.
+fn shortened(text: &str) -> String {
+    const HEAD: usize = 200;
+    const TAIL: usize = 400;
+    if text.chars().count() <= HEAD + TAIL + 20 {
+        return text.to_owned();
+    }
+    let head: String = text.chars().take(HEAD).collect();
+    let tail: Vec<char> = text.chars().rev().take(TAIL).collect();
+    let tail: String = tail.into_iter().rev().collect();
+    format!("{head} … {tail}")
 }
 
 /// An instant query: `(uuid, value)` of each series of the result.
@@ -81,7 +97,7 @@ impl HttpPrometheus {
             // Prometheus explains a bad query in the JSON body of a 400/422.
             Err(ureq::Error::Status(code, r)) => {
                 let text = r.into_string().unwrap_or_default();
-                Err(err(format!("status {code}: {}", text.trim())))
+                Err(err(format!("status {code}: {}", shortened(text.trim()))))
             }
             Err(e) => Err(err(e.to_string())),
         }
@@ -211,6 +227,30 @@ mod tests {
             parse_vector(r#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#)
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_refusal_for_size_is_told_apart_and_a_long_one_shortened_keeping_why() {
+        let ids = (0..3000)
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join("|");
+        let vm = format!(
+            "{{\"error\":\"error when executing query=x{{uuid=~{ids}}}: search error: the number of matching timeseries exceeds 100; either narrow down the search or increase -search.max* command-line flag values at vmselect\"}}"
+        );
+        let short = shortened(&vm);
+        assert!(short.chars().count() < 700, "{}", short.len());
+        assert!(short.starts_with("{\"error\":\"error when executing"));
+        let refused = |message: String| PromError::Request {
+            url: "vm".into(),
+            message,
+        };
+        assert!(refused(format!("status 422: {short}")).is_too_large());
+        let prometheus = r#"status 422: {"status":"error","errorType":"execution","error":"query processing would load too many samples into memory in query execution"}"#;
+        assert!(refused(prometheus.into()).is_too_large());
+        assert!(!refused("status 400: parse error at char 3".into()).is_too_large());
+        assert!(!refused("connection refused".into()).is_too_large());
+        assert_eq!(shortened("short"), "short");
     }
 
     #[test]

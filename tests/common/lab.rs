@@ -329,12 +329,18 @@ pub struct VictoriaMetrics {
 
 impl VictoriaMetrics {
     pub fn start() -> VictoriaMetrics {
+        VictoriaMetrics::start_with(&[])
+    }
+
+    /// As [`VictoriaMetrics::start`], with `flags` (its limits, say).
+    pub fn start_with(flags: &[&str]) -> VictoriaMetrics {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = super::free_port();
         let child = Command::new("victoria-metrics")
             .arg(format!("-storageDataPath={}", dir.path().display()))
             .arg(format!("-httpListenAddr=127.0.0.1:{port}"))
             .arg("-retentionPeriod=1d")
+            .args(flags)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -14,6 +14,8 @@ pub(super) struct Stats {
     pub(super) last_update: AtomicU64,
     pub(super) aggregated: AtomicU64,
     pub(super) aggregate_failures: AtomicU64,
+    pub(super) aggregate_queries: AtomicU64,
+    pub(super) aggregate_splits: AtomicU64,
     pub(super) association_failures: AtomicU64,
 }
 
@@ -78,6 +80,16 @@ pub(super) fn metrics(sources: &[Source], mail: &MailStats) -> String {
                 "ceems_stats_aggregate_failures_total",
                 "Aggregate runs that failed (retried at the next run)",
                 &st.aggregate_failures,
+            ),
+            (
+                "ceems_stats_aggregate_queries_total",
+                "Queries sent to Prometheus for job aggregates",
+                &st.aggregate_queries,
+            ),
+            (
+                "ceems_stats_aggregate_split_batches_total",
+                "Batches of jobs Prometheus refused for their size, asked again in halves",
+                &st.aggregate_splits,
             ),
             (
                 "ceems_stats_sacctmgr_failures_total",
@@ -191,6 +203,10 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                 {
                     Ok(r) => {
                         st.aggregated.fetch_add(r.updated as u64, Ordering::Relaxed);
+                        st.aggregate_queries
+                            .fetch_add(r.queries as u64, Ordering::Relaxed);
+                        st.aggregate_splits
+                            .fetch_add(r.splits as u64, Ordering::Relaxed);
                         tracing::info!(
                             cluster = id,
                             jobs = r.updated,
