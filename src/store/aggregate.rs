@@ -188,6 +188,8 @@ pub struct Limits {
     pub max_batch: usize,
     /// Prometheus's `--query.max-samples`.
     pub max_samples: u64,
+    /// Queries of one batch in flight at once.
+    pub parallel_queries: usize,
     /// The exporters' scrape interval, to estimate samples.
     pub scrape_interval: Duration,
     /// Aggregates are counted up to this long before now.
@@ -198,8 +200,9 @@ impl Default for Limits {
     fn default() -> Limits {
         Limits {
             cutoff: Duration::from_secs(60),
-            max_batch: 200,
+            max_batch: 1000,
             max_samples: 50_000_000,
+            parallel_queries: 4,
             scrape_interval: Duration::from_secs(15),
             query_delay: Duration::ZERO,
         }
@@ -217,6 +220,49 @@ pub fn batch_size(limits: &Limits, range: i64) -> usize {
     usize::try_from(fits)
         .unwrap_or(usize::MAX)
         .clamp(1, limits.max_batch.max(1))
+}
+
+/// The longest query a store takes by default: VictoriaMetrics's `-search.maxQueryLen` (16 KiB).
+/// A longer one is refused, then asked in halves; sizing batches under it saves the refusal
+/// (and, with the batch's other queries already answered, reading their samples twice).
+const MAX_QUERY_BYTES: usize = 16 * 1024;
+
+/// Bytes of job ids (with their separators) one query may hold: what the longest template
+/// leaves of [`MAX_QUERY_BYTES`], shared by its `$uuids`.
+fn id_budget(queries: &Queries) -> usize {
+    let ours = queries
+        .list()
+        .into_iter()
+        .map(|(_, _, t)| (t.len(), t.matches("$uuids").count()));
+    let ceems = queries
+        .series
+        .values()
+        .flat_map(|subs| subs.values())
+        .map(|t| (t.len(), t.matches("{{.UUIDs}}").count()));
+    ours.chain(ceems)
+        .filter(|(_, n)| *n > 0)
+        .map(|(len, n)| MAX_QUERY_BYTES.saturating_sub(len) / n)
+        .min()
+        .unwrap_or(MAX_QUERY_BYTES)
+}
+
+/// `group` in runs of at most `max_jobs` jobs whose ids (escaped, with a separator each) fit
+/// in `id_bytes`; a job whose id alone does not fit goes alone.
+fn chunks(group: &[AggregateTarget], max_jobs: usize, id_bytes: usize) -> Vec<&[AggregateTarget]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, t) in group.iter().enumerate() {
+        let len = alternation(&[t.uuid.as_str()]).len() + 1;
+        if i > start && (i - start >= max_jobs.max(1) || bytes + len > id_bytes) {
+            out.push(&group[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += len;
+    }
+    if start < group.len() {
+        out.push(&group[start..]);
+    }
+    out
 }
 
 /// `1|2|3`, with regex metacharacters escaped (job ids are digits, but uuids elsewhere may not be).
@@ -341,7 +387,8 @@ pub async fn update(
     let mut first_error = None;
     for (from, group) in groups(targets) {
         let range = now - from;
-        for batch in group.chunks(batch_size(limits, range)) {
+        let id_bytes = id_budget(queries);
+        for batch in chunks(&group, batch_size(limits, range), id_bytes) {
             // Windows that have not begun yet (a clock step) wait for the next run.
             let batch: Vec<&AggregateTarget> = batch.iter().filter(|t| t.to >= t.from).collect();
             if batch.is_empty() {
@@ -351,11 +398,21 @@ pub async fn update(
             // that answers is written, whatever becomes of the others.
             let mut parts = vec![batch];
             while let Some(part) = parts.pop() {
+                let asked_at = std::time::Instant::now();
                 match query_batch(&prometheus, queries, limits, &part, range, now).await {
                     Ok((deltas, n)) => {
+                        let written_at = std::time::Instant::now();
                         report.queries += n;
                         store.apply_aggregates(&deltas, now).await?;
                         report.updated += deltas.len();
+                        tracing::debug!(
+                            cluster,
+                            jobs = part.len(),
+                            queries = n,
+                            asking_ms = (written_at - asked_at).as_millis() as u64,
+                            writing_ms = written_at.elapsed().as_millis() as u64,
+                            "batch of aggregates done"
+                        );
                     }
                     Err(AggregateError::Prometheus(e)) if e.is_too_large() && part.len() > 1 => {
                         report.splits += 1;
@@ -380,14 +437,15 @@ pub async fn update(
 
 /// One instant query, off the async threads (the client blocks).
 async fn ask(
-    prometheus: &std::sync::Arc<dyn Prometheus>,
+    prometheus: std::sync::Arc<dyn Prometheus>,
     promql: String,
     now: i64,
 ) -> Result<Vec<(String, f64)>, AggregateError> {
-    let p = std::sync::Arc::clone(prometheus);
-    Ok(tokio::task::spawn_blocking(move || p.query(&promql, now))
-        .await
-        .map_err(|e| AggregateError::Task(e.to_string()))??)
+    Ok(
+        tokio::task::spawn_blocking(move || prometheus.query(&promql, now))
+            .await
+            .map_err(|e| AggregateError::Task(e.to_string()))??,
+    )
 }
 
 async fn query_batch(
@@ -417,16 +475,46 @@ async fn query_batch(
             m
         },
     );
-    let mut asked = 0;
-    for (field, kind, template) in queries.list() {
-        if template.is_empty() {
-            continue;
+    // What each query's answer adds to: one of our aggregates, or one of CEEMS's series.
+    enum Adds<'q> {
+        Ours(Field, AggregateKind),
+        Series(&'q str, &'q str),
+    }
+    let scrape = i64::try_from(limits.scrape_interval.as_secs()).unwrap_or(15);
+    let mut asks: Vec<(Adds<'_>, String)> = queries
+        .list()
+        .into_iter()
+        .filter(|(_, _, template)| !template.is_empty())
+        .map(|(field, kind, template)| (Adds::Ours(field, kind), render(template, &uuids, range)))
+        .collect();
+    for (series, subs) in &queries.series {
+        for (sub, template) in subs {
+            let promql = render_ceems(template, &uuids, range, scrape);
+            asks.push((Adds::Series(series, sub), promql));
         }
-        let values = ask(prometheus, render(template, &uuids, range), now).await?;
-        asked += 1;
-        for (uuid, v) in values {
+    }
+    let asked = asks.len();
+    let (intos, promqls): (Vec<Adds<'_>>, Vec<String>) = asks.into_iter().unzip();
+    // In flight together, as CEEMS's updater sends them; answers taken in order. The futures
+    // own what they use (a borrowing future is not Send for every lifetime).
+    use futures_util::stream::StreamExt as _;
+    let mut answers = futures_util::stream::iter(promqls.into_iter().map(|promql| {
+        let p = std::sync::Arc::clone(prometheus);
+        async move { ask(p, promql, now).await }
+    }))
+    .buffered(limits.parallel_queries.max(1));
+    let mut intos = intos.into_iter();
+    while let (Some(values), Some(into)) = (answers.next().await, intos.next()) {
+        for (uuid, v) in values? {
             for &i in index.get(uuid.as_str()).into_iter().flatten() {
                 let d = &mut deltas[i];
+                let (field, kind) = match into {
+                    Adds::Series(series, sub) => {
+                        d.series.push((series.to_owned(), sub.to_owned(), v));
+                        continue;
+                    }
+                    Adds::Ours(field, kind) => (field, kind),
+                };
                 let add = match kind {
                     AggregateKind::Total => v,
                     AggregateKind::MeanRate => v * d.seconds as f64,
@@ -445,19 +533,6 @@ async fn query_batch(
                     Field::MemoryPeak => d.memory_peak_bytes = Some(add),
                     Field::MemoryFails => d.memory_fail_count = Some(add),
                     Field::GpuUtilizationMax => d.gpu_utilization_max = Some(add),
-                }
-            }
-        }
-    }
-    let scrape = i64::try_from(limits.scrape_interval.as_secs()).unwrap_or(15);
-    for (series, subs) in &queries.series {
-        for (sub, template) in subs {
-            let promql = render_ceems(template, &uuids, range, scrape);
-            let values = ask(prometheus, promql, now).await?;
-            asked += 1;
-            for (uuid, v) in values {
-                for &i in index.get(uuid.as_str()).into_iter().flatten() {
-                    deltas[i].series.push((series.clone(), sub.clone(), v));
                 }
             }
         }
@@ -541,11 +616,50 @@ mod tests {
     }
 
     #[test]
+    fn batches_keep_their_queries_under_the_store_s_length_limit() {
+        let q = Queries::default();
+        let budget = id_budget(&q);
+        // The CPU query names the jobs twice.
+        assert!(
+            budget < MAX_QUERY_BYTES / 2 && budget > MAX_QUERY_BYTES / 2 - 400,
+            "{budget}"
+        );
+        let group: Vec<AggregateTarget> = (0..5000)
+            .map(|i| AggregateTarget {
+                uuid: (10_000_000 + i).to_string(),
+                ..Default::default()
+            })
+            .collect();
+        let parts = chunks(&group, 1000, budget);
+        assert_eq!(parts.iter().map(|p| p.len()).sum::<usize>(), 5000);
+        assert!(parts.len() > 5, "{}", parts.len());
+        for part in &parts {
+            let ids: Vec<&str> = part.iter().map(|t| t.uuid.as_str()).collect();
+            for (_, _, template) in q.list() {
+                assert!(render(template, &ids, 86_400).len() <= MAX_QUERY_BYTES);
+            }
+        }
+        // Short ids: the job count binds.
+        let short: Vec<AggregateTarget> = (0..2500)
+            .map(|i| AggregateTarget {
+                uuid: i.to_string(),
+                ..Default::default()
+            })
+            .collect();
+        let sizes: Vec<usize> = chunks(&short, 1000, budget)
+            .iter()
+            .map(|p| p.len())
+            .collect();
+        assert_eq!(sizes, vec![1000, 1000, 500]);
+        assert!(chunks(&[], 1000, budget).is_empty());
+    }
+
+    #[test]
     fn batches_shrink_with_the_window() {
         let l = Limits::default();
-        assert_eq!(batch_size(&l, 900), 200);
+        assert_eq!(batch_size(&l, 900), 1000);
         let week = batch_size(&l, 7 * 86400);
-        assert!((1..200).contains(&week), "{week}");
+        assert!((1..1000).contains(&week), "{week}");
         assert_eq!(
             batch_size(
                 &Limits {

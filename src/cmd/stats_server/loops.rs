@@ -16,6 +16,8 @@ pub(super) struct Stats {
     pub(super) aggregate_failures: AtomicU64,
     pub(super) aggregate_queries: AtomicU64,
     pub(super) aggregate_splits: AtomicU64,
+    /// How long the last aggregate run took, in milliseconds.
+    pub(super) aggregate_millis: AtomicU64,
     pub(super) association_failures: AtomicU64,
 }
 
@@ -106,6 +108,12 @@ pub(super) fn metrics(sources: &[Source], mail: &MailStats) -> String {
             st.last_success.load(Ordering::Relaxed) as f64,
         );
         set.gauge(
+            "ceems_stats_last_aggregate_duration_seconds",
+            "How long the last run of job aggregates from Prometheus took",
+            labels.clone(),
+            st.aggregate_millis.load(Ordering::Relaxed) as f64 / 1000.0,
+        );
+        set.gauge(
             "ceems_stats_last_update_timestamp_seconds",
             "When the last update of jobs, aggregates, findings and usage ended",
             labels,
@@ -190,7 +198,8 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                 }
             }
             if let Some(prometheus) = &s.prometheus {
-                match aggregate::update(
+                let began = std::time::Instant::now();
+                let result = aggregate::update(
                     &store,
                     Arc::clone(prometheus) as Arc<dyn Prometheus>,
                     s.queries.as_ref().unwrap_or(&queries),
@@ -199,8 +208,10 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                     None,
                     unix_now(),
                 )
-                .await
-                {
+                .await;
+                st.aggregate_millis
+                    .store(began.elapsed().as_millis() as u64, Ordering::Relaxed);
+                match result {
                     Ok(r) => {
                         st.aggregated.fetch_add(r.updated as u64, Ordering::Relaxed);
                         st.aggregate_queries

@@ -206,7 +206,13 @@ pub fn opts() -> Vec<Opt> {
             Kind::Int,
             "Most jobs in one Prometheus query",
         )
-        .default("200"),
+        .default("1000"),
+        Opt::new(
+            "prometheus.parallel-queries",
+            Kind::Int,
+            "Queries of one batch of jobs sent to Prometheus at once",
+        )
+        .default("4"),
         Opt::new(
             "prometheus.max-samples",
             Kind::Int,
@@ -382,6 +388,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         cutoff: prom.cutoff,
         max_batch: usize::try_from(prom.max_batch.max(1)).unwrap_or(1),
         max_samples: u64::try_from(prom.max_samples.max(1)).unwrap_or(1),
+        parallel_queries: usize::try_from(prom.parallel_queries.max(1)).unwrap_or(1),
         scrape_interval: prom.scrape_interval,
         query_delay: prom.query_delay,
     };

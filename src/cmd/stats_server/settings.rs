@@ -86,6 +86,7 @@ pub(super) struct PrometheusSettings {
     pub(super) cutoff: Duration,
     pub(super) max_batch: i64,
     pub(super) max_samples: i64,
+    pub(super) parallel_queries: i64,
     #[serde(deserialize_with = "config::de_duration")]
     pub(super) scrape_interval: Duration,
     #[serde(deserialize_with = "config::de_duration")]

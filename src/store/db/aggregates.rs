@@ -5,7 +5,7 @@ use crate::store::findings::{evaluate, JobFacts, Thresholds};
 use crate::store::sql::{Backend, DbRow, Sql};
 
 /// A job whose aggregates are due: the window from `from` to `to` is not yet counted.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct AggregateTarget {
     pub row: i64,
     pub uuid: String,
