@@ -37,7 +37,7 @@ pids+=("$vm_pid")
 until curl -sf "$vm/health" >/dev/null; do sleep 0.2; done
 start=$(date +%s.%N)
 target/release/examples/gen-day-of-jobs "$jobs" "$nodes" "$now" "$dir" \
-  | curl -sf --data-binary @- "$vm/api/v1/import"
+  | curl -sf -X POST -T - "$vm/api/v1/import"
 curl -sf "$vm/internal/force_flush" >/dev/null
 python3 -c "print(f'import: {$(date +%s.%N)-$start:.1f} s into VictoriaMetrics')"
 printf '#!/bin/sh\nexec /bin/cat %s\n' "$dir/sacct.txt" >"$dir/sacct"

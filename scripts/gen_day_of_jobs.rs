@@ -5,7 +5,7 @@
 //! recording rules give them, every 30 s over each job's life, in VictoriaMetrics's JSON import
 //! format (one line per series). Jobs still running at NOW are RUNNING. Deterministic.
 //!
-//!     cargo run --release --example gen-day-of-jobs -- JOBS NODES NOW DIR | curl --data-binary @- VM/api/v1/import
+//!     cargo run --release --example gen-day-of-jobs -- JOBS NODES NOW DIR | curl -X POST -T - VM/api/v1/import
 
 use std::io::Write as _;
 
