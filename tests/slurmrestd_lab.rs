@@ -136,6 +136,20 @@ fn jobs_through_slurmrestd_equal_those_through_sacct() {
     wait_until("the jobs to end", Duration::from_secs(60), || {
         as_user("root", "squeue -h -t R,CG -o %i").is_empty()
     });
+    // slurmdbd records an end a moment after squeue forgets the job: the servers below read
+    // accounting once, so it must hold the three ends first.
+    let ids = format!("{done},{failed},{cancelled}");
+    wait_until(
+        "accounting to record the ends",
+        Duration::from_secs(60),
+        || {
+            let states = as_user("root", &format!("sacct -n -X -P -j {ids} -o State"));
+            states.lines().count() == 3
+                && states
+                    .lines()
+                    .all(|s| !s.starts_with("RUNNING") && !s.starts_with("PENDING"))
+        },
+    );
 
     let (sacct, _d0) = start_stats_server_with("", "1h", &[]);
     let mut reference = Default::default();
