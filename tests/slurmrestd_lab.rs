@@ -151,7 +151,8 @@ fn jobs_through_slurmrestd_equal_those_through_sacct() {
         },
     );
 
-    let (sacct, _d0) = start_stats_server_with("", "1h", &[]);
+    // Ingesting every 2 s: a job that sacct's window missed at the first run comes at the next.
+    let (sacct, _d0) = start_stats_server_with("", "2s", &[]);
     let mut reference = Default::default();
     wait_until("the jobs through sacct", Duration::from_secs(30), || {
         reference = jobs(&sacct);
