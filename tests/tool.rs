@@ -10,19 +10,7 @@ use std::process::{Command, Stdio};
 
 /// `ceems_tool ARGS` from `dir`: exit status and standard error.
 fn ceems_tool(dir: &Path, args: &[&str]) -> (i32, String) {
-    let link = dir.join("ceems_tool");
-    if !link.exists() {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ceems"), &link).unwrap();
-    }
-    let out = Command::new(&link)
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::tool_pack::ceems_tool(dir, args, "")
 }
 
 /// The script's `skip_re`: lines that change from run to run.

@@ -7,39 +7,13 @@
 
 mod common;
 
+use common::tool_pack::ceems_tool;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::bmc::{Flavor, StandinBmc};
-
-/// `ceems_tool ARGS` from `dir` with `input` on standard input: exit status and standard error.
-fn ceems_tool(dir: &Path, args: &[&str], input: &str) -> (i32, String) {
-    use std::io::Write as _;
-    let link = dir.join("ceems_tool");
-    if !link.exists() {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ceems"), &link).unwrap();
-    }
-    let mut child = Command::new(&link)
-        .current_dir(dir)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 /// A rule as Prometheus reads it: its record and its expression without comments or spaces.
 type Rule = (String, String);
@@ -433,7 +407,8 @@ fn the_rules_written_for_the_slurm_lab_give_every_job_its_power() {
     );
     let scraping = Prometheus::start(&[exporter.port], &[]);
     write_burner();
-    let burn = format!("-c 1 --mem=100M --wrap 'python3 {BURNER} 40'");
+    // Long enough to be running through every check below (cancelled when the test ends).
+    let burn = format!("-c 1 --mem=100M --wrap 'python3 {BURNER} 90'");
     let ids = vec![
         submit("alice", &format!("-J rules-a {burn}")),
         submit("bob", &format!("-J rules-b {burn}")),

@@ -134,3 +134,31 @@ pub fn pack_prometheus(
     }
     (child, url, exporters.into_iter().map(|(_, s)| s).collect())
 }
+
+/// `ceems_tool ARGS` from `dir` with `input` on standard input: exit status and standard error.
+pub fn ceems_tool(dir: &Path, args: &[&str], input: &str) -> (i32, String) {
+    use std::io::Write as _;
+    let link = dir.join("ceems_tool");
+    if !link.exists() {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ceems"), &link).unwrap();
+    }
+    let mut child = Command::new(&link)
+        .current_dir(dir)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -329,7 +329,7 @@ fn gpus_counted_in(
         format!(",chassis=\"{}\"", super::promql_string(c))
     });
     let difference = super::fill(
-        &super::exprs::bmc_power_without_gpus(gpu.exporter.power_series, gpu.exporter.power_scaler),
+        &super::exprs::bmc_power_less_gpus(gpu.exporter.power_series, gpu.exporter.power_scaler),
         &[
             ("S", series),
             ("J", &super::promql_string(&rules.job)),
@@ -337,8 +337,6 @@ fn gpus_counted_in(
             ("G", &super::promql_string(&gpu.job)),
         ],
     );
-    // The comparison's filter is left out: the average of the difference is what tells.
-    let difference = difference.trim_end_matches(" > 0");
     let span = Duration::from_secs((((end - start).max(0.0) as u64) / 60) * 60);
     let query = format!("avg_over_time({difference}[{}:])", go_duration(span));
     let data = prometheus.get(

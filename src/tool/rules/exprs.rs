@@ -52,11 +52,11 @@ fn rapl_part(part: &str) -> String {
     )
 }
 
-/// A BMC's node power less its GPUs' (`%G%`'s series `gpu_power` over `scaler`), for nodes
-/// whose BMC counts the GPUs in.
-pub fn bmc_power_without_gpus(gpu_power: &str, scaler: i64) -> String {
+/// A BMC's node power less its GPUs' (`%G%`'s series `gpu_power` over `scaler`), per host:
+/// above zero where the BMC counts the GPUs in.
+pub fn bmc_power_less_gpus(gpu_power: &str, scaler: i64) -> String {
     format!(
-        r#"(label_replace(%S%{{job="%J%"%CL%}}, "instancehost", "$1", "instance", "([^:]+):\\d+") - on (instancehost) group_left () sum by (instancehost) (label_replace({gpu_power}{{job="%G%"}} / {scaler}, "instancehost", "$1", "instance", "([^:]+):\\d+"))) > 0"#
+        r#"(label_replace(%S%{{job="%J%"%CL%}}, "instancehost", "$1", "instance", "([^:]+):\\d+") - on (instancehost) group_left () sum by (instancehost) (label_replace({gpu_power}{{job="%G%"}} / {scaler}, "instancehost", "$1", "instance", "([^:]+):\\d+")))"#
     )
 }
 

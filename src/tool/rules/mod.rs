@@ -323,9 +323,10 @@ pub fn host_rules(r: &JobRules, e: &Emissions) -> String {
         ),
         PowerSource::Bmc { .. } => {
             let node = match &r.gpu {
-                Some(g) if g.power_in_host => {
-                    exprs::bmc_power_without_gpus(g.exporter.power_series, g.exporter.power_scaler)
-                }
+                Some(g) if g.power_in_host => format!(
+                    "{} > 0",
+                    exprs::bmc_power_less_gpus(g.exporter.power_series, g.exporter.power_scaler)
+                ),
                 _ => exprs::BMC_POWER.to_owned(),
             };
             (
