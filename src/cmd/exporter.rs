@@ -233,7 +233,7 @@ impl Exporter {
         if let Some((_, store)) = &self.trace {
             store.emit(&mut set);
         }
-        let mut body = String::with_capacity(64 * set.len_samples() + 1024);
+        let mut body = String::with_capacity(set.encoded_len_hint() + 4096);
         set.encode_text(&mut body);
         if let Some(r) = &self.process_metrics {
             match prometheus::TextEncoder::new().encode_to_string(&r.gather()) {
@@ -364,7 +364,62 @@ pub struct WebOptions {
     pub security: Option<web::toolkit::WebSecurity>,
 }
 
+/// One malloc arena for every thread, and a scrape's large buffers (its body is 1.4 MB at
+/// 1,000 jobs) mapped apart and handed back when freed. By default glibc gives each thread
+/// that allocates its own arena, and a collector runs on whichever blocking thread is free:
+/// each arena kept its own high-water mark of a scrape, 8 MB over five threads. The
+/// exporter's threads seldom allocate at once.
+fn keep_heap_small() {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: mallopt only sets allocator parameters; called before any other thread
+        // starts.
+        unsafe {
+            nix::libc::mallopt(nix::libc::M_ARENA_MAX, 1);
+            nix::libc::mallopt(nix::libc::M_MMAP_THRESHOLD, 512 << 10);
+        }
+    }
+}
+
+/// Hands the binary's pages that start-up read (the flags of every subcommand, the
+/// configuration loader) back to the kernel; those a scrape needs come back at its first use.
+/// Only the file's owner may page out its cache (the kernel's rule), so this is done as root,
+/// before privileges drop; elsewhere it does nothing.
+fn release_startup_pages() {
+    let (Ok(exe), Ok(maps)) = (
+        std::fs::read_link("/proc/self/exe"),
+        std::fs::read_to_string("/proc/self/maps"),
+    ) else {
+        return;
+    };
+    for line in maps.lines() {
+        let mut fields = line.split_ascii_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        if perms.contains('w') || fields.nth(3).map(std::path::Path::new) != Some(&*exe) {
+            continue;
+        }
+        let Some((Ok(start), Ok(end))) = range
+            .split_once('-')
+            .map(|(a, b)| (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)))
+        else {
+            continue;
+        };
+        // SAFETY: MADV_PAGEOUT never changes what a mapping holds, only where it is kept:
+        // read-only pages of the binary are read from it again when touched.
+        unsafe {
+            nix::libc::madvise(
+                start as *mut nix::libc::c_void,
+                end.saturating_sub(start),
+                nix::libc::MADV_PAGEOUT,
+            );
+        }
+    }
+}
+
 pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
+    keep_heap_small();
     let opts = opts();
     let settings = config::load("exporter", &opts, matches)?;
     let log: LogConfig = settings.get("log")?;
@@ -388,6 +443,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let listener = web::bind_std(&web_settings.listen_address)?;
     let needed = registry::needed_capabilities(&settings)?;
     let security: crate::security::SecuritySettings = settings.get("security")?;
+    release_startup_pages();
     let outcome = crate::security::drop_privileges(&security, &needed)
         .context("cannot drop privileges (--security.drop-privileges=false to run as started)")?;
     outcome.log("exporter");

@@ -154,6 +154,17 @@ pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
     Ok((soft, soft.max(hard)))
 }
 
+/// What [`KeptFiles::read_kept`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeptRead {
+    /// Read through a kept descriptor: this many bytes.
+    Read(usize),
+    /// Known not to exist in this unit's directory.
+    Missing,
+    /// Not kept (or no longer valid): open it by its path with [`KeptFiles::open`].
+    ByPath,
+}
+
 /// A file of a unit: open, or known not to exist in this unit's directory.
 #[derive(Debug)]
 enum Slot {
@@ -273,25 +284,52 @@ impl KeptFiles {
         path: &Path,
         buf: &mut Vec<u8>,
     ) -> io::Result<Option<usize>> {
+        match self.read_kept(name, buf) {
+            KeptRead::Read(n) => Ok(Some(n)),
+            KeptRead::Missing => Ok(None),
+            KeptRead::ByPath => self.open(name, path, buf),
+        }
+    }
+
+    /// [`KeptFiles::read`] without the path, which is only needed to open the file: most
+    /// reads of a scrape go through a kept descriptor, and building 10,000 paths a scrape
+    /// for them cost more than their parsing.
+    pub fn read_kept(&mut self, name: &str, buf: &mut Vec<u8>) -> KeptRead {
+        let Some((_, unit)) = &mut self.current else {
+            return KeptRead::ByPath;
+        };
+        let Some(pos) = unit.files.iter().position(|(n, _)| &**n == name) else {
+            return KeptRead::ByPath;
+        };
+        match &unit.files[pos].1 {
+            Slot::Missing => KeptRead::Missing,
+            Slot::Open(held) => match pread_all(&held.file, buf) {
+                Ok(n) if n > 0 => KeptRead::Read(n),
+                // An empty seq_file read once answers empty for good: open it again.
+                Ok(_) => {
+                    unit.files.swap_remove(pos);
+                    KeptRead::ByPath
+                }
+                // Removed under us (ENODEV): this unit's descriptors are all stale.
+                Err(_) => {
+                    self.current = None;
+                    KeptRead::ByPath
+                }
+            },
+        }
+    }
+
+    /// Opens the current unit's file `name` at `path` (after [`KeptFiles::read_kept`] said
+    /// so), reads it into `buf` and keeps it open when the budget allows.
+    pub fn open(
+        &mut self,
+        name: &str,
+        path: &Path,
+        buf: &mut Vec<u8>,
+    ) -> io::Result<Option<usize>> {
         let Some((_, unit)) = &mut self.current else {
             return read_by_path(path, buf);
         };
-        if let Some(pos) = unit.files.iter().position(|(n, _)| &**n == name) {
-            match &unit.files[pos].1 {
-                Slot::Missing => return Ok(None),
-                Slot::Open(held) => match pread_all(&held.file, buf) {
-                    // An empty seq_file read once answers empty for good: open it again.
-                    Ok(0) => {
-                        unit.files.swap_remove(pos);
-                    }
-                    Ok(n) => return Ok(Some(n)),
-                    Err(_) => {
-                        self.current = None;
-                        return read_by_path(path, buf);
-                    }
-                },
-            }
-        }
         match File::open(path) {
             Ok(file) => {
                 let n = pread_all(&file, buf)?;

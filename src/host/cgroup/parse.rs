@@ -17,6 +17,14 @@ pub fn single_u64(text: &str) -> Result<u64, ParseError> {
     parse_u64_field(1, t)
 }
 
+/// Digits with at most one decimal point, as the kernel prints PSI averages (`0.00`).
+fn is_decimal(v: &str) -> bool {
+    let (int, frac) = v.split_once('.').unwrap_or((v, ""));
+    !int.is_empty()
+        && int.bytes().all(|b| b.is_ascii_digit())
+        && frac.bytes().all(|b| b.is_ascii_digit())
+}
+
 /// A limit such as `memory.max`: a number, or `max` for none (`None`).
 pub fn limit(text: &str) -> Result<Option<u64>, ParseError> {
     match text.trim() {
@@ -102,9 +110,9 @@ pub fn pressure(text: &str) -> Result<Pressure, ParseError> {
             };
             match k {
                 "total" => total = Some(parse_u64_field(i + 1, v)?),
-                "avg10" | "avg60" | "avg300" => {
-                    v.parse::<f64>()
-                        .map_err(|_| ParseError::new(i + 1, format!("`{v}` is not a number")))?;
+                // Checked, not parsed: the averages are not exported.
+                "avg10" | "avg60" | "avg300" if !is_decimal(v) => {
+                    return Err(ParseError::new(i + 1, format!("`{v}` is not a number")));
                 }
                 _ => {}
             }
@@ -307,6 +315,8 @@ mod tests {
             }
         );
         assert!(pressure("full avg10=0.00\n").is_err());
+        assert!(pressure("some avg10=0.0x avg60=0.00 avg300=0.00 total=1\n").is_err());
+        assert!(pressure("some avg10=.5 avg60=0.00 avg300=0.00 total=1\n").is_err());
         assert!(pressure("half total=1\n").is_err());
     }
 

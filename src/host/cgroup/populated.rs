@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::kept::{DescriptorBudget, KeptFiles};
+use super::kept::{DescriptorBudget, KeptFiles, KeptRead};
 use super::{first_pid, parse, CgroupVersion, FileFault};
 
 /// How long a unit found with processes is trusted to still have some without walking its
@@ -46,10 +46,16 @@ impl Populated {
     ) -> bool {
         if version == CgroupVersion::V2 {
             self.events.enter(dir, dir, ino);
-            self.path.clear();
-            self.path.push(dir);
-            self.path.push("cgroup.events");
-            let read = self.events.read("cgroup.events", &self.path, &mut self.buf);
+            let read = match self.events.read_kept("cgroup.events", &mut self.buf) {
+                KeptRead::Read(n) => Ok(Some(n)),
+                KeptRead::Missing => Ok(None),
+                KeptRead::ByPath => {
+                    self.path.clear();
+                    self.path.push(dir);
+                    self.path.push("cgroup.events");
+                    self.events.open("cgroup.events", &self.path, &mut self.buf)
+                }
+            };
             if let Some(text) = read
                 .ok()
                 .flatten()
@@ -64,7 +70,7 @@ impl Populated {
                     Ok(()) if populated.is_some() => return populated == Some(true),
                     Ok(()) => {}
                     Err(e) => faults.push(FileFault {
-                        path: self.path.clone(),
+                        path: dir.join("cgroup.events"),
                         message: e.to_string(),
                     }),
                 }

@@ -5,7 +5,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::kept::{DescriptorBudget, KeptFiles};
+use super::kept::{DescriptorBudget, KeptFiles, KeptRead};
 use super::parse;
 use super::{
     CgroupVersion, FileFault, HostMemory, ReadOptions, UnitError, UnitStats, V1Controllers,
@@ -45,10 +45,16 @@ impl Scratch {
     /// Reads `dir/rel/file` into the shared buffer; `None` means the file does not exist.
     fn load(&mut self, dir: &Path, rel: &Path, file: &str) -> io::Result<Option<usize>> {
         self.path.clear();
-        self.path.push(dir);
-        self.path.push(rel);
-        self.path.push(file);
-        self.kept.read(file, &self.path, &mut self.bytes)
+        match self.kept.read_kept(file, &mut self.bytes) {
+            KeptRead::Read(n) => Ok(Some(n)),
+            KeptRead::Missing => Ok(None),
+            KeptRead::ByPath => {
+                self.path.push(dir);
+                self.path.push(rel);
+                self.path.push(file);
+                self.kept.open(file, &self.path, &mut self.bytes)
+            }
+        }
     }
 
     /// Reads one file and parses it; a missing file yields `None`, a read or parse failure is
@@ -72,7 +78,8 @@ impl Scratch {
         parsed
             .map_err(|message| {
                 faults.push(FileFault {
-                    path: self.path.clone(),
+                    // Read through a kept descriptor, the path was not built.
+                    path: dir.join(rel).join(file),
                     message,
                 })
             })

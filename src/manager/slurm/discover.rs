@@ -10,6 +10,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use super::SlurmManager;
@@ -104,11 +105,17 @@ impl SlurmManager {
     pub fn find_jobs(&self, faults: &mut Vec<FileFault>) -> Result<Vec<UnitCgroup>, CollectError> {
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let candidates = self.candidates()?;
-        let present: HashSet<&Path> = candidates.iter().map(|c| c.abs.as_path()).collect();
+        // By the paths' bytes: hashing a `Path` hashes each component apart.
+        let present: HashSet<&[u8]> = candidates
+            .iter()
+            .map(|c| c.abs.as_os_str().as_bytes())
+            .collect();
         cache
             .opaque_ids
-            .retain(|k, _| present.contains(k.as_path()));
-        cache.populated.retain(|k| present.contains(k));
+            .retain(|k, _| present.contains(k.as_os_str().as_bytes()));
+        cache
+            .populated
+            .retain(|k| present.contains(k.as_os_str().as_bytes()));
         drop(present);
         let mut jobs = Vec::new();
         for c in candidates {
