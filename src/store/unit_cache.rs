@@ -116,6 +116,47 @@ impl Inner {
 }
 
 impl UnitCache {
+    /// Moves the cache to `generation`, keeping what the commits since did not change:
+    /// `changed(from)` names the units whose own rows they changed when nothing else changed
+    /// (an update's aggregates), `None` otherwise (then the cache starts over at the next
+    /// admission, as before). Those units' rendered rows and the answers that hold them go.
+    pub fn catch_up(&self, generation: u64, changed: impl FnOnce(u64) -> Option<Vec<i64>>) {
+        let from = match self.inner.read() {
+            Ok(inner) if inner.generation < generation => inner.generation,
+            _ => return,
+        };
+        let Some(units) = changed(from) else {
+            return;
+        };
+        let Ok(mut inner) = self.inner.write() else {
+            return;
+        };
+        // Another request moved it meanwhile.
+        if inner.generation != from {
+            return;
+        }
+        let units: std::collections::HashSet<i64> = units.into_iter().collect();
+        let mut freed = 0;
+        inner.rows.retain(|(_, id), json| {
+            let keep = !units.contains(id);
+            if !keep {
+                freed += json.len();
+            }
+            keep
+        });
+        let mut answers_freed = 0;
+        inner.answers.retain(|(_, ids), body| {
+            let keep = !ids.iter().any(|id| units.contains(id));
+            if !keep {
+                answers_freed += body.len() + ids.len() * 8;
+            }
+            keep
+        });
+        inner.bytes = inner.bytes.saturating_sub(freed);
+        inner.answer_bytes = inner.answer_bytes.saturating_sub(answers_freed);
+        inner.generation = generation;
+    }
+
     fn read(&self, generation: u64) -> Option<std::sync::RwLockReadGuard<'_, Inner>> {
         self.inner
             .read()
@@ -231,6 +272,36 @@ mod tests {
         cache.keep_spans(1, "carol", spans.clone());
         assert!(cache.spans(1, "carol").is_none());
         assert!(cache.spans(2, "bob").is_some());
+    }
+
+    #[test]
+    fn an_update_of_some_jobs_drops_only_them_and_the_answers_that_hold_them() {
+        let cache = UnitCache::default();
+        let spans = UserSpans::Kept(Arc::from(vec![span(7, 1, None, true)]));
+        cache.keep_spans(3, "alice", spans.clone());
+        let rendered = HashMap::from([
+            (7, Rendered::from(r#"{"uuid":"7"}"#)),
+            (8, Rendered::from(r#"{"uuid":"8"}"#)),
+        ]);
+        cache.keep_answer(3, 1, &rendered, vec![7, 8], &Bytes::from_static(b"both"));
+        cache.keep_answer(3, 1, &rendered, vec![8], &Bytes::from_static(b"eight"));
+        cache.catch_up(5, |from| {
+            assert_eq!(from, 3);
+            Some(vec![7])
+        });
+        assert_eq!(
+            cache.rows(5, 1, &[7, 8]),
+            vec![None, rendered.get(&8).cloned()]
+        );
+        assert_eq!(cache.answer(5, 1, &[7, 8]), None);
+        assert_eq!(cache.answer(5, 1, &[8]), Some(Bytes::from_static(b"eight")));
+        assert_eq!(cache.spans(5, "alice"), Some(spans));
+        // Already there: not asked again.
+        cache.catch_up(5, |_| panic!("asked for no change"));
+        // A commit that changed more than rows: nothing of generation 5 is served at 6.
+        cache.catch_up(6, |_| None);
+        assert_eq!(cache.rows(6, 1, &[8]), vec![None]);
+        assert!(cache.spans(6, "alice").is_none());
     }
 
     #[test]

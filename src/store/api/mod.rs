@@ -224,6 +224,9 @@ impl Api {
         if let Some(hit) = self.cached(&key, generation) {
             return hit;
         }
+        self.units.catch_up(generation, |from| {
+            self.store.units_changed(from, generation)
+        });
         if admin_route {
             match self.store.is_admin(user).await {
                 Ok(true) => {}

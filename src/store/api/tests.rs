@@ -866,3 +866,59 @@ async fn the_admins_are_listed_for_ceems_load_balancer() {
         .await;
     assert_eq!(a.status, StatusCode::FORBIDDEN);
 }
+
+/// The updater commits a batch of jobs' aggregates every moment while it runs: `/units` shows
+/// those jobs' new figures at once and keeps the jobs it rendered that did not change.
+#[tokio::test]
+async fn an_aggregate_commit_drops_only_its_jobs_from_the_cache() {
+    use crate::store::db::AggregateDelta;
+    let (api, _tmp) = api_with(&sample(), &[]).await;
+    let q = Some("from=0&field=uuid&field=name&field=total_cpu_seconds");
+    let by_uuid = |a: &Answer| -> Vec<(String, Value, Value)> {
+        let mut rows: Vec<_> = data(a)
+            .iter()
+            .map(|u| {
+                let id = u["uuid"].as_str().unwrap_or_default().to_owned();
+                (id, u["name"].clone(), u["total_cpu_seconds"].clone())
+            })
+            .collect();
+        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        rows
+    };
+    let first = by_uuid(&api.handle("/api/v1/units", q, Some("alice"), NOW).await);
+    assert_eq!(first.len(), 2, "{first:?}");
+    // Renamed behind the store's back (no commit through it): what the cache keeps shows.
+    api.store
+        .execute(&Sql::new("UPDATE units SET name = 'renamed'"))
+        .await
+        .unwrap();
+    let targets = api.store.aggregate_targets("lab", None, NOW).await.unwrap();
+    let job = targets.iter().find(|t| t.uuid == "1").unwrap();
+    let delta = AggregateDelta {
+        row: job.row,
+        counted_until: job.counted_until,
+        to: job.to,
+        ended: true,
+        seconds: 600,
+        cpu_seconds: 900.0,
+        ..Default::default()
+    };
+    api.store.apply_aggregates(&[delta], NOW).await.unwrap();
+    let second = by_uuid(&api.handle("/api/v1/units", q, Some("alice"), NOW).await);
+    // Job 1 read again, with its CPU time; job 3 from the cache.
+    assert_eq!(second[0].0, "1");
+    assert_eq!(second[0].1, json!("renamed"));
+    assert_eq!(second[0].2, json!(900.0));
+    if api.store.backend() == crate::store::sql::Backend::Sqlite {
+        assert_eq!(second[1], first[1]);
+    } else {
+        // PostgreSQL's generation is the database's: other servers' commits are not known.
+        assert_eq!(second[1].1, json!("renamed"));
+    }
+    // Any other commit (a new job) starts the cache over.
+    let (jobs, _) = sacct::parse_output(&line(9, "alice", "physics", NOW - 120, Some(NOW - 60)));
+    api.store.ingest("lab", &jobs, 0, NOW).await.unwrap();
+    let third = by_uuid(&api.handle("/api/v1/units", q, Some("alice"), NOW).await);
+    assert_eq!(third.len(), 3);
+    assert_eq!(third[1].1, json!("renamed"), "job 3 from before: {third:?}");
+}

@@ -346,7 +346,8 @@ impl Store {
             tx.execute(&q).await?;
         }
         tx.commit().await?;
-        self.written();
+        let rows: Vec<i64> = deltas.iter().map(|d| d.row).collect();
+        self.written_units(&rows);
         Ok(())
     }
 
@@ -409,7 +410,8 @@ impl Store {
             .await?;
         }
         tx.commit().await?;
-        self.written();
+        // The usage table alone: no job's row changed.
+        self.written_units(&[]);
         Ok(())
     }
 }
@@ -579,7 +581,8 @@ impl Store {
             }
             q.push(") AS v WHERE units.id = v.column1");
             self.execute(&q).await?;
-            self.written();
+            let rows: Vec<i64> = updates.iter().map(|(id, _)| *id).collect();
+            self.written_units(&rows);
             total += updates.len();
         }
         Ok(total)

@@ -101,6 +101,7 @@ impl Store {
             pool: Pool::Sqlite(pool),
             generation: Default::default(),
             generation_reads: Default::default(),
+            changes: Default::default(),
             schema: Schema::Ours,
         };
         // A CEEMS database's usage, in our terms, before anyone asks.
@@ -134,6 +135,7 @@ impl Store {
             pool: Pool::Postgres(pool),
             generation: Default::default(),
             generation_reads: Default::default(),
+            changes: Default::default(),
             schema: Schema::Ours,
         })
     }
@@ -157,6 +159,7 @@ impl Store {
                 pool: Pool::Postgres(pool),
                 generation: Default::default(),
                 generation_reads: Default::default(),
+                changes: Default::default(),
                 schema: Schema::Ours,
             }
         } else {
@@ -179,6 +182,7 @@ impl Store {
                 pool: Pool::Sqlite(pool),
                 generation: Default::default(),
                 generation_reads: Default::default(),
+                changes: Default::default(),
                 schema: Schema::Ours,
             }
         };

@@ -4,6 +4,7 @@
 mod accounts;
 mod aggregates;
 mod ceems_import;
+mod changes;
 mod connect;
 mod retention;
 #[doc(hidden)]
@@ -67,6 +68,8 @@ pub struct Store {
     generation_reads: Arc<SharedRead<Result<u64, Arc<sqlx::Error>>>>,
     /// Whose tables these are: ours, or, opened read-only by the lb, CEEMS's own `ceems.db`.
     schema: Schema,
+    /// What the last commits through this store changed (SQLite's generations).
+    changes: std::sync::Mutex<changes::ChangeLog>,
 }
 
 /// Whose schema a database has.
@@ -91,8 +94,36 @@ impl Store {
 
     /// Marks a commit, so that cached answers made before it are stale.
     fn written(&self) {
-        self.generation
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.commit_changed(None);
+    }
+
+    /// Marks a commit that changed only these units' own rows (their aggregates, findings),
+    /// or other tables than `units` (no ids): jobs' spans, and other jobs, are as they were.
+    fn written_units(&self, units: &[i64]) {
+        self.commit_changed(Some(Arc::from(units)));
+    }
+
+    fn commit_changed(&self, units: Option<Arc<[i64]>>) {
+        // Under the log's lock, so that a reader who saw the new generation finds its entry.
+        let mut log = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        let now = self
+            .generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel)
+            + 1;
+        log.push(now, units);
+    }
+
+    /// The units whose own rows the commits after generation `from` up to `to` changed, when
+    /// nothing else changed and this store knows: SQLite's generations are this store's; on
+    /// PostgreSQL other servers write too, and `None` is the answer.
+    pub fn units_changed(&self, from: u64, to: u64) -> Option<Vec<i64>> {
+        if self.backend() != Backend::Sqlite {
+            return None;
+        }
+        self.changes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .units_changed(from, to)
     }
 
     /// How many transactions an ingestion writes at once: SQLite takes one writer at a time;
