@@ -23,6 +23,7 @@ mod answer;
 mod ceems_routes;
 mod fields;
 mod findings;
+mod in_flight;
 mod params;
 mod render;
 mod units;
@@ -69,6 +70,8 @@ pub struct Api {
     store: std::sync::Arc<Store>,
     pub user_header: String,
     cache: std::sync::Mutex<Cache>,
+    /// Requests being answered, which identical ones wait for.
+    in_flight: in_flight::InFlight<Answer>,
     units: UnitCache,
     /// Where times are written when a request names no `timezone`.
     time_zone: jiff::tz::TimeZone,
@@ -101,6 +104,7 @@ impl Api {
             store,
             user_header: user_header.to_owned(),
             cache: Default::default(),
+            in_flight: Default::default(),
             units: Default::default(),
             time_zone: jiff::tz::TimeZone::system(),
             zones: Default::default(),
@@ -239,6 +243,15 @@ impl Api {
                 Err(e) => return ApiError::Internal(e.to_string()).into(),
             }
         }
+        let leader = match self.in_flight.join(&key, generation) {
+            in_flight::Turn::Wait(answer) => match answer.await {
+                Ok(answer) => return answer,
+                // Its maker gave up: make it here.
+                Err(_) => None,
+            },
+            in_flight::Turn::Lead(leader) => Some(leader),
+            in_flight::Turn::Alone => None,
+        };
         let p = Params::parse(query);
         let scope = if admin_route { None } else { Some(user) };
         let result = match route {
@@ -265,6 +278,9 @@ impl Api {
             _ => Err(ApiError::NotFound(format!("no route {path}"))),
         };
         let answer = result.unwrap_or_else(Answer::from);
+        if let Some(leader) = leader {
+            leader.finish(&answer);
+        }
         if answer.status == StatusCode::OK {
             self.remember(key, generation, &answer);
         }
