@@ -9,9 +9,12 @@ use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::oneshot;
 
-/// Answers being made, by request key, with the generation each was read at.
+/// A question being answered: the generation it was read at, and who waits for it.
+type Flight<T> = (u64, Vec<oneshot::Sender<T>>);
+
+/// Answers being made, by request key.
 pub struct InFlight<T> {
-    flights: Mutex<HashMap<String, (u64, Vec<oneshot::Sender<T>>)>>,
+    flights: Mutex<HashMap<String, Flight<T>>>,
 }
 
 impl<T> Default for InFlight<T> {
