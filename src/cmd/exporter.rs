@@ -407,7 +407,8 @@ fn release_startup_pages() {
             continue;
         };
         // SAFETY: MADV_PAGEOUT never changes what a mapping holds, only where it is kept:
-        // read-only pages of the binary are read from it again when touched.
+        // the binary's pages are read from it again when touched (its relocated data, copied
+        // on write, from swap, or left in place without swap).
         unsafe {
             nix::libc::madvise(
                 start as *mut nix::libc::c_void,

@@ -19,7 +19,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -156,7 +156,7 @@ pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
 
 /// What [`KeptFiles::read_kept`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeptRead {
+enum KeptRead {
     /// Read through a kept descriptor: this many bytes.
     Read(usize),
     /// Known not to exist in this unit's directory.
@@ -202,6 +202,8 @@ pub struct KeptFiles {
     current: Option<(Box<[u8]>, UnitFiles)>,
     budget: Arc<DescriptorBudget>,
     generation: u64,
+    /// Where a file that must be opened is named, reused.
+    path: PathBuf,
 }
 
 fn dir_ino(dir: &Path) -> Option<u64> {
@@ -232,6 +234,7 @@ impl KeptFiles {
             current: None,
             budget,
             generation: 0,
+            path: PathBuf::new(),
         }
     }
 
@@ -284,17 +287,34 @@ impl KeptFiles {
         path: &Path,
         buf: &mut Vec<u8>,
     ) -> io::Result<Option<usize>> {
+        self.read_with(name, buf, |p| p.push(path))
+    }
+
+    /// [`KeptFiles::read`], with the path written by `path_of` only when the file must be
+    /// opened: most reads of a scrape go through a kept descriptor, and building 10,000 paths
+    /// a scrape for them cost more than their parsing.
+    pub fn read_with(
+        &mut self,
+        name: &str,
+        buf: &mut Vec<u8>,
+        path_of: impl FnOnce(&mut PathBuf),
+    ) -> io::Result<Option<usize>> {
         match self.read_kept(name, buf) {
             KeptRead::Read(n) => Ok(Some(n)),
             KeptRead::Missing => Ok(None),
-            KeptRead::ByPath => self.open(name, path, buf),
+            KeptRead::ByPath => {
+                let mut path = std::mem::take(&mut self.path);
+                path.clear();
+                path_of(&mut path);
+                let read = self.open(name, &path, buf);
+                self.path = path;
+                read
+            }
         }
     }
 
-    /// [`KeptFiles::read`] without the path, which is only needed to open the file: most
-    /// reads of a scrape go through a kept descriptor, and building 10,000 paths a scrape
-    /// for them cost more than their parsing.
-    pub fn read_kept(&mut self, name: &str, buf: &mut Vec<u8>) -> KeptRead {
+    /// A read through the current unit's kept descriptor of `name`, if it has one.
+    fn read_kept(&mut self, name: &str, buf: &mut Vec<u8>) -> KeptRead {
         let Some((_, unit)) = &mut self.current else {
             return KeptRead::ByPath;
         };
@@ -321,12 +341,7 @@ impl KeptFiles {
 
     /// Opens the current unit's file `name` at `path` (after [`KeptFiles::read_kept`] said
     /// so), reads it into `buf` and keeps it open when the budget allows.
-    pub fn open(
-        &mut self,
-        name: &str,
-        path: &Path,
-        buf: &mut Vec<u8>,
-    ) -> io::Result<Option<usize>> {
+    fn open(&mut self, name: &str, path: &Path, buf: &mut Vec<u8>) -> io::Result<Option<usize>> {
         let Some((_, unit)) = &mut self.current else {
             return read_by_path(path, buf);
         };

@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::kept::{DescriptorBudget, KeptFiles, KeptRead};
+use super::kept::{DescriptorBudget, KeptFiles};
 use super::{first_pid, parse, CgroupVersion, FileFault};
 
 /// How long a unit found with processes is trusted to still have some without walking its
@@ -20,7 +20,6 @@ pub struct Populated {
     /// v2 `cgroup.events`, kept open.
     events: KeptFiles,
     buf: Vec<u8>,
-    path: PathBuf,
 }
 
 impl Default for Populated {
@@ -29,7 +28,6 @@ impl Default for Populated {
             seen: HashMap::new(),
             events: KeptFiles::new(DescriptorBudget::process()),
             buf: Vec::new(),
-            path: PathBuf::new(),
         }
     }
 }
@@ -46,16 +44,12 @@ impl Populated {
     ) -> bool {
         if version == CgroupVersion::V2 {
             self.events.enter(dir, dir, ino);
-            let read = match self.events.read_kept("cgroup.events", &mut self.buf) {
-                KeptRead::Read(n) => Ok(Some(n)),
-                KeptRead::Missing => Ok(None),
-                KeptRead::ByPath => {
-                    self.path.clear();
-                    self.path.push(dir);
-                    self.path.push("cgroup.events");
-                    self.events.open("cgroup.events", &self.path, &mut self.buf)
-                }
-            };
+            let read = self
+                .events
+                .read_with("cgroup.events", &mut self.buf, |path| {
+                    path.push(dir);
+                    path.push("cgroup.events");
+                });
             if let Some(text) = read
                 .ok()
                 .flatten()

@@ -5,7 +5,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::kept::{DescriptorBudget, KeptFiles, KeptRead};
+use super::kept::{DescriptorBudget, KeptFiles};
 use super::parse;
 use super::{
     CgroupVersion, FileFault, HostMemory, ReadOptions, UnitError, UnitStats, V1Controllers,
@@ -28,7 +28,6 @@ pub struct CgroupReader {
 /// Buffers reused for every file read of a scrape, and the descriptors kept between scrapes.
 pub(super) struct Scratch {
     bytes: Vec<u8>,
-    path: PathBuf,
     anchor: PathBuf,
     kept: KeptFiles,
 }
@@ -44,17 +43,11 @@ impl Scratch {
 
     /// Reads `dir/rel/file` into the shared buffer; `None` means the file does not exist.
     fn load(&mut self, dir: &Path, rel: &Path, file: &str) -> io::Result<Option<usize>> {
-        self.path.clear();
-        match self.kept.read_kept(file, &mut self.bytes) {
-            KeptRead::Read(n) => Ok(Some(n)),
-            KeptRead::Missing => Ok(None),
-            KeptRead::ByPath => {
-                self.path.push(dir);
-                self.path.push(rel);
-                self.path.push(file);
-                self.kept.open(file, &self.path, &mut self.bytes)
-            }
-        }
+        self.kept.read_with(file, &mut self.bytes, |path| {
+            path.push(dir);
+            path.push(rel);
+            path.push(file);
+        })
     }
 
     /// Reads one file and parses it; a missing file yields `None`, a read or parse failure is
@@ -78,7 +71,7 @@ impl Scratch {
         parsed
             .map_err(|message| {
                 faults.push(FileFault {
-                    // Read through a kept descriptor, the path was not built.
+                    // Read through a kept descriptor, no path was built.
                     path: dir.join(rel).join(file),
                     message,
                 })
@@ -115,7 +108,6 @@ impl CgroupReader {
             clock_ticks: clock_ticks(),
             scratch: Scratch {
                 bytes: vec![0; 4096],
-                path: PathBuf::with_capacity(256),
                 anchor: PathBuf::with_capacity(256),
                 kept: KeptFiles::new(budget),
             },
