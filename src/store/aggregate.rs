@@ -7,6 +7,7 @@
 //! sized to stay under Prometheus's `--query.max-samples`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -498,14 +499,31 @@ async fn query_batch(
     // In flight together, as CEEMS's updater sends them; answers taken in order. The futures
     // own what they use (a borrowing future is not Send for every lifetime).
     use futures_util::stream::StreamExt as _;
+    let given_up = std::sync::Arc::new(AtomicBool::new(false));
     let mut answers = futures_util::stream::iter(promqls.into_iter().map(|promql| {
         let p = std::sync::Arc::clone(prometheus);
-        async move { ask(p, promql, now).await }
+        let given_up = std::sync::Arc::clone(&given_up);
+        async move {
+            if given_up.load(Ordering::Relaxed) {
+                return Ok(Vec::new());
+            }
+            ask(p, promql, now).await
+        }
     }))
     .buffered(limits.parallel_queries.max(1));
     let mut intos = intos.into_iter();
     while let (Some(values), Some(into)) = (answers.next().await, intos.next()) {
-        for (uuid, v) in values? {
+        let values = match values {
+            Ok(values) => values,
+            Err(e) => {
+                // A query in flight cannot be called back (it blocks a thread): the batch
+                // waits for those, starts no more, so none outlives this run.
+                given_up.store(true, Ordering::Relaxed);
+                while answers.next().await.is_some() {}
+                return Err(e);
+            }
+        };
+        for (uuid, v) in values {
             for &i in index.get(uuid.as_str()).into_iter().flatten() {
                 let d = &mut deltas[i];
                 let (field, kind) = match into {
@@ -751,6 +769,58 @@ mod tests {
             .unwrap();
         assert_eq!((r.updated, r.queries), (0, 0));
         assert!(fake.asked.lock().unwrap().is_empty());
+    }
+
+    /// Prometheus that fails the first query at once and answers the others slowly.
+    #[derive(Default)]
+    struct FirstFails {
+        started: Mutex<usize>,
+        answered: Mutex<usize>,
+    }
+
+    impl Prometheus for FirstFails {
+        fn query(&self, _: &str, _: i64) -> Result<Vec<(String, f64)>, PromError> {
+            let first = {
+                let mut started = self.started.lock().unwrap();
+                *started += 1;
+                *started == 1
+            };
+            if first {
+                return Err(PromError::Request {
+                    url: "fake".into(),
+                    message: "connection refused".into(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            *self.answered.lock().unwrap() += 1;
+            Ok(Vec::new())
+        }
+    }
+
+    /// A failed run has finished with Prometheus when it says so: the queries already in
+    /// flight are waited for, no more are sent, none lands in the next run.
+    #[tokio::test]
+    async fn a_failed_run_leaves_no_query_behind() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = crate::store::db::testing::store(tmp.path()).await;
+        let lines = "1|debug|normal|physics|alice|2001|alice|2001|990|1000|1600|00:10:00|600|0:0|COMPLETED|billing=1,cpu=1,mem=1G,node=1|localhost|/tmp|60|j1\n";
+        let (jobs, _) = sacct::parse_output(lines);
+        store.ingest("lab", &jobs, 0, 1700).await.unwrap();
+        let fake = Arc::new(FirstFails::default());
+        let (limits, q) = (Limits::default(), Queries::default());
+        assert!(q.list().len() > limits.parallel_queries);
+        assert!(update(&store, fake.clone(), &q, &limits, "lab", None, 1700)
+            .await
+            .is_err());
+        let (started, answered) = (
+            *fake.started.lock().unwrap(),
+            *fake.answered.lock().unwrap(),
+        );
+        assert!(started <= limits.parallel_queries, "{started} sent");
+        assert_eq!(answered, started - 1);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(*fake.started.lock().unwrap(), started);
+        assert_eq!(*fake.answered.lock().unwrap(), answered);
     }
 
     /// A store that refuses a batch for its size (VictoriaMetrics's series limit) gets it in
