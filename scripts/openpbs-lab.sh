@@ -101,6 +101,10 @@ fi
 grep -qE "^$server_ip[[:space:]]+$name\$" /etc/hosts || echo "$server_ip $name" >> /etc/hosts
 
 id alice >/dev/null 2>&1 || useradd -m -u 2001 alice
+# PBS starts a job in its owner's home: an alice added earlier without one (another test's
+# `useradd -M`) gets hers, or every job fails with "Could not chdir to Home directory".
+home=$(getent passwd alice | cut -d: -f6)
+[ -d "$home" ] || { mkdir -p "$home" && chown alice: "$home"; }
 mkdir -p /run/ceems-lab
 if [ ! -x /run/ceems-lab/pbs-mailer ]; then
   printf '#!/bin/sh\ncat >/dev/null\nexit 0\n' > /run/ceems-lab/pbs-mailer

@@ -162,6 +162,8 @@ scontrol show config | grep -q '^MailProg *= /run/ceems-lab/mailprog' || scontro
 for spec in "alice 2001 physics" "bob 2002 chemistry"; do
   set -- $spec
   id -u "$1" >/dev/null 2>&1 || useradd -m -u "$2" "$1"
+  home=$(getent passwd "$1" | cut -d: -f6)
+  [ -d "$home" ] || { mkdir -p "$home" && chown "$1": "$home"; }
   sacctmgr -i add account "$3" >/dev/null 2>&1 || true
   sacctmgr -i add user "$1" account="$3" >/dev/null 2>&1 || true
 done
