@@ -14,7 +14,13 @@ impl Store {
     /// committed meanwhile, instead of waiting its turn.
     pub async fn write_tx(&self) -> Result<Tx, StoreError> {
         Ok(match &self.pool {
-            Pool::Sqlite(p) => Tx::Sqlite(p.begin_with("BEGIN IMMEDIATE").await?),
+            Pool::Sqlite(p) => Tx::Sqlite(
+                self.sqlite_writer
+                    .as_ref()
+                    .unwrap_or(p)
+                    .begin_with("BEGIN IMMEDIATE")
+                    .await?,
+            ),
             Pool::Postgres(p) => Tx::Postgres(p.begin().await?),
         })
     }
@@ -37,6 +43,32 @@ impl Store {
                 .map(DbRow::Postgres)
                 .collect(),
         })
+    }
+
+    /// Hands each row of `q` to `each` as it comes and keeps none: an answer over every job
+    /// is never in memory whole (sqlx copies each value of a row it hands over).
+    pub async fn for_each_row(
+        &self,
+        q: &Sql,
+        mut each: impl FnMut(DbRow) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        use futures_util::TryStreamExt as _;
+        match &self.pool {
+            Pool::Sqlite(p) => {
+                let text = q.sqlite_text();
+                let mut rows = bind_args!(sqlx::query(&text), &q.args).fetch(p);
+                while let Some(row) = rows.try_next().await? {
+                    each(DbRow::Sqlite(row))?;
+                }
+            }
+            Pool::Postgres(p) => {
+                let mut rows = bind_args!(sqlx::query(q.text()), &q.args).fetch(p);
+                while let Some(row) = rows.try_next().await? {
+                    each(DbRow::Postgres(row))?;
+                }
+            }
+        }
+        Ok(())
     }
 
     pub async fn fetch_optional(&self, q: &Sql) -> Result<Option<DbRow>, sqlx::Error> {
@@ -162,6 +194,31 @@ impl Tx {
                 .map(DbRow::Postgres)
                 .collect(),
         })
+    }
+
+    /// [`Store::for_each_row`] inside this transaction.
+    pub async fn for_each_row(
+        &mut self,
+        q: &Sql,
+        mut each: impl FnMut(DbRow) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        use futures_util::TryStreamExt as _;
+        match self {
+            Tx::Sqlite(t) => {
+                let text = q.sqlite_text();
+                let mut rows = bind_args!(sqlx::query(&text), &q.args).fetch(&mut **t);
+                while let Some(row) = rows.try_next().await? {
+                    each(DbRow::Sqlite(row))?;
+                }
+            }
+            Tx::Postgres(t) => {
+                let mut rows = bind_args!(sqlx::query(q.text()), &q.args).fetch(&mut **t);
+                while let Some(row) = rows.try_next().await? {
+                    each(DbRow::Postgres(row))?;
+                }
+            }
+        }
+        Ok(())
     }
 
     pub async fn fetch_one(&mut self, q: &Sql) -> Result<DbRow, sqlx::Error> {
