@@ -195,6 +195,9 @@ pub struct Limits {
     pub scrape_interval: Duration,
     /// Aggregates are counted up to this long before now.
     pub query_delay: Duration,
+    /// No batch starts after a run has asked this long: the rest, the longest windows (a
+    /// backlog), waits for the next run. One batch always runs.
+    pub run_budget: Duration,
 }
 
 impl Default for Limits {
@@ -206,6 +209,7 @@ impl Default for Limits {
             parallel_queries: 4,
             scrape_interval: Duration::from_secs(15),
             query_delay: Duration::ZERO,
+            run_budget: Duration::MAX,
         }
     }
 }
@@ -324,6 +328,8 @@ pub struct AggregateReport {
     pub queries: usize,
     /// Batches the store refused for their size, asked again in halves.
     pub splits: usize,
+    /// Jobs left for the next run, past the run's budget.
+    pub deferred: usize,
 }
 
 /// Groups due jobs so that one query's window fits all of its jobs: jobs counted up to the
@@ -337,7 +343,9 @@ fn groups(targets: Vec<AggregateTarget>) -> Vec<(i64, Vec<AggregateTarget>)> {
     }
     by_key
         .into_values()
-        .map(|ts| {
+        .map(|mut ts| {
+            // Latest starts first, so a batch of new jobs does not share a backlog's window.
+            ts.sort_by_key(|t| std::cmp::Reverse(t.from));
             let from = ts.iter().map(|t| t.from).min().unwrap_or(0);
             (from, ts)
         })
@@ -386,46 +394,63 @@ pub async fn update(
         report.updated += finished.len();
     }
     let mut first_error = None;
-    for (from, group) in groups(targets) {
-        let range = now - from;
-        let id_bytes = id_budget(queries);
-        for batch in chunks(&group, batch_size(limits, range), id_bytes) {
+    let groups = groups(targets);
+    let id_bytes = id_budget(queries);
+    // Each batch's window starts at its earliest job's; the shortest go first (new jobs and
+    // the steady state), a backlog's long ones take what the run's budget leaves.
+    let mut batches: Vec<(i64, Vec<&AggregateTarget>)> = Vec::new();
+    for (from, group) in &groups {
+        for batch in chunks(group, batch_size(limits, now - from), id_bytes) {
             // Windows that have not begun yet (a clock step) wait for the next run.
             let batch: Vec<&AggregateTarget> = batch.iter().filter(|t| t.to >= t.from).collect();
-            if batch.is_empty() {
-                continue;
+            if let Some(from) = batch.iter().map(|t| t.from).min() {
+                batches.push((now - from, batch));
             }
-            // A batch the store refuses for its size is asked again in halves; each part
-            // that answers is written, whatever becomes of the others.
-            let mut parts = vec![batch];
-            while let Some(part) = parts.pop() {
-                let asked_at = std::time::Instant::now();
-                match query_batch(&prometheus, queries, limits, &part, range, now).await {
-                    Ok((deltas, n)) => {
-                        let written_at = std::time::Instant::now();
-                        report.queries += n;
-                        store.apply_aggregates(&deltas, now).await?;
-                        report.updated += deltas.len();
-                        tracing::debug!(
-                            cluster,
-                            jobs = part.len(),
-                            queries = n,
-                            asking_ms = (written_at - asked_at).as_millis() as u64,
-                            writing_ms = written_at.elapsed().as_millis() as u64,
-                            "batch of aggregates done"
-                        );
-                    }
-                    Err(AggregateError::Prometheus(e)) if e.is_too_large() && part.len() > 1 => {
-                        report.splits += 1;
-                        tracing::info!(cluster, jobs = part.len(), error = %e, "the store refused a batch for its size; asking for it in halves");
-                        let (first, second) = part.split_at(part.len() / 2);
-                        parts.push(second.to_vec());
-                        parts.push(first.to_vec());
-                    }
-                    Err(e) => {
-                        tracing::warn!(cluster, jobs = part.len(), error = %e, "aggregates not updated; retried at the next run");
-                        first_error.get_or_insert(e);
-                    }
+        }
+    }
+    batches.sort_by_key(|(range, _)| *range);
+    let began = std::time::Instant::now();
+    let mut batches = batches.into_iter();
+    while let Some((range, batch)) = batches.next() {
+        if report.queries > 0 && began.elapsed() >= limits.run_budget {
+            report.deferred = batch.len() + batches.map(|(_, b)| b.len()).sum::<usize>();
+            tracing::info!(
+                cluster,
+                jobs = report.deferred,
+                "the run's budget is spent; the longest windows wait for the next run"
+            );
+            break;
+        }
+        // A batch the store refuses for its size is asked again in halves; each part
+        // that answers is written, whatever becomes of the others.
+        let mut parts = vec![batch];
+        while let Some(part) = parts.pop() {
+            let asked_at = std::time::Instant::now();
+            match query_batch(&prometheus, queries, limits, &part, range, now).await {
+                Ok((deltas, n)) => {
+                    let written_at = std::time::Instant::now();
+                    report.queries += n;
+                    store.apply_aggregates(&deltas, now).await?;
+                    report.updated += deltas.len();
+                    tracing::debug!(
+                        cluster,
+                        jobs = part.len(),
+                        queries = n,
+                        asking_ms = (written_at - asked_at).as_millis() as u64,
+                        writing_ms = written_at.elapsed().as_millis() as u64,
+                        "batch of aggregates done"
+                    );
+                }
+                Err(AggregateError::Prometheus(e)) if e.is_too_large() && part.len() > 1 => {
+                    report.splits += 1;
+                    tracing::info!(cluster, jobs = part.len(), error = %e, "the store refused a batch for its size; asking for it in halves");
+                    let (first, second) = part.split_at(part.len() / 2);
+                    parts.push(second.to_vec());
+                    parts.push(first.to_vec());
+                }
+                Err(e) => {
+                    tracing::warn!(cluster, jobs = part.len(), error = %e, "aggregates not updated; retried at the next run");
+                    first_error.get_or_insert(e);
                 }
             }
         }
@@ -769,6 +794,68 @@ mod tests {
             .unwrap();
         assert_eq!((r.updated, r.queries), (0, 0));
         assert!(fake.asked.lock().unwrap().is_empty());
+    }
+
+    /// The uuids whose aggregates are done, in id order.
+    async fn done(store: &Store) -> Vec<String> {
+        let rows = store
+            .fetch_all(&Sql::new(
+                "SELECT uuid FROM units WHERE aggregates_status = 'done' ORDER BY id",
+            ))
+            .await
+            .unwrap();
+        rows.iter().map(|r| r.get(0).unwrap()).collect()
+    }
+
+    /// A run past its budget leaves the longest windows (an outage's backlog) for the next
+    /// runs; a job that ended meanwhile goes before them; every job is counted once.
+    #[tokio::test]
+    async fn a_backlog_is_spread_over_runs_and_new_jobs_go_first() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = crate::store::db::testing::store(tmp.path()).await;
+        let line = |id: u32, start: i64, end: i64| {
+            format!("{id}|debug|normal|physics|alice|2001|alice|2001|990|{start}|{end}|00:05:00|{}|0:0|COMPLETED|billing=1,cpu=1,mem=1G,node=1|localhost|/tmp|60|j{id}\n", end - start)
+        };
+        // Four jobs of the day before, one of the last minutes.
+        let backlog: String = (1..=4).map(|i| line(i, 1000, 1600)).collect();
+        let (jobs, _) = sacct::parse_output(&(backlog + &line(5, 9000, 9500)));
+        store.ingest("lab", &jobs, 0, 10000).await.unwrap();
+        let fake = Arc::new(FakePrometheus::default());
+        let limits = Limits {
+            max_batch: 1,
+            run_budget: Duration::ZERO,
+            ..Limits::default()
+        };
+        let q = Queries::default();
+        let run = |now| update(&store, fake.clone(), &q, &limits, "lab", None, now);
+
+        let r = run(10000).await.unwrap();
+        assert_eq!((r.updated, r.deferred), (1, 4));
+        assert_eq!(done(&store).await, ["5"]);
+        let r = run(10600).await.unwrap();
+        assert_eq!((r.updated, r.deferred), (1, 3));
+        assert_eq!(done(&store).await, ["1", "5"]);
+        // A job ends while the backlog is worked off: it is not kept waiting.
+        let (jobs, _) = sacct::parse_output(&line(6, 10700, 11000));
+        store.ingest("lab", &jobs, 0, 11200).await.unwrap();
+        let r = run(11200).await.unwrap();
+        assert_eq!((r.updated, r.deferred), (1, 3));
+        assert_eq!(done(&store).await, ["1", "5", "6"]);
+        for (now, left) in [(11800, 2), (12400, 1), (13000, 0)] {
+            assert_eq!(run(now).await.unwrap().deferred, left);
+        }
+        assert_eq!(done(&store).await, ["1", "2", "3", "4", "5", "6"]);
+        let r = run(13600).await.unwrap();
+        assert_eq!((r.updated, r.queries, r.deferred), (0, 0, 0));
+        // Each job's window was asked once: its counted seconds are its length.
+        let rows = store
+            .fetch_all(&Sql::new(
+                "SELECT aggregated_seconds FROM units ORDER BY id",
+            ))
+            .await
+            .unwrap();
+        let seconds: Vec<i64> = rows.iter().map(|r| r.get(0).unwrap()).collect();
+        assert_eq!(seconds, [600, 600, 600, 600, 500, 300]);
     }
 
     /// Prometheus that fails the first query at once and answers the others slowly.

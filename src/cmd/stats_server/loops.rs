@@ -18,6 +18,8 @@ pub(super) struct Stats {
     pub(super) aggregate_splits: AtomicU64,
     /// How long the last aggregate run took, in milliseconds.
     pub(super) aggregate_millis: AtomicU64,
+    /// Jobs the last aggregate run left for the next, past its budget.
+    pub(super) aggregate_deferred: AtomicU64,
     pub(super) association_failures: AtomicU64,
 }
 
@@ -112,6 +114,12 @@ pub(super) fn metrics(sources: &[Source], mail: &MailStats) -> String {
             "How long the last run of job aggregates from Prometheus took",
             labels.clone(),
             st.aggregate_millis.load(Ordering::Relaxed) as f64 / 1000.0,
+        );
+        set.gauge(
+            "ceems_stats_aggregate_deferred_jobs",
+            "Jobs the last run of aggregates left for the next one, past --prometheus.update-budget (a backlog)",
+            labels.clone(),
+            st.aggregate_deferred.load(Ordering::Relaxed) as f64,
         );
         set.gauge(
             "ceems_stats_last_update_timestamp_seconds",
@@ -218,12 +226,15 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                             .fetch_add(r.queries as u64, Ordering::Relaxed);
                         st.aggregate_splits
                             .fetch_add(r.splits as u64, Ordering::Relaxed);
+                        st.aggregate_deferred
+                            .store(r.deferred as u64, Ordering::Relaxed);
                         tracing::info!(
                             cluster = id,
                             jobs = r.updated,
                             too_short = r.too_short,
                             queries = r.queries,
                             split_batches = r.splits,
+                            deferred = r.deferred,
                             "aggregates updated"
                         );
                     }

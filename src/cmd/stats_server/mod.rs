@@ -214,6 +214,12 @@ pub fn opts() -> Vec<Opt> {
         )
         .default("4"),
         Opt::new(
+            "prometheus.update-budget",
+            Kind::Duration,
+            "Longest an update asks Prometheus for aggregates (at most --storage.update-interval): the jobs left, the longest windows (an outage's backlog), wait for the next update; new jobs go first",
+        )
+        .default("15m"),
+        Opt::new(
             "prometheus.max-samples",
             Kind::Int,
             "Prometheus's --query.max-samples; batches stay under half of it",
@@ -391,6 +397,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         parallel_queries: usize::try_from(prom.parallel_queries.max(1)).unwrap_or(1),
         scrape_interval: prom.scrape_interval,
         query_delay: prom.query_delay,
+        run_budget: prom.update_budget.min(storage.update_interval),
     };
     let sources: Vec<Source> = cluster_list
         .into_iter()

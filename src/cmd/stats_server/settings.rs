@@ -88,6 +88,8 @@ pub(super) struct PrometheusSettings {
     pub(super) max_samples: i64,
     pub(super) parallel_queries: i64,
     #[serde(deserialize_with = "config::de_duration")]
+    pub(super) update_budget: Duration,
+    #[serde(deserialize_with = "config::de_duration")]
     pub(super) scrape_interval: Duration,
     #[serde(deserialize_with = "config::de_duration")]
     pub(super) query_delay: Duration,
