@@ -17,6 +17,24 @@ use std::process::ExitCode;
 
 use clap::Command;
 
+/// At most `arenas` malloc arenas, and large buffers (a scrape's body, an ingestion's
+/// batches) mapped apart and handed back when freed. glibc gives each thread that allocates
+/// an arena of its own, up to 8 per core, and grows its mapping threshold to the largest
+/// buffer freed: each arena then keeps its own high-water mark of buffers that other threads
+/// freed. Called first, before any other thread starts.
+fn keep_heap_small(arenas: i32) {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: mallopt only sets allocator parameters; no other thread runs yet.
+        unsafe {
+            nix::libc::mallopt(nix::libc::M_ARENA_MAX, arenas);
+            nix::libc::mallopt(nix::libc::M_MMAP_THRESHOLD, 512 << 10);
+        }
+    }
+    #[cfg(not(target_env = "gnu"))]
+    let _ = arenas;
+}
+
 /// The names CEEMS's own binaries had; a link with one of them runs that subcommand, so
 /// existing systemd units keep working.
 const ARGV0_ALIASES: &[(&str, &str)] = &[
