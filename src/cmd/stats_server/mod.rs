@@ -300,9 +300,6 @@ pub fn command() -> Command {
 }
 
 pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
-    // Two arenas: an ingestion's batches are filled on one thread and freed on another, and
-    // with an arena per thread a re-ingestion of 100,000 jobs peaked at 260 MB instead of 186.
-    super::keep_heap_small(2);
     let settings = config::load("stats-server", &opts(), matches)?;
     let log: LogConfig = settings.get("log")?;
     crate::log::init(&log)?;
