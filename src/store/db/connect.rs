@@ -84,8 +84,8 @@ impl Store {
         .map_err(|e| lock_err(std::io::Error::other(e)))?
         .map_err(lock_err)?;
         // WAL lets readers run beside the writer. Each connection has its own page cache:
-        // the writer's holds a large batch's index pages (1M jobs: 95k -> 105k rows/s over
-        // SQLite's default 2 MiB); the readers' stay small, the kernel caches the file.
+        // the write transactions' holds a large batch's index pages (SQLite's default is
+        // 2 MiB); the others' stay small, the kernel caches the file.
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
             .connect_with(opts.clone().pragma("cache_size", "-8192"))

@@ -61,8 +61,8 @@ pub enum Tx {
 
 pub struct Store {
     pool: Pool,
-    /// SQLite's one writing connection, with the large page cache a big write wants; the
-    /// pool's readers keep small ones (each connection has its own cache).
+    /// The connection of SQLite's write transactions, with the large page cache a big batch
+    /// wants; the pool's keep small ones (each connection has its own cache).
     sqlite_writer: Option<SqlitePool>,
     /// Bumped by every write, so readers can tell a cached answer is stale (SQLite's; on
     /// PostgreSQL the database holds it, see `generation()`).
