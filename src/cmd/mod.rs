@@ -17,24 +17,6 @@ use std::process::ExitCode;
 
 use clap::Command;
 
-/// At most `arenas` malloc arenas, and large buffers (a scrape's body) mapped apart and
-/// handed back when freed. glibc gives each thread that allocates an arena of its own, up to
-/// 8 per core, and grows its mapping threshold to the largest buffer freed: each arena then
-/// keeps its own high-water mark. Called first, before any other thread starts. Not for the
-/// stats-server: two arenas cut its ingestion from 104k to 61-75k rows/s (contention).
-fn keep_heap_small(arenas: i32) {
-    #[cfg(target_env = "gnu")]
-    {
-        // SAFETY: mallopt only sets allocator parameters; no other thread runs yet.
-        unsafe {
-            nix::libc::mallopt(nix::libc::M_ARENA_MAX, arenas);
-            nix::libc::mallopt(nix::libc::M_MMAP_THRESHOLD, 512 << 10);
-        }
-    }
-    #[cfg(not(target_env = "gnu"))]
-    let _ = arenas;
-}
-
 /// The names CEEMS's own binaries had; a link with one of them runs that subcommand, so
 /// existing systemd units keep working.
 const ARGV0_ALIASES: &[(&str, &str)] = &[

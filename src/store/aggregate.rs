@@ -196,7 +196,7 @@ pub struct Limits {
     /// Aggregates are counted up to this long before now.
     pub query_delay: Duration,
     /// No batch starts after a run has asked this long: the rest, the longest windows (a
-    /// backlog), waits for the next run. One batch always runs.
+    /// backlog), waits for the next run. Until one batch has answered, batches start anyway.
     pub run_budget: Duration,
 }
 
