@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use bytes::Bytes;
+use super::api::Answer;
 
 /// Most bytes kept (spans, rendered jobs, answers).
 pub const BUDGET_BYTES: usize = 64 << 20;
@@ -80,7 +80,7 @@ struct Inner {
     /// Each job's JSON object by field set.
     rows: HashMap<(u64, i64), Rendered>,
     /// Whole answers by field set and the ids of their jobs, in order.
-    answers: HashMap<(u64, Box<[i64]>), Bytes>,
+    answers: HashMap<(u64, Box<[i64]>), Answer>,
 }
 
 impl Inner {
@@ -145,10 +145,10 @@ impl UnitCache {
             keep
         });
         let mut answers_freed = 0;
-        inner.answers.retain(|(_, ids), body| {
+        inner.answers.retain(|(_, ids), answer| {
             let keep = !ids.iter().any(|id| units.contains(id));
             if !keep {
-                answers_freed += body.len() + ids.len() * 8;
+                answers_freed += answer.body.len() + ids.len() * 8;
             }
             keep
         });
@@ -181,7 +181,7 @@ impl UnitCache {
         }
     }
 
-    pub fn answer(&self, generation: u64, fields: u64, ids: &[i64]) -> Option<Bytes> {
+    pub fn answer(&self, generation: u64, fields: u64, ids: &[i64]) -> Option<Answer> {
         self.read(generation)?
             .answers
             .get(&(fields, Box::from(ids)))
@@ -206,7 +206,7 @@ impl UnitCache {
         fields: u64,
         rendered: &HashMap<i64, Rendered>,
         ids: Vec<i64>,
-        answer: &Bytes,
+        answer: &Answer,
     ) {
         let Ok(mut inner) = self.inner.write() else {
             return;
@@ -216,7 +216,7 @@ impl UnitCache {
                 inner.rows.insert((fields, *id), json.clone());
             }
         }
-        let size = answer.len() + ids.len() * 8;
+        let size = answer.body.len() + ids.len() * 8;
         if inner.admit_answer(generation, size) {
             inner
                 .answers
@@ -228,6 +228,11 @@ impl UnitCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
+
+    fn ok(body: Bytes) -> Answer {
+        Answer::new(hyper::StatusCode::OK, body)
+    }
 
     fn span(id: i64, started_at: i64, ended_at: Option<i64>, running: bool) -> JobSpan {
         JobSpan {
@@ -283,8 +288,14 @@ mod tests {
             (7, Rendered::from(r#"{"uuid":"7"}"#)),
             (8, Rendered::from(r#"{"uuid":"8"}"#)),
         ]);
-        cache.keep_answer(3, 1, &rendered, vec![7, 8], &Bytes::from_static(b"both"));
-        cache.keep_answer(3, 1, &rendered, vec![8], &Bytes::from_static(b"eight"));
+        cache.keep_answer(
+            3,
+            1,
+            &rendered,
+            vec![7, 8],
+            &ok(Bytes::from_static(b"both")),
+        );
+        cache.keep_answer(3, 1, &rendered, vec![8], &ok(Bytes::from_static(b"eight")));
         cache.catch_up(5, |from| {
             assert_eq!(from, 3);
             Some(vec![7])
@@ -294,7 +305,10 @@ mod tests {
             vec![None, rendered.get(&8).cloned()]
         );
         assert_eq!(cache.answer(5, 1, &[7, 8]), None);
-        assert_eq!(cache.answer(5, 1, &[8]), Some(Bytes::from_static(b"eight")));
+        assert_eq!(
+            cache.answer(5, 1, &[8]),
+            Some(ok(Bytes::from_static(b"eight")))
+        );
         assert_eq!(cache.spans(5, "alice"), Some(spans));
         // Already there: not asked again.
         cache.catch_up(5, |_| panic!("asked for no change"));
@@ -308,10 +322,16 @@ mod tests {
     fn answers_are_told_apart_by_fields_and_jobs() {
         let cache = UnitCache::default();
         let rendered = HashMap::from([(7, Rendered::from(r#"{"uuid":"7"}"#))]);
-        cache.keep_answer(3, 0b1, &rendered, vec![7], &Bytes::from_static(b"seven"));
+        cache.keep_answer(
+            3,
+            0b1,
+            &rendered,
+            vec![7],
+            &ok(Bytes::from_static(b"seven")),
+        );
         assert_eq!(
             cache.answer(3, 0b1, &[7]),
-            Some(Bytes::from_static(b"seven"))
+            Some(ok(Bytes::from_static(b"seven")))
         );
         assert_eq!(cache.answer(3, 0b11, &[7]), None);
         assert_eq!(cache.answer(3, 0b1, &[7, 8]), None);
@@ -334,7 +354,7 @@ mod tests {
                 1,
                 &HashMap::from([(id, big.clone())]),
                 vec![],
-                &Bytes::new(),
+                &ok(Bytes::new()),
             );
         }
         let kept = (0..4)
@@ -356,7 +376,7 @@ mod tests {
         let spans = UserSpans::Kept(Arc::from(vec![span(1, 1, None, true)]));
         cache.keep_spans(1, "alice", spans.clone());
         let row = HashMap::from([(1, Rendered::from(r#"{"uuid":"1"}"#))]);
-        let big = Bytes::from(vec![b'x'; ANSWER_BYTES / 2]);
+        let big = ok(Bytes::from(vec![b'x'; ANSWER_BYTES / 2]));
         for ids in 0..5 {
             cache.keep_answer(1, 1, &row, vec![ids], &big);
         }
@@ -370,7 +390,7 @@ mod tests {
         assert_eq!(cache.spans(1, "alice"), Some(spans));
         assert_eq!(cache.rows(1, 1, &[1]), vec![row.get(&1).cloned()]);
         // An answer larger than the answers' share is not kept.
-        let huge = Bytes::from(vec![b'x'; ANSWER_BYTES + 1]);
+        let huge = ok(Bytes::from(vec![b'x'; ANSWER_BYTES + 1]));
         cache.keep_answer(1, 1, &row, vec![9], &huge);
         assert_eq!(cache.answer(1, 1, &[9]), None);
     }

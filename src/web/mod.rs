@@ -120,22 +120,36 @@ pub fn body_response(
     gzip: bool,
 ) -> Response<Body> {
     let body: Bytes = body.into();
+    let compressed = if gzip { gzipped(&body) } else { None };
+    encoded_response(body, compressed, content_type)
+}
+
+/// `body` gzip-compressed; None if it cannot be (then it is sent as it is).
+pub fn gzipped(body: &[u8]) -> Option<Bytes> {
+    let mut enc = flate2::write::GzEncoder::new(
+        Vec::with_capacity(body.len() / 4),
+        flate2::Compression::fast(),
+    );
+    enc.write_all(body)
+        .and_then(|_| enc.finish())
+        .ok()
+        .map(Bytes::from)
+}
+
+/// A 200 response: `gzipped` (`body` compressed, made earlier) when there is one, else `body`.
+pub fn encoded_response(
+    body: Bytes,
+    gzipped: Option<Bytes>,
+    content_type: &'static str,
+) -> Response<Body> {
     let mut headers = Vec::with_capacity(3);
     headers.push((CONTENT_TYPE, HeaderValue::from_static(content_type)));
-    let bytes = if gzip {
-        let mut enc = flate2::write::GzEncoder::new(
-            Vec::with_capacity(body.len() / 4),
-            flate2::Compression::fast(),
-        );
-        match enc.write_all(&body).and_then(|_| enc.finish()) {
-            Ok(z) => {
-                headers.push((CONTENT_ENCODING, HeaderValue::from_static("gzip")));
-                Bytes::from(z)
-            }
-            Err(_) => body,
+    let bytes = match gzipped {
+        Some(z) => {
+            headers.push((CONTENT_ENCODING, HeaderValue::from_static("gzip")));
+            z
         }
-    } else {
-        body
+        None => body,
     };
     headers.push((VARY, HeaderValue::from_static("Accept-Encoding")));
     let mut resp = Response::new(Full::new(bytes));

@@ -543,11 +543,12 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 }
                 if path.starts_with("/api/") {
                     let answer = api.handle(path, req.uri().query(), user, unix_now()).await;
-                    let mut resp = web::body_response(
-                        answer.body,
-                        "application/json",
-                        web::accepts_gzip(&req),
-                    );
+                    let gzipped = match web::accepts_gzip(&req) {
+                        true => answer.compressed(web::gzipped),
+                        false => None,
+                    };
+                    let mut resp =
+                        web::encoded_response(answer.body, gzipped, "application/json");
                     *resp.status_mut() = answer.status;
                     cors.allow(&req, &mut resp);
                     return resp;

@@ -1,25 +1,54 @@
 //! The envelope every answer is in.
 
+use std::sync::{Arc, OnceLock};
+
 use super::*;
 
 /// The start of a successful answer, up to its data.
 pub(super) const SUCCESS_HEAD: &str = r#"{"status":"success","data":"#;
 
-/// An API answer: status and JSON body, shared (not copied) by the cache and the response.
-#[derive(Debug, Clone, PartialEq)]
+/// An API answer: status and JSON body, shared (not copied) by the caches and the response.
+#[derive(Debug, Clone)]
 pub struct Answer {
     pub status: StatusCode,
     pub body: bytes::Bytes,
+    /// The body compressed, made for the first request that asks for it and shared by every
+    /// copy of this answer: compressing a user's day of jobs (200 KB) for each request of
+    /// Grafana, which asks for gzip, cost more than the rest of the answer.
+    compressed: Arc<OnceLock<Option<bytes::Bytes>>>,
+}
+
+impl PartialEq for Answer {
+    fn eq(&self, other: &Answer) -> bool {
+        self.status == other.status && self.body == other.body
+    }
 }
 
 impl Answer {
-    pub(super) fn data(data: Value) -> Answer {
+    pub fn new(status: StatusCode, body: bytes::Bytes) -> Answer {
         Answer {
-            status: StatusCode::OK,
-            body: json!({"status": "success", "data": data})
+            status,
+            body,
+            compressed: Default::default(),
+        }
+    }
+
+    /// The body as `compress` makes it, made once for this answer and its copies (so a server
+    /// passes the same coding every time); None where `compress` gave none.
+    pub fn compressed(
+        &self,
+        compress: impl FnOnce(&[u8]) -> Option<bytes::Bytes>,
+    ) -> Option<bytes::Bytes> {
+        self.compressed.get_or_init(|| compress(&self.body)).clone()
+    }
+
+    pub(super) fn data(data: Value) -> Answer {
+        Answer::new(
+            StatusCode::OK,
+            json!({"status": "success", "data": data})
                 .to_string()
                 .into(),
-        }
+        )
     }
 
     /// `data` already serialized (by SQLite's JSON functions).
@@ -33,20 +62,16 @@ impl Answer {
     /// `body` is `SUCCESS_HEAD`, the data, and an open brace to close.
     pub(super) fn success_body(mut body: String) -> Answer {
         body.push('}');
-        Answer {
-            status: StatusCode::OK,
-            body: body.into(),
-        }
+        Answer::new(StatusCode::OK, body.into())
     }
 
     fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Answer {
-        Answer {
+        Answer::new(
             status,
-            body:
-                json!({"status": "error", "data": null, "errorType": kind, "error": message.into()})
-                    .to_string()
-                    .into(),
-        }
+            json!({"status": "error", "data": null, "errorType": kind, "error": message.into()})
+                .to_string()
+                .into(),
+        )
     }
 
     /// The body as text (it is always JSON, so UTF-8).

@@ -467,9 +467,8 @@ async fn cached_answers_end_with_the_next_write() {
 #[tokio::test]
 async fn a_late_answer_from_before_a_write_does_not_evict_newer_ones() {
     let (api, _tmp) = api_with(&sample(), &[]).await;
-    let answer = |text: &'static str| Answer {
-        status: StatusCode::OK,
-        body: bytes::Bytes::from_static(text.as_bytes()),
+    let answer = |text: &'static str| {
+        Answer::new(StatusCode::OK, bytes::Bytes::from_static(text.as_bytes()))
     };
     api.remember("new".into(), 2, &answer("new"));
     api.remember("old".into(), 1, &answer("old"));
@@ -921,4 +920,27 @@ async fn an_aggregate_commit_drops_only_its_jobs_from_the_cache() {
     let third = by_uuid(&api.handle("/api/v1/units", q, Some("alice"), NOW).await);
     assert_eq!(third.len(), 3);
     assert_eq!(third[1].1, json!("renamed"), "job 3 from before: {third:?}");
+}
+
+/// Grafana asks for gzip: a cached answer is compressed once, for its first such request.
+#[tokio::test]
+async fn a_cached_answer_is_compressed_once() {
+    let (api, _tmp) = api_with(&sample(), &[]).await;
+    let first = api.handle("/api/v1/units", None, Some("alice"), NOW).await;
+    let compressions = std::sync::atomic::AtomicUsize::new(0);
+    let compress = |body: &[u8]| {
+        compressions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut z, body).ok()?;
+        z.finish().ok().map(bytes::Bytes::from)
+    };
+    let zipped = first.compressed(compress).expect("gzip");
+    let again = api.handle("/api/v1/units", None, Some("alice"), NOW).await;
+    assert_eq!(again.compressed(compress), Some(zipped.clone()));
+    assert_eq!(compressions.into_inner(), 1, "compressed again");
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&zipped[..]), &mut text)
+        .unwrap();
+    assert_eq!(text.as_bytes(), &first.body[..]);
+    assert_eq!(data(&first).len(), 1);
 }

@@ -128,11 +128,8 @@ impl Api {
         };
         // The cache key of a rendered job: its fields and the zone its times are in.
         let key = zone_key.map(|z| fields.0 | z << FIELD_BITS);
-        if let Some(body) = key.and_then(|k| self.units.answer(generation, k, &ids)) {
-            return Ok(Answer {
-                status: StatusCode::OK,
-                body,
-            });
+        if let Some(answer) = key.and_then(|k| self.units.answer(generation, k, &ids)) {
+            return Ok(answer);
         }
         let mut rendered = match key {
             Some(k) => self.units.rows(generation, k, &ids),
@@ -177,8 +174,7 @@ impl Api {
         body.push(']');
         let answer = Answer::success_body(body);
         if let Some(k) = key {
-            self.units
-                .keep_answer(generation, k, &fresh, ids, &answer.body);
+            self.units.keep_answer(generation, k, &fresh, ids, &answer);
         }
         Ok(answer)
     }
