@@ -6,8 +6,8 @@
 # first update and the next one. Prints, for each update: wall time, queries sent, samples the
 # store read per job and its CPU seconds per 1,000 jobs (from VictoriaMetrics's own /metrics);
 # the server's peak RSS; GET /api/v1/units p50/p99 at CONNS connections (default 200) while
-# the first update runs; beside them the floor (one PromQL query per aggregate over all the
-# jobs, timed in the same run); and, on a sample of SAMPLE jobs (default 50), the largest gap
+# the first update runs, uncompressed and gzip-compressed; beside them the floor (one PromQL
+# query per aggregate over all the jobs, timed in the same run); and, on a sample of SAMPLE jobs (default 50), the largest gap
 # between a job's CPU time and energy and what PromQL gives for that job alone. Asserts
 # nothing. Needs root to install what is missing.
 #   scripts/bench-updater.sh [JOBS] [NODES] [CONNS] [SAMPLE]
@@ -96,12 +96,16 @@ rss=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status")
 echo "peak RSS of the stats-server: $((rss / 1024)) MiB"
 server_a=$server
 
-# Server B on a fresh database: GET /units at CONNS connections while its first update runs.
-start_server b
-wrk_out=$(wrk -t2 -c"$conns" -d10s --latency -H 'X-Grafana-User: user7' "$server/api/v1/units")
-updated 0.000
-echo "GET /api/v1/units as one user during a first update ($(metric ceems_stats_last_aggregate_duration_seconds | cut -d. -f1) s under this load), $conns connections, 10 s: p50 $(awk '$1 == "50%" {print $2}' <<<"$wrk_out"), p99 $(awk '$1 == "99%" {print $2}' <<<"$wrk_out")"
-kill "$pid"
+# Servers B and C, each on a fresh database: GET /units at CONNS connections while its first
+# update runs, as curl asks (no compression), then as Grafana asks (gzip).
+for encoding in identity gzip; do
+  start_server "b-$encoding"
+  wrk_out=$(wrk -t2 -c"$conns" -d10s --latency -H "Accept-Encoding: $encoding" \
+    -H 'X-Grafana-User: user7' "$server/api/v1/units")
+  updated 0.000
+  echo "GET /api/v1/units as one user ($encoding) during a first update ($(metric ceems_stats_last_aggregate_duration_seconds | cut -d. -f1) s under this load), $conns connections, 10 s: p50 $(awk '$1 == "50%" {print $2}' <<<"$wrk_out"), p99 $(awk '$1 == "99%" {print $2}' <<<"$wrk_out"), $(awk '/Requests\/sec/ {print $2}' <<<"$wrk_out") requests/s"
+  kill "$pid"
+done
 server=$server_a
 
 # The floor: each default aggregate asked once for every job of the day, and the sample.
