@@ -1,7 +1,8 @@
 //! Units from a cluster's accounting into the store: the window since the last committed run
 //! (with an overlap, since running units change), in batches that each commit in one
 //! transaction; the window moves in its own transaction once every batch is in, so a crash
-//! re-ingests the window again (upserts: nothing is counted twice). Any manager's [`Accounting`] feeds it.
+//! re-ingests the window again (upserts: nothing is counted twice). Any manager's
+//! [`Accounting`] feeds it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,7 +73,7 @@ pub async fn ingest_once(
     let next = (now - overlap).max(start);
     // Parsing runs on its own thread while the previous batch is written: each takes about
     // half the time of an ingestion. One batch waits between them: each batch in flight is
-    // about 6 MB of the server's peak memory.
+    // about 6 MB of the server's peak memory (heaptrack).
     let (batches, ready) = tokio::sync::mpsc::channel::<Vec<UnitRecord>>(1);
     let cluster_id = id.to_owned();
     let parser = tokio::task::spawn_blocking(move || {
