@@ -84,6 +84,19 @@ fn jobs(server: &common::Running) -> std::collections::BTreeMap<String, serde_js
         .collect()
 }
 
+/// When `server` last finished an update (ingestion, findings, usage); 0 before its first.
+fn last_update(server: &common::Running) -> f64 {
+    let text = ureq::get(&server.url("/metrics"))
+        .call()
+        .ok()
+        .and_then(|r| r.into_string().ok())
+        .unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("ceems_stats_last_update_timestamp_seconds"))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .fold(0.0, f64::max)
+}
+
 fn get(server: &common::Running, path: &str, user: &str) -> serde_json::Value {
     let body = ureq::get(&server.url(path))
         .set("X-Grafana-User", user)
@@ -160,6 +173,19 @@ fn jobs_through_slurmrestd_equal_those_through_sacct() {
             .iter()
             .all(|id| reference.contains_key(id.as_str()))
     });
+    // The jobs show as soon as they are committed; their findings come at the end of the same
+    // update: read them again once an update has ended since.
+    let seen = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        .floor();
+    wait_until(
+        "an update of the sacct server",
+        Duration::from_secs(30),
+        || last_update(&sacct) > seen,
+    );
+    reference = jobs(&sacct);
     assert_eq!(reference[&failed]["state"], "FAILED");
     assert_eq!(reference[&cancelled]["state"], "CANCELLED");
     // A held job is never eligible, so neither source lists it in a window.
@@ -222,8 +248,11 @@ fn assert_same(
         "the jobs through slurmrestd",
         Duration::from_secs(30),
         || {
-            through_rest = jobs(server);
-            through_rest.len() >= reference.len()
+            // Read once its first update has ended, findings included.
+            last_update(server) > 0.0 && {
+                through_rest = jobs(server);
+                through_rest.len() >= reference.len()
+            }
         },
     );
     let mut differences = Vec::new();
