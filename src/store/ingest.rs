@@ -1,8 +1,8 @@
 //! Units from a cluster's accounting into the store: the window since the last committed run
 //! (with an overlap, since running units change), in batches that each commit in one
-//! transaction; the window moves in its own transaction once every batch is in, so a crash
-//! re-ingests the window again (upserts: nothing is counted twice). Any manager's
-//! [`Accounting`] feeds it.
+//! transaction; the window moves once every other batch is in (with PostgreSQL's last
+//! batch), so a crash re-ingests the window again (upserts: nothing is counted twice). Any
+//! manager's [`Accounting`] feeds it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -101,14 +101,17 @@ pub async fn ingest_once(
         let _ = batches.blocking_send(batch);
         malformed
     });
-    let rows = write_batches(store, id, ready, now, unseen_after).await?;
+    let (written, last) = write_batches(store, id, ready, now, unseen_after).await?;
     let malformed = parser.await.map_err(|e| IngestError::Task {
         cluster: id.to_owned(),
         message: e.to_string(),
     })?;
-    let report = IngestReport { rows, malformed };
-    // Every row is in: only now does the window move.
-    store.ingest(id, &[], next, now).await?;
+    // Every other row is in: only now does the window move.
+    store.ingest(id, &last, next, now).await?;
+    let report = IngestReport {
+        rows: written + last.len(),
+        malformed,
+    };
     // The rows are committed: stale statistics only make later queries slower.
     if let Err(e) = store.analyze_after_bulk_write(report.rows).await {
         tracing::warn!(cluster = %id, error = %e, "cannot refresh the planner's statistics of the jobs table");
@@ -116,17 +119,19 @@ pub async fn ingest_once(
     Ok(report)
 }
 
-/// Writes the batches from `ready` as they come, each in its own transaction; the rows
-/// written. Each writer commits its own transactions; a job always goes to the same writer,
-/// so its listings (pending, then started) are written in the order sacct gave them. With one
-/// writer (SQLite) the batches go to it straight: each hop holds a batch.
+/// Writes the batches from `ready` as they come, each in its own transaction: the rows
+/// written, and those left to write with the window. With one writer (SQLite) the batches go
+/// to it straight (each hop holds a batch) and none is left. With several (PostgreSQL) a job
+/// always goes to the same writer, so its listings (pending, then started) are written in the
+/// order sacct gave them; the last batch is left whole, to be written after every other in
+/// sacct's order, so that a small ingestion's jobs are stored in that order on either store.
 async fn write_batches(
     store: &Store,
     cluster: &str,
     mut ready: tokio::sync::mpsc::Receiver<Vec<UnitRecord>>,
     now: i64,
     unseen_after: Option<i64>,
-) -> Result<usize, StoreError> {
+) -> Result<(usize, Vec<UnitRecord>), StoreError> {
     let write = |mut inbox: tokio::sync::mpsc::Receiver<Vec<UnitRecord>>| async move {
         let mut rows = 0;
         while let Some(part) = inbox.recv().await {
@@ -136,26 +141,30 @@ async fn write_batches(
     };
     let writers = store.concurrent_writers();
     if writers <= 1 {
-        return write(ready).await;
+        return Ok((write(ready).await?, Vec::new()));
     }
     let (parts, inboxes): (Vec<_>, Vec<_>) = (0..writers)
         .map(|_| tokio::sync::mpsc::channel::<Vec<UnitRecord>>(1))
         .unzip();
     let distribute = async move {
+        let mut held: Option<Vec<UnitRecord>> = None;
         while let Some(batch) = ready.recv().await {
-            for (part, writer) in split_by_unit(batch, writers).into_iter().zip(&parts) {
-                if !part.is_empty() && writer.send(part).await.is_err() {
-                    // A writer failed: the error comes from it.
-                    return;
+            if let Some(previous) = held.replace(batch) {
+                for (part, writer) in split_by_unit(previous, writers).into_iter().zip(&parts) {
+                    if !part.is_empty() && writer.send(part).await.is_err() {
+                        // A writer failed: the error comes from it.
+                        return None;
+                    }
                 }
             }
         }
+        held
     };
-    let (_, written) = tokio::join!(
+    let (held, written) = tokio::join!(
         distribute,
         futures_util::future::try_join_all(inboxes.into_iter().map(write))
     );
-    Ok(written?.into_iter().sum())
+    Ok((written?.into_iter().sum(), held.unwrap_or_default()))
 }
 
 /// `batch` in `n` parts, each job in the part its id picks; each part keeps the batch's order.
