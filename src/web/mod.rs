@@ -136,15 +136,15 @@ pub fn gzipped(body: &[u8]) -> Option<Bytes> {
         .map(Bytes::from)
 }
 
-/// A 200 response: `gzipped` (`body` compressed, made earlier) when there is one, else `body`.
+/// A 200 response: `compressed` (`body` gzipped earlier) when there is one, else `body`.
 pub fn encoded_response(
     body: Bytes,
-    gzipped: Option<Bytes>,
+    compressed: Option<Bytes>,
     content_type: &'static str,
 ) -> Response<Body> {
     let mut headers = Vec::with_capacity(3);
     headers.push((CONTENT_TYPE, HeaderValue::from_static(content_type)));
-    let bytes = match gzipped {
+    let bytes = match compressed {
         Some(z) => {
             headers.push((CONTENT_ENCODING, HeaderValue::from_static("gzip")));
             z

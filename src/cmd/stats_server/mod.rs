@@ -543,9 +543,10 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 }
                 if path.starts_with("/api/") {
                     let answer = api.handle(path, req.uri().query(), user, unix_now()).await;
-                    let gzipped = match web::accepts_gzip(&req) {
-                        true => answer.compressed(web::gzipped),
-                        false => None,
+                    let gzipped = if web::accepts_gzip(&req) {
+                        answer.compressed(web::gzipped)
+                    } else {
+                        None
                     };
                     let mut resp =
                         web::encoded_response(answer.body, gzipped, "application/json");
