@@ -124,12 +124,21 @@ pub fn body_response(
     encoded_response(body, compressed, content_type)
 }
 
-/// `body` gzip-compressed; None if it cannot be (then it is sent as it is).
+/// `body` gzip-compressed for one response, at the fastest level; None if it cannot be (then
+/// it is sent as it is).
 pub fn gzipped(body: &[u8]) -> Option<Bytes> {
-    let mut enc = flate2::write::GzEncoder::new(
-        Vec::with_capacity(body.len() / 4),
-        flate2::Compression::fast(),
-    );
+    gzipped_at(body, flate2::Compression::fast())
+}
+
+/// `body` gzip-compressed once for many responses (a cached answer), at zlib's default level:
+/// a day of one user's jobs (173 KB) compresses to 15 KB instead of 22 KB in 1.3 ms instead of
+/// 0.5, and copying the body is most of what such a response costs.
+pub fn gzipped_once(body: &[u8]) -> Option<Bytes> {
+    gzipped_at(body, flate2::Compression::default())
+}
+
+fn gzipped_at(body: &[u8], level: flate2::Compression) -> Option<Bytes> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::with_capacity(body.len() / 4), level);
     enc.write_all(body)
         .and_then(|_| enc.finish())
         .ok()
@@ -530,5 +539,34 @@ mod tests {
         assert!(!accepts_gzip(&req("gzip;q=0")));
         assert!(!accepts_gzip(&req("identity")));
         assert!(!accepts_gzip(&Request::new(())));
+    }
+
+    #[test]
+    fn an_answer_compressed_once_is_smaller_and_the_same_when_unpacked() {
+        use std::io::Read;
+        // A page of units as /units writes them: repetitive JSON with varying numbers.
+        let body: String = (0..400)
+            .map(|i| {
+                format!(
+                    r#"{{"uuid":"{}","user":"user7","project":"proj{}","state":"COMPLETED","total_time_seconds":{{"walltime":{}}}}},"#,
+                    100_000 + i * 7919 % 3331,
+                    i % 5,
+                    i * 37 % 86_400
+                )
+            })
+            .collect();
+        let once = gzipped_once(body.as_bytes()).unwrap();
+        let fast = gzipped(body.as_bytes()).unwrap();
+        assert!(
+            once.len() < fast.len(),
+            "{} vs {} bytes",
+            once.len(),
+            fast.len()
+        );
+        let mut unpacked = String::new();
+        flate2::read::GzDecoder::new(&once[..])
+            .read_to_string(&mut unpacked)
+            .unwrap();
+        assert_eq!(unpacked, body);
     }
 }

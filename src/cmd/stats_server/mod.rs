@@ -544,7 +544,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 if path.starts_with("/api/") {
                     let answer = api.handle(path, req.uri().query(), user, unix_now()).await;
                     let gzipped = if web::accepts_gzip(&req) {
-                        answer.compressed(web::gzipped)
+                        answer.compressed(web::gzipped_once)
                     } else {
                         None
                     };
