@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::api_yield::YieldTo;
 use super::db::{AggregateDelta, AggregateTarget, Store, StoreError};
 use super::prometheus::{PromError, Prometheus};
 
@@ -198,6 +199,9 @@ pub struct Limits {
     /// No batch starts after a run has asked this long: the rest, the longest windows (a
     /// backlog), waits for the next run. Until one batch has answered, batches start anyway.
     pub run_budget: Duration,
+    /// Each query first waits while the API is busy, up to a bound (the background updater's;
+    /// not a refresh that a request itself waits for).
+    pub yield_to: Option<YieldTo>,
 }
 
 impl Default for Limits {
@@ -210,6 +214,7 @@ impl Default for Limits {
             scrape_interval: Duration::from_secs(15),
             query_delay: Duration::ZERO,
             run_budget: Duration::MAX,
+            yield_to: None,
         }
     }
 }
@@ -528,7 +533,11 @@ async fn query_batch(
     let mut answers = futures_util::stream::iter(promqls.into_iter().map(|promql| {
         let p = std::sync::Arc::clone(prometheus);
         let given_up = std::sync::Arc::clone(&given_up);
+        let yield_to = limits.yield_to.clone();
         async move {
+            if let Some(y) = yield_to {
+                y.api.until_quiet(y.at_most).await;
+            }
             if given_up.load(Ordering::Relaxed) {
                 return Ok(Vec::new());
             }
@@ -908,6 +917,44 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(*fake.started.lock().unwrap(), started);
         assert_eq!(*fake.answered.lock().unwrap(), answered);
+    }
+
+    /// While the API answers a request, each of the updater's queries waits its bound, then
+    /// goes: the update is slower, not stopped, and counts every job.
+    #[tokio::test]
+    async fn the_updater_yields_to_a_busy_api_for_a_bounded_time() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = crate::store::db::testing::store(tmp.path()).await;
+        let lines = "1|debug|normal|physics|alice|2001|alice|2001|990|1000|1600|00:10:00|600|0:0|COMPLETED|billing=1,cpu=1,mem=1G,node=1|localhost|/tmp|60|j1\n";
+        let (jobs, _) = sacct::parse_output(lines);
+        store.ingest("lab", &jobs, 0, 1700).await.unwrap();
+        let fake = Arc::new(FakePrometheus::default());
+        let api = Arc::new(crate::store::api_yield::ApiActivity::default());
+        let at_most = Duration::from_millis(40);
+        let limits = Limits {
+            yield_to: Some(YieldTo {
+                api: Arc::clone(&api),
+                at_most,
+            }),
+            ..Limits::default()
+        };
+        let q = Queries::default();
+        let answering = api.request();
+        let began = std::time::Instant::now();
+        let r = update(&store, fake.clone(), &q, &limits, "lab", None, 1700)
+            .await
+            .unwrap();
+        drop(answering);
+        assert_eq!(r.updated, 1);
+        assert_eq!(r.queries, fake.asked.lock().unwrap().len());
+        // Every query waited; those in flight together waited side by side.
+        assert!(
+            api.yielded() >= at_most * r.queries as u32,
+            "{:?}",
+            api.yielded()
+        );
+        let rounds = r.queries.div_ceil(limits.parallel_queries) as u32;
+        assert!(began.elapsed() >= at_most * rounds, "{:?}", began.elapsed());
     }
 
     /// A store that refuses a batch for its size (VictoriaMetrics's series limit) gets it in

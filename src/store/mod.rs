@@ -3,6 +3,7 @@
 
 pub mod aggregate;
 pub mod api;
+pub mod api_yield;
 pub mod db;
 pub mod findings;
 pub mod ingest;

@@ -42,8 +42,14 @@ pub(super) struct MailStats {
     pub(super) refused: AtomicU64,
 }
 
-pub(super) fn metrics(sources: &[Source], mail: &MailStats) -> String {
+pub(super) fn metrics(sources: &[Source], mail: &MailStats, api: &ApiActivity) -> String {
     let mut set = MetricSet::new();
+    set.counter(
+        "ceems_stats_aggregate_yield_seconds_total",
+        "Time queries for job aggregates waited for the API to be quiet (--prometheus.yield-to-api)",
+        Labels::empty(),
+        api.yielded().as_secs_f64(),
+    );
     for (status, v) in [
         ("sent", &mail.sent),
         ("deferred", &mail.deferred),

@@ -18,6 +18,7 @@ use crate::notify::outbox::Notifier;
 use crate::notify::smtp::Delivery;
 use crate::store::aggregate::{self, Limits, Queries};
 use crate::store::api::Api;
+use crate::store::api_yield::{ApiActivity, YieldTo};
 use crate::store::db::{self, Store};
 use crate::store::findings::Thresholds;
 use crate::store::ingest::{self, Cluster};
@@ -220,6 +221,12 @@ pub fn opts() -> Vec<Opt> {
         )
         .default("15m"),
         Opt::new(
+            "prometheus.yield-to-api",
+            Kind::Duration,
+            "Most each query for aggregates waits while the API is answering (the store's work takes the cores its answers need): a dashboard's burst delays the update a little, a flood slows it; 0s: never wait",
+        )
+        .default("1s"),
+        Opt::new(
             "prometheus.max-samples",
             Kind::Int,
             "Prometheus's --query.max-samples; batches stay under half of it",
@@ -398,6 +405,16 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         scrape_interval: prom.scrape_interval,
         query_delay: prom.query_delay,
         run_budget: prom.update_budget.min(storage.update_interval),
+        yield_to: None,
+    };
+    let api_activity = Arc::new(ApiActivity::default());
+    // The background updater yields to the API; a refresh that a request waits for does not.
+    let update_limits = Limits {
+        yield_to: (!prom.yield_to_api.is_zero()).then(|| YieldTo {
+            api: Arc::clone(&api_activity),
+            at_most: prom.yield_to_api,
+        }),
+        ..limits.clone()
     };
     let sources: Vec<Source> = cluster_list
         .into_iter()
@@ -473,7 +490,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             Arc::clone(&sources),
             UpdatePlan {
                 queries: prom.queries,
-                limits,
+                limits: update_limits,
                 thresholds,
                 interval: storage.update_interval,
                 first_window: storage.first_window,
@@ -522,6 +539,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             let api = Arc::clone(&api);
             let reports = Arc::clone(&reports);
             let cors = Arc::clone(&cors);
+            let api_activity = Arc::clone(&api_activity);
             Box::pin(async move {
                 if let Some(preflight) = cors.preflight(&req) {
                     return preflight;
@@ -530,6 +548,9 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                     return web::text_response(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
                 }
                 let path = req.uri().path();
+                // The updater waits while this is answered (a moment after, too).
+                let _answering = (path.starts_with("/api/") || path.starts_with("/report/"))
+                    .then(|| api_activity.request());
                 let user = req
                     .headers()
                     .get(api.user_header.as_str())
@@ -557,7 +578,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 match path {
                     "/health" => web::text_response(StatusCode::OK, "OK\n"),
                     "/metrics" => web::body_response(
-                        metrics(&sources, &mail),
+                        metrics(&sources, &mail, &api_activity),
                         TEXT_CONTENT_TYPE,
                         web::accepts_gzip(&req),
                     ),

@@ -90,6 +90,8 @@ pub(super) struct PrometheusSettings {
     #[serde(deserialize_with = "config::de_duration")]
     pub(super) update_budget: Duration,
     #[serde(deserialize_with = "config::de_duration")]
+    pub(super) yield_to_api: Duration,
+    #[serde(deserialize_with = "config::de_duration")]
     pub(super) scrape_interval: Duration,
     #[serde(deserialize_with = "config::de_duration")]
     pub(super) query_delay: Duration,
