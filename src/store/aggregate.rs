@@ -893,15 +893,21 @@ mod tests {
         }
     }
 
+    /// A store with one job that ran 1000..1600, ingested at 1700.
+    async fn one_finished_job(dir: &std::path::Path) -> Store {
+        let store = crate::store::db::testing::store(dir).await;
+        let lines = "1|debug|normal|physics|alice|2001|alice|2001|990|1000|1600|00:10:00|600|0:0|COMPLETED|billing=1,cpu=1,mem=1G,node=1|localhost|/tmp|60|j1\n";
+        let (jobs, _) = sacct::parse_output(lines);
+        store.ingest("lab", &jobs, 0, 1700).await.unwrap();
+        store
+    }
+
     /// A failed run has finished with Prometheus when it says so: the queries already in
     /// flight are waited for, no more are sent, none lands in the next run.
     #[tokio::test]
     async fn a_failed_run_leaves_no_query_behind() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = crate::store::db::testing::store(tmp.path()).await;
-        let lines = "1|debug|normal|physics|alice|2001|alice|2001|990|1000|1600|00:10:00|600|0:0|COMPLETED|billing=1,cpu=1,mem=1G,node=1|localhost|/tmp|60|j1\n";
-        let (jobs, _) = sacct::parse_output(lines);
-        store.ingest("lab", &jobs, 0, 1700).await.unwrap();
+        let store = one_finished_job(tmp.path()).await;
         let fake = Arc::new(FirstFails::default());
         let (limits, q) = (Limits::default(), Queries::default());
         assert!(q.list().len() > limits.parallel_queries);
@@ -924,10 +930,7 @@ mod tests {
     #[tokio::test]
     async fn the_updater_yields_to_a_busy_api_for_a_bounded_time() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = crate::store::db::testing::store(tmp.path()).await;
-        let lines = "1|debug|normal|physics|alice|2001|alice|2001|990|1000|1600|00:10:00|600|0:0|COMPLETED|billing=1,cpu=1,mem=1G,node=1|localhost|/tmp|60|j1\n";
-        let (jobs, _) = sacct::parse_output(lines);
-        store.ingest("lab", &jobs, 0, 1700).await.unwrap();
+        let store = one_finished_job(tmp.path()).await;
         let fake = Arc::new(FakePrometheus::default());
         let api = Arc::new(crate::store::api_yield::ApiActivity::default());
         let at_most = Duration::from_millis(40);
