@@ -7,9 +7,9 @@
 # store read per job and its CPU seconds per 1,000 jobs (from VictoriaMetrics's own /metrics);
 # the server's peak RSS; GET /api/v1/units p50/p99 at CONNS connections (default 200) while
 # the first update runs, uncompressed and gzip-compressed; beside them the floor (one PromQL
-# query per aggregate over all the jobs, timed in the same run); and, on a sample of SAMPLE jobs (default 50), the largest gap
-# between a job's CPU time and energy and what PromQL gives for that job alone. Asserts
-# nothing. Needs root to install what is missing.
+# query per aggregate over all the jobs, timed in the same run); and, on a sample of SAMPLE
+# jobs (default 50), the largest gap between a job's CPU time and energy and what PromQL gives
+# for that job alone. Asserts nothing. Needs root to install what is missing.
 #   scripts/bench-updater.sh [JOBS] [NODES] [CONNS] [SAMPLE]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -535,10 +535,12 @@ async fn query_batch(
         let given_up = std::sync::Arc::clone(&given_up);
         let yield_to = limits.yield_to.clone();
         async move {
-            if let Some(y) = yield_to {
+            let given_up = || given_up.load(Ordering::Relaxed);
+            // A query of a failed batch does not wait for the API only to be dropped.
+            if let Some(y) = yield_to.filter(|_| !given_up()) {
                 y.api.until_quiet(y.at_most).await;
             }
-            if given_up.load(Ordering::Relaxed) {
+            if given_up() {
                 return Ok(Vec::new());
             }
             ask(p, promql, now).await
