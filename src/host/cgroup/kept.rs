@@ -95,9 +95,9 @@ impl DescriptorBudget {
         taken
     }
 
-    /// Only a [`Held`] dropping gives back, one for the one it took.
-    fn give_back(&self) {
-        self.held.fetch_sub(1, Ordering::Relaxed);
+    /// Only a [`Held`] or a unit's files dropping give back, what they took.
+    fn give_back(&self, n: usize) {
+        self.held.fetch_sub(n, Ordering::Relaxed);
     }
 }
 
@@ -133,7 +133,7 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.budget.give_back();
+        self.budget.give_back(1);
     }
 }
 
@@ -165,30 +165,36 @@ enum KeptRead {
     ByPath,
 }
 
-/// A file of a unit: open, or known not to exist in this unit's directory.
-#[derive(Debug)]
-enum Slot {
-    Open(Held),
-    Missing,
-}
-
 /// The kept files of one unit; dropping it closes them and returns their budget.
 #[derive(Debug)]
 struct UnitFiles {
     /// The unit's directory, held so that its inode number stays its own.
     _dir: Held,
     ino: u64,
-    files: Vec<(Box<str>, Slot)>,
+    /// Each file by its name's place in [`KeptFiles::names`]: open, or None when it does not
+    /// exist in this unit's directory. Eight bytes a file: with a thousand jobs, a name and a
+    /// budget handle for each of their files held a megabyte.
+    files: Vec<(u16, Option<File>)>,
+    /// Where the next file read is expected in `files`: a scrape reads a unit's files in the
+    /// order the last one did, so one comparison finds most.
+    next: usize,
     generation: u64,
 }
 
 impl UnitFiles {
     fn descriptors(&self) -> usize {
-        1 + self
-            .files
-            .iter()
-            .filter(|(_, s)| matches!(s, Slot::Open(_)))
-            .count()
+        1 + self.open_files()
+    }
+
+    fn open_files(&self) -> usize {
+        self.files.iter().filter(|(_, f)| f.is_some()).count()
+    }
+}
+
+impl Drop for UnitFiles {
+    fn drop(&mut self) {
+        // The directory's own descriptor is given back by its `Held`.
+        self._dir.budget.give_back(self.open_files());
     }
 }
 
@@ -197,10 +203,12 @@ impl UnitFiles {
 #[derive(Debug)]
 pub struct KeptFiles {
     /// By the unit's path as bytes: hashing a `Path` walks its components, at every lookup.
-    units: HashMap<Box<[u8]>, UnitFiles>,
+    units: HashMap<Box<[u8]>, UnitFiles, foldhash::fast::RandomState>,
     /// The unit being read, out of the map so that its files are found without hashing.
     current: Option<(Box<[u8]>, UnitFiles)>,
     budget: Arc<DescriptorBudget>,
+    /// The names of the files read, once for all units.
+    names: Vec<Box<str>>,
     generation: u64,
     /// Where a file that must be opened is named, reused.
     path: PathBuf,
@@ -230,9 +238,10 @@ fn pread_all(file: &File, buf: &mut Vec<u8>) -> io::Result<usize> {
 impl KeptFiles {
     pub fn new(budget: Arc<DescriptorBudget>) -> KeptFiles {
         KeptFiles {
-            units: HashMap::new(),
+            units: HashMap::default(),
             current: None,
             budget,
+            names: Vec::new(),
             generation: 0,
             path: PathBuf::new(),
         }
@@ -251,6 +260,7 @@ impl KeptFiles {
             let ino = listed.or_else(|| dir_ino(dir));
             if ino == Some(unit.ino) {
                 unit.generation = self.generation;
+                unit.next = 0;
                 self.current = Some((key, unit));
                 return;
             }
@@ -268,6 +278,7 @@ impl KeptFiles {
                 _dir: held,
                 ino,
                 files: Vec::new(),
+                next: 0,
                 generation: self.generation,
             },
         ));
@@ -318,16 +329,24 @@ impl KeptFiles {
         let Some((_, unit)) = &mut self.current else {
             return KeptRead::ByPath;
         };
-        let Some(pos) = unit.files.iter().position(|(n, _)| &**n == name) else {
+        let names = &self.names;
+        let is = |id: u16| names.get(usize::from(id)).is_some_and(|n| &**n == name);
+        let found = match unit.files.get(unit.next) {
+            Some((id, _)) if is(*id) => Some(unit.next),
+            _ => unit.files.iter().position(|(id, _)| is(*id)),
+        };
+        let Some(pos) = found else {
             return KeptRead::ByPath;
         };
+        unit.next = pos + 1;
         match &unit.files[pos].1 {
-            Slot::Missing => KeptRead::Missing,
-            Slot::Open(held) => match pread_all(&held.file, buf) {
+            None => KeptRead::Missing,
+            Some(file) => match pread_all(file, buf) {
                 Ok(n) if n > 0 => KeptRead::Read(n),
                 // An empty seq_file read once answers empty for good: open it again.
                 Ok(_) => {
                     unit.files.swap_remove(pos);
+                    self.budget.give_back(1);
                     KeptRead::ByPath
                 }
                 // Removed under us (ENODEV): this unit's descriptors are all stale.
@@ -345,16 +364,29 @@ impl KeptFiles {
         let Some((_, unit)) = &mut self.current else {
             return read_by_path(path, buf);
         };
+        let id = match self.names.iter().position(|n| &**n == name) {
+            Some(id) => id,
+            None => {
+                self.names.push(name.into());
+                self.names.len() - 1
+            }
+        };
+        // Past 65,536 names (never, for cgroup files) a file is read by its path each time.
+        let id = u16::try_from(id).ok();
         match File::open(path) {
             Ok(file) => {
                 let n = pread_all(&file, buf)?;
-                if let Some(held) = self.budget.keep(file) {
-                    unit.files.push((name.into(), Slot::Open(held)));
+                if let Some(id) = id.filter(|_| self.budget.take()) {
+                    unit.files.push((id, Some(file)));
+                    unit.next = unit.files.len();
                 }
                 Ok(Some(n))
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                unit.files.push((name.into(), Slot::Missing));
+                if let Some(id) = id {
+                    unit.files.push((id, None));
+                    unit.next = unit.files.len();
+                }
                 Ok(None)
             }
             Err(e) => Err(e),

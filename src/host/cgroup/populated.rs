@@ -2,7 +2,8 @@
 //! CEEMS does.
 
 use std::collections::HashMap;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,8 @@ const POPULATED_TTL: Duration = Duration::from_secs(30);
 /// The answers of the last scrapes, for directories that still exist.
 #[derive(Debug)]
 pub struct Populated {
-    seen: HashMap<PathBuf, Instant>,
+    /// By the path's bytes: hashing a `Path` walks its components.
+    seen: HashMap<Box<[u8]>, Instant, foldhash::fast::RandomState>,
     /// v2 `cgroup.events`, kept open.
     events: KeptFiles,
     buf: Vec<u8>,
@@ -25,7 +27,7 @@ pub struct Populated {
 impl Default for Populated {
     fn default() -> Populated {
         Populated {
-            seen: HashMap::new(),
+            seen: HashMap::default(),
             events: KeptFiles::new(DescriptorBudget::process()),
             buf: Vec::new(),
         }
@@ -71,23 +73,25 @@ impl Populated {
             }
         }
         let now = Instant::now();
-        if let Some(seen) = self.seen.get(dir) {
+        let key = dir.as_os_str().as_bytes();
+        if let Some(seen) = self.seen.get(key) {
             if now.duration_since(*seen) < POPULATED_TTL {
                 return true;
             }
         }
         let found = first_pid(dir, faults).is_some();
         if found {
-            self.seen.insert(dir.to_owned(), now);
+            self.seen.insert(key.into(), now);
         } else {
-            self.seen.remove(dir);
+            self.seen.remove(key);
         }
         found
     }
 
     /// Forgets the directories `keep` says are gone.
     pub fn retain(&mut self, keep: impl Fn(&Path) -> bool) {
-        self.seen.retain(|k, _| keep(k));
+        self.seen
+            .retain(|k, _| keep(Path::new(OsStr::from_bytes(k))));
         self.events.retain(keep);
     }
 }
