@@ -19,10 +19,13 @@ pub fn single_u64(text: &str) -> Result<u64, ParseError> {
 
 /// Digits with at most one decimal point, as the kernel prints PSI averages (`0.00`).
 fn is_decimal(v: &str) -> bool {
-    let (int, frac) = v.split_once('.').unwrap_or((v, ""));
-    !int.is_empty()
-        && int.bytes().all(|b| b.is_ascii_digit())
-        && frac.bytes().all(|b| b.is_ascii_digit())
+    let mut points = 0;
+    !v.is_empty()
+        && !v.starts_with('.')
+        && v.bytes().all(|b| {
+            points += usize::from(b == b'.');
+            b.is_ascii_digit() || (b == b'.' && points == 1)
+        })
 }
 
 /// A limit such as `memory.max`: a number, or `max` for none (`None`).
@@ -102,12 +105,14 @@ pub fn pressure(text: &str) -> Result<Pressure, ParseError> {
         let kind = fields.next().unwrap_or_default();
         let mut total = None;
         for field in fields {
-            let Some((k, v)) = field.split_once('=') else {
+            // A byte scan: `split_once` on a char was most of a PSI file's parsing.
+            let Some(eq) = field.bytes().position(|b| b == b'=') else {
                 return Err(ParseError::new(
                     i + 1,
                     format!("expected `name=value`, got `{field}`"),
                 ));
             };
+            let (k, v) = (&field[..eq], &field[eq + 1..]);
             match k {
                 "total" => total = Some(parse_u64_field(i + 1, v)?),
                 // Checked, not parsed: the averages are not exported.
@@ -317,6 +322,10 @@ mod tests {
         assert!(pressure("full avg10=0.00\n").is_err());
         assert!(pressure("some avg10=0.0x avg60=0.00 avg300=0.00 total=1\n").is_err());
         assert!(pressure("some avg10=.5 avg60=0.00 avg300=0.00 total=1\n").is_err());
+        assert!(pressure("some avg10=1.2.3 avg60=0.00 avg300=0.00 total=1\n").is_err());
+        assert!(pressure("some avg10= avg60=0.00 avg300=0.00 total=1\n").is_err());
+        assert!(pressure("some avg10=5. avg60=12 avg300=0.00 total=1\n").is_ok());
+        assert!(pressure("some avg10=0.00 total\n").is_err());
         assert!(pressure("half total=1\n").is_err());
     }
 
