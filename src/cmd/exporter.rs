@@ -134,6 +134,8 @@ pub struct Exporter {
     /// `--discoverer.alloy-targets`: its path and the discoverer.
     alloy_targets: Option<(String, Arc<collect::alloy_targets::AlloyTargets>)>,
     build_info: Labels,
+    /// The last scrape's body buffer, reused by the next.
+    body: web::spare::SpareBuffer,
 }
 
 impl Exporter {
@@ -192,6 +194,7 @@ impl Exporter {
                 ("goos", std::env::consts::OS),
                 ("goarch", std::env::consts::ARCH),
             ]),
+            body: web::spare::SpareBuffer::default(),
         };
         Ok((
             exporter,
@@ -233,7 +236,7 @@ impl Exporter {
         if let Some((_, store)) = &self.trace {
             store.emit(&mut set);
         }
-        let mut body = String::with_capacity(set.encoded_len_hint() + 4096);
+        let mut body = self.body.take(set.encoded_len_hint() + 4096);
         set.encode_text(&mut body);
         if let Some(r) = &self.process_metrics {
             match prometheus::TextEncoder::new().encode_to_string(&r.gather()) {
@@ -324,7 +327,7 @@ impl Exporter {
                 let timeout = self.scrape_timeout(&req);
                 let gzip = web::accepts_gzip(&req);
                 let body = self.render(timeout).await;
-                web::body_response(body, TEXT_CONTENT_TYPE, gzip)
+                web::body_response(self.body.body(body), TEXT_CONTENT_TYPE, gzip)
             }
             p if self
                 .alloy_targets

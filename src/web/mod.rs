@@ -5,6 +5,7 @@ pub mod client;
 pub mod cors;
 pub mod generate;
 pub mod munge;
+pub mod spare;
 pub mod toolkit;
 
 use std::convert::Infallible;
