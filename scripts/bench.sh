@@ -18,6 +18,10 @@ shift || true
 parts=${*:-trees real}
 [[ " $parts " == *" subs "* ]] && [ -x scripts/build-bpf.sh ] && [ "$(id -u)" = 0 ] && ./scripts/build-bpf.sh >/dev/null
 cargo build --release --quiet --bin ceems --example gen-job-tree --example read-floor
+# A binary just linked is dirty in the page cache, and the exporter cannot then hand its
+# start-up pages back (MADV_PAGEOUT skips dirty pages): its RSS read up to 2 MB higher than
+# that of an installed binary. Written back first, as a package's would be.
+sync
 bin=${CEEMS_BIN:-target/release/ceems}
 gen=target/release/examples/gen-job-tree
 floor=target/release/examples/read-floor
