@@ -405,6 +405,9 @@ mod tests {
         assert_eq!(f(999999999999999.0), "9.99999999999999e+14");
         assert_eq!(f(1e15), "1e+15");
         assert_eq!(f(-0.5e-7), "-5e-08");
+        assert_eq!(f(1e100), "1e+100");
+        assert_eq!(f(5e-324), "5e-324");
+        assert_eq!(f(1.5e-10), "1.5e-10");
     }
 
     proptest::proptest! {
@@ -442,6 +445,40 @@ mod tests {
         set.encode_text(&mut text);
         assert!(hint >= text.len(), "{hint} < {}", text.len());
         assert!(hint < text.len() * 3 / 2, "{hint} for {}", text.len());
+    }
+
+    #[test]
+    fn families_sharing_label_blocks_and_families_of_others_are_each_sorted() {
+        let mut set = MetricSet::new();
+        let units: Vec<Labels> = ["3", "1", "2"]
+            .iter()
+            .map(|u| Labels::new(&[("uuid", u)]))
+            .collect();
+        for (i, labels) in units.iter().enumerate() {
+            set.gauge("a", "A.", labels.clone(), i as f64);
+            set.gauge("b", "B.", labels.clone(), 10.0 + i as f64);
+        }
+        // As many samples as the families before, but other blocks in another order.
+        for u in ["9", "7", "8"] {
+            set.gauge("c", "C.", Labels::new(&[("uuid", u)]), 0.0);
+        }
+        let mut out = String::new();
+        set.encode_text(&mut out);
+        let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(
+            lines,
+            [
+                r#"a{uuid="1"} 1"#,
+                r#"a{uuid="2"} 2"#,
+                r#"a{uuid="3"} 0"#,
+                r#"b{uuid="1"} 11"#,
+                r#"b{uuid="2"} 12"#,
+                r#"b{uuid="3"} 10"#,
+                r#"c{uuid="7"} 0"#,
+                r#"c{uuid="8"} 0"#,
+                r#"c{uuid="9"} 0"#,
+            ]
+        );
     }
 
     #[test]

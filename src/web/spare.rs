@@ -11,7 +11,7 @@ use bytes::Bytes;
 const SHRINK_ABOVE: usize = 2;
 
 /// The spare buffer of one kind of response.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default)]
 pub struct SpareBuffer(Arc<Mutex<Option<String>>>);
 
 impl SpareBuffer {

@@ -364,15 +364,13 @@ impl KeptFiles {
         let Some((_, unit)) = &mut self.current else {
             return read_by_path(path, buf);
         };
+        // Past 65,535 names (never: cgroup files are a fixed few) a file is read by its path.
         let id = match self.names.iter().position(|n| &**n == name) {
-            Some(id) => id,
-            None => {
+            Some(id) => u16::try_from(id).ok(),
+            None => u16::try_from(self.names.len()).ok().inspect(|_| {
                 self.names.push(name.into());
-                self.names.len() - 1
-            }
+            }),
         };
-        // Past 65,536 names (never, for cgroup files) a file is read by its path each time.
-        let id = u16::try_from(id).ok();
         match File::open(path) {
             Ok(file) => {
                 let n = pread_all(&file, buf)?;
@@ -532,6 +530,42 @@ mod tests {
             assert_eq!(budget.held(), 3);
             assert!(budget.was_full());
         }
+    }
+
+    #[test]
+    fn files_read_in_another_order_or_emptied_keep_their_count() {
+        let tmp = tempfile::tempdir().unwrap();
+        let job = tmp.path().join("job_1");
+        fs::create_dir(&job).unwrap();
+        for name in ["a.stat", "b.stat", "c.stat"] {
+            fs::write(job.join(name), format!("{name}\n")).unwrap();
+        }
+        let budget = DescriptorBudget::new(100);
+        let mut kept = KeptFiles::new(budget.clone());
+        let mut buf = Vec::new();
+        for order in [
+            ["a.stat", "b.stat", "c.stat"],
+            ["c.stat", "a.stat", "b.stat"],
+        ] {
+            kept.enter(Path::new("job_1"), &job, None);
+            for name in order {
+                let want = format!("{name}\n");
+                assert_eq!(read(&mut kept, &job, name, &mut buf), Some(want));
+            }
+            kept.end_scrape();
+            assert_eq!((budget.held(), kept.descriptors()), (4, 4));
+        }
+        // A file read empty through its descriptor is opened again, counted once.
+        fs::write(job.join("b.stat"), "").unwrap();
+        kept.enter(Path::new("job_1"), &job, None);
+        assert_eq!(
+            read(&mut kept, &job, "b.stat", &mut buf),
+            Some(String::new())
+        );
+        kept.end_scrape();
+        assert_eq!((budget.held(), kept.descriptors()), (4, 4));
+        kept.end_scrape();
+        assert_eq!(budget.held(), 0);
     }
 
     #[test]
