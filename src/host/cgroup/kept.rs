@@ -169,11 +169,11 @@ enum KeptRead {
 #[derive(Debug)]
 struct UnitFiles {
     /// The unit's directory, held so that its inode number stays its own.
-    _dir: Held,
+    dir: Held,
     ino: u64,
     /// Each file by its name's place in [`KeptFiles::names`]: open, or None when it does not
-    /// exist in this unit's directory. Eight bytes a file: with a thousand jobs, a name and a
-    /// budget handle for each of their files held a megabyte.
+    /// exist in this unit's directory. Eight bytes a file: with a thousand jobs, a boxed name
+    /// and a budget handle for each file held about half a megabyte more.
     files: Vec<(u16, Option<File>)>,
     /// Where the next file read is expected in `files`: a scrape reads a unit's files in the
     /// order the last one did, so one comparison finds most.
@@ -194,7 +194,7 @@ impl UnitFiles {
 impl Drop for UnitFiles {
     fn drop(&mut self) {
         // The directory's own descriptor is given back by its `Held`.
-        self._dir.budget.give_back(self.open_files());
+        self.dir.budget.give_back(self.open_files());
     }
 }
 
@@ -275,7 +275,7 @@ impl KeptFiles {
         self.current = Some((
             key.into(),
             UnitFiles {
-                _dir: held,
+                dir: held,
                 ino,
                 files: Vec::new(),
                 next: 0,
