@@ -94,7 +94,7 @@ pub struct Family {
 }
 
 /// The series a collector produced in one scrape.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct MetricSet {
     families: Vec<Family>,
     /// Address and length of the name each family was last asked by. Emitters pass the same

@@ -2,8 +2,7 @@
 //! collector's spec, and the registry turns them into flags, builds the enabled ones, and runs
 //! a scrape in which each collector gets its own thread and deadline.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::collect::alloy_targets::{AlloySettings, AlloyTargets};
@@ -107,8 +106,30 @@ pub enum RegistryError {
 struct Entry {
     name: &'static str,
     collector: Arc<dyn Collector>,
-    /// Set while a collect runs, so a hung collector is not started again on top of itself.
-    busy: Arc<AtomicBool>,
+    /// The collect running now, if any. A scrape that comes while it runs waits for its
+    /// outcome instead of starting another (a hung collector would pile up threads) or going
+    /// without (the two Prometheus servers of an HA pair, scraping within the same second,
+    /// would see the collector's series vanish from one of them).
+    running: RunningSlot,
+}
+
+/// What a collect produced, for the scrapes that waited on it.
+#[derive(Clone)]
+enum Outcome {
+    Served(Arc<MetricSet>),
+    Stale(Arc<MetricSet>),
+    Failed,
+}
+
+type OutcomeReceiver = tokio::sync::watch::Receiver<Option<Outcome>>;
+type RunningSlot = Arc<Mutex<Option<OutcomeReceiver>>>;
+
+/// A scrape's part in one collector's collect.
+enum Part {
+    /// It started the collect.
+    Started(tokio::task::JoinHandle<(Result<(), CollectError>, MetricSet)>),
+    /// It waits for the one an earlier scrape started.
+    Joined(OutcomeReceiver),
 }
 
 pub struct Registry {
@@ -347,7 +368,7 @@ impl Registry {
             entries.push(Entry {
                 name,
                 collector: Arc::from(collector),
-                busy: Arc::new(AtomicBool::new(false)),
+                running: RunningSlot::default(),
             });
         }
         Ok(Registry {
@@ -364,7 +385,7 @@ impl Registry {
                 .map(|(name, c)| Entry {
                     name,
                     collector: Arc::from(c),
-                    busy: Arc::new(AtomicBool::new(false)),
+                    running: RunningSlot::default(),
                 })
                 .collect(),
             timeout: Duration::from_secs(10),
@@ -381,36 +402,21 @@ impl Registry {
 
     /// Runs every collector concurrently, each on its own blocking thread, and waits for each
     /// until `timeout`. A late, failed or panicking collector reports success 0 and the rest of
-    /// the scrape is served.
+    /// the scrape is served. A collector still running for another scrape is not started
+    /// again: this scrape shares its outcome.
     pub async fn scrape(&self, timeout: Duration) -> MetricSet {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut running = Vec::with_capacity(self.entries.len());
-        for e in &self.entries {
-            if e.busy.swap(true, Ordering::AcqRel) {
-                tracing::warn!(
-                    collector = e.name,
-                    "previous collect has not finished; skipping this one"
-                );
-                running.push((e.name, Instant::now(), None));
-                continue;
-            }
-            let collector = Arc::clone(&e.collector);
-            let guard = BusyGuard(Arc::clone(&e.busy));
-            let handle = tokio::task::spawn_blocking(move || {
-                let _guard = guard;
-                let mut out = MetricSet::new();
-                let result = collector.collect(&mut out);
-                (result, out)
-            });
-            running.push((e.name, Instant::now(), Some(handle)));
-        }
+        let running: Vec<_> = self
+            .entries
+            .iter()
+            .map(|e| (e.name, Instant::now(), start_or_join(e)))
+            .collect();
 
         let mut all = MetricSet::new();
         let mut status = MetricSet::new();
-        for (name, started, handle) in running {
-            let ok = match handle {
-                None => false,
-                Some(h) => match tokio::time::timeout_at(deadline, h).await {
+        for (name, started, part) in running {
+            let ok = match part {
+                Part::Started(h) => match tokio::time::timeout_at(deadline, h).await {
                     Ok(Ok((Ok(()), out))) => {
                         all.merge(out);
                         true
@@ -443,6 +449,33 @@ impl Registry {
                         false
                     }
                 },
+                Part::Joined(mut rx) => {
+                    let waited = tokio::time::timeout_at(deadline, rx.wait_for(Option::is_some));
+                    match waited.await {
+                        // The collect that started it logged why it failed or panicked.
+                        Ok(Ok(outcome)) => match outcome.clone() {
+                            Some(Outcome::Served(set)) => {
+                                all.merge(MetricSet::clone(&set));
+                                true
+                            }
+                            Some(Outcome::Stale(set)) => {
+                                all.merge(MetricSet::clone(&set));
+                                false
+                            }
+                            Some(Outcome::Failed) | None => false,
+                        },
+                        Ok(Err(_closed)) => false,
+                        Err(_) => {
+                            tracing::warn!(
+                                collector = name,
+                                timeout_seconds = timeout.as_secs_f64(),
+                                "collector still busy with an earlier scrape; timed out waiting \
+                                 for it"
+                            );
+                            false
+                        }
+                    }
+                }
             };
             let labels = Labels::new(&[("collector", name)]);
             status.gauge(
@@ -463,11 +496,50 @@ impl Registry {
     }
 }
 
-struct BusyGuard(Arc<AtomicBool>);
+/// Starts `entry`'s collect on a blocking thread, or joins the one already running.
+fn start_or_join(entry: &Entry) -> Part {
+    let mut slot = entry.running.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(rx) = &*slot {
+        return Part::Joined(rx.clone());
+    }
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    *slot = Some(rx);
+    drop(slot);
+    let collector = Arc::clone(&entry.collector);
+    let mut running = RunningGuard(Some(Arc::clone(&entry.running)));
+    Part::Started(tokio::task::spawn_blocking(move || {
+        let mut out = MetricSet::new();
+        let result = collector.collect(&mut out);
+        running.finish();
+        // The slot's receiver is gone: those left are scrapes waiting. Copied only for them.
+        if tx.receiver_count() > 0 {
+            let shared = match &result {
+                Ok(()) => Outcome::Served(Arc::new(out.clone())),
+                Err(CollectError::Stale(_)) => Outcome::Stale(Arc::new(out.clone())),
+                Err(_) => Outcome::Failed,
+            };
+            let _ = tx.send(Some(shared));
+        }
+        (result, out)
+    }))
+}
 
-impl Drop for BusyGuard {
+/// Empties a collector's running slot when its collect ends, panics included (the waiting
+/// scrapes then see the channel closed).
+struct RunningGuard(Option<RunningSlot>);
+
+impl RunningGuard {
+    /// Empties the slot, after which no scrape can join.
+    fn finish(&mut self) {
+        if let Some(slot) = self.0.take() {
+            slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+        }
+    }
+}
+
+impl Drop for RunningGuard {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+        self.finish();
     }
 }
 
@@ -550,9 +622,12 @@ mod tests {
         assert!(out.contains("ceems_scrape_collector_success{collector=\"stale\"} 0\n"));
     }
 
+    static HANG_CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
     struct Hang;
     impl Collector for Hang {
         fn collect(&self, _: &mut MetricSet) -> Result<(), CollectError> {
+            HANG_CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             std::thread::sleep(Duration::from_secs(3));
             Ok(())
         }
@@ -596,5 +671,80 @@ mod tests {
         assert!(out.contains("ceems_scrape_collector_success{collector=\"hang\"} 0\n"));
         assert!(out.contains("ceems_scrape_collector_success{collector=\"panics\"} 0\n"));
         assert!(out.contains("ceems_scrape_collector_success{collector=\"good\"} 1\n"));
+        assert_eq!(
+            HANG_CALLS.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "a second hung collect was started on top of the first"
+        );
+    }
+
+    /// Sleeps, counts its calls, then gives its value or panics.
+    struct Slow {
+        calls: Arc<std::sync::atomic::AtomicUsize>,
+        panics: bool,
+    }
+    impl Collector for Slow {
+        fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
+            let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            std::thread::sleep(Duration::from_millis(300));
+            assert!(!self.panics, "collector bug");
+            out.counter("slow_calls_total", "Test.", Labels::empty(), n as f64);
+            Ok(())
+        }
+    }
+
+    /// A registry of one [`Slow`], and its count of calls.
+    fn slow(panics: bool) -> (Registry, Arc<std::sync::atomic::AtomicUsize>) {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let slow = Slow {
+            calls: Arc::clone(&calls),
+            panics,
+        };
+        (
+            Registry::from_collectors(vec![("slow", Box::new(slow))]),
+            calls,
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn scrapes_that_overlap_share_one_collect_and_both_get_its_series() {
+        let (reg, slow) = slow(false);
+        let (a, b) = tokio::join!(
+            reg.scrape(Duration::from_secs(5)),
+            reg.scrape(Duration::from_secs(5))
+        );
+        for out in [text(a), text(b)] {
+            assert!(out.contains("slow_calls_total 1\n"), "{out}");
+            assert!(
+                out.contains("ceems_scrape_collector_success{collector=\"slow\"} 1\n"),
+                "{out}"
+            );
+        }
+        assert_eq!(slow.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Once it has ended, the next scrape collects afresh.
+        let out = text(reg.scrape(Duration::from_secs(5)).await);
+        assert!(out.contains("slow_calls_total 2\n"), "{out}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_collect_that_panics_fails_every_scrape_waiting_on_it_and_not_the_next() {
+        let (reg, slow) = slow(true);
+        let (a, b) = tokio::join!(
+            reg.scrape(Duration::from_secs(5)),
+            reg.scrape(Duration::from_secs(5))
+        );
+        for out in [text(a), text(b)] {
+            assert!(
+                out.contains("ceems_scrape_collector_success{collector=\"slow\"} 0\n"),
+                "{out}"
+            );
+        }
+        assert_eq!(slow.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let _ = reg.scrape(Duration::from_secs(5)).await;
+        assert_eq!(
+            slow.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "the panic emptied the slot"
+        );
     }
 }

@@ -304,6 +304,49 @@ fn hanging_collector_times_out_and_excess_requests_get_503() {
     assert!(body.contains("ceems_scrape_collector_success{collector=\"slurm\"} 0"));
 }
 
+/// Two Prometheus servers of an HA pair scrape within the same instant: the collect that is
+/// running for one is shared with the other, and neither loses the collector's series.
+#[test]
+fn overlapping_scrapes_both_get_a_slow_collectors_series() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let capture = fixtures()
+        .join("compat/fixtures/ipmi/freeipmi/ipmi-dcmi_--get-system-power-statistics.txt");
+    let stub = dir.path().join("ipmi-dcmi");
+    std::fs::write(
+        &stub,
+        format!(
+            "#!/bin/sh\n/bin/sleep 0.5\nexec /bin/cat '{}'\n",
+            capture.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cmd = format!("--collector.ipmi.dcmi.cmd={}", stub.display());
+    let exporter = start_exporter(
+        Path::new("/"),
+        &["--collector.ipmi", "--collector.ipmi.test-mode", &cmd],
+    );
+    let scrape = |url: String| {
+        std::thread::spawn(move || ureq::get(&url).call().unwrap().into_string().unwrap())
+    };
+    let first = scrape(exporter.url("/metrics"));
+    std::thread::sleep(Duration::from_millis(200));
+    let second = scrape(exporter.url("/metrics"));
+    for body in [first.join().unwrap(), second.join().unwrap()] {
+        let s = parse_series(&body);
+        assert_eq!(
+            s.get("ceems_scrape_collector_success{collector=\"ipmi\"}"),
+            Some(&1.0),
+            "{body}"
+        );
+        assert!(
+            body.contains("\nceems_ipmi_dcmi_power_current_watts{"),
+            "{body}"
+        );
+    }
+}
+
 #[test]
 fn sigterm_shuts_down_cleanly() {
     let exporter = start_exporter(&fixtures().join("compat"), &fixture_args());
