@@ -179,6 +179,8 @@ struct UnitFiles {
     /// order the last one did, so one comparison finds most.
     next: usize,
     generation: u64,
+    /// When it was entered in its scrape: the units are put back in that order after it.
+    seq: u32,
 }
 
 impl UnitFiles {
@@ -202,10 +204,20 @@ impl Drop for UnitFiles {
 /// [`KeptFiles::read`] for each file, and [`KeptFiles::end_scrape`] after the last unit.
 #[derive(Debug)]
 pub struct KeptFiles {
-    /// By the unit's path as bytes: hashing a `Path` walks its components, at every lookup.
-    units: HashMap<Box<[u8]>, UnitFiles, foldhash::fast::RandomState>,
-    /// The unit being read, out of the map so that its files are found without hashing.
-    current: Option<(Box<[u8]>, UnitFiles)>,
+    /// In the order the last scrape entered them, so the next unit is found with one
+    /// comparison past the last (taking each out of a map and back cost more than reading its
+    /// files). None where a unit's descriptors were dropped during this scrape.
+    units: Vec<(Box<[u8]>, Option<UnitFiles>)>,
+    /// Where each unit is in `units`, by its path as bytes, for those entered out of order.
+    index: HashMap<Box<[u8]>, usize, foldhash::fast::RandomState>,
+    /// The unit being read: its place in `units`.
+    current: Option<usize>,
+    /// Where the next unit entered is expected in `units`.
+    cursor: usize,
+    /// Units entered this scrape so far.
+    entered: u32,
+    /// Whether `units` is put back in the order of entry and compacted at the scrape's end.
+    reorder: bool,
     budget: Arc<DescriptorBudget>,
     /// The names of the files read, once for all units.
     names: Vec<Box<str>>,
@@ -238,8 +250,12 @@ fn pread_all(file: &File, buf: &mut Vec<u8>) -> io::Result<usize> {
 impl KeptFiles {
     pub fn new(budget: Arc<DescriptorBudget>) -> KeptFiles {
         KeptFiles {
-            units: HashMap::default(),
+            units: Vec::new(),
+            index: HashMap::default(),
             current: None,
+            cursor: 0,
+            entered: 0,
+            reorder: false,
             budget,
             names: Vec::new(),
             generation: 0,
@@ -251,42 +267,77 @@ impl KeptFiles {
     /// inode `listed` (when it is not known, `dir` is stat'ed). The unit's descriptors are
     /// closed first if `dir` is gone or is not the directory they were opened in.
     pub fn enter(&mut self, key: &Path, dir: &Path, listed: Option<u64>) {
-        let key = key.as_os_str().as_bytes();
-        if self.current.as_ref().is_some_and(|(k, _)| &**k == key) {
+        if self.is_current(key) {
             return;
         }
-        self.park();
-        if let Some((key, mut unit)) = self.units.remove_entry(key) {
-            let ino = listed.or_else(|| dir_ino(dir));
-            if ino == Some(unit.ino) {
-                unit.generation = self.generation;
+        let key = key.as_os_str().as_bytes();
+        self.current = None;
+        let seq = self.entered;
+        self.entered = self.entered.saturating_add(1);
+        let place = match self.units.get(self.cursor) {
+            Some((k, _)) if &**k == key => Some(self.cursor),
+            _ => {
+                self.reorder = true;
+                self.index.get(key).copied()
+            }
+        };
+        let Some(place) = place else {
+            // New: after the others until the scrape ends; the next unit is still expected
+            // where the cursor is.
+            if let Some(unit) = self.open_unit(dir, seq) {
+                self.index.insert(key.into(), self.units.len());
+                self.units.push((key.into(), Some(unit)));
+                self.current = Some(self.units.len() - 1);
+            }
+            return;
+        };
+        self.cursor = place + 1;
+        let generation = self.generation;
+        if let Some(unit) = &mut self.units[place].1 {
+            if listed.or_else(|| dir_ino(dir)) == Some(unit.ino) {
+                unit.generation = generation;
                 unit.next = 0;
-                self.current = Some((key, unit));
+                unit.seq = seq;
+                self.current = Some(place);
                 return;
             }
-            // Stale: dropped, which closes its files.
         }
-        let Some(held) = Held::open_dir(dir, &self.budget) else {
-            return;
-        };
-        let Some((ino, _)) = held.stamp() else {
-            return;
-        };
-        self.current = Some((
-            key.into(),
-            UnitFiles {
-                dir: held,
-                ino,
-                files: Vec::new(),
-                next: 0,
-                generation: self.generation,
-            },
-        ));
+        // Stale (dropped here, which closes its files) or dropped earlier: opened afresh.
+        self.units[place].1 = None;
+        self.units[place].1 = self.open_unit(dir, seq);
+        if self.units[place].1.is_some() {
+            self.current = Some(place);
+        } else {
+            self.reorder = true;
+        }
     }
 
-    fn park(&mut self) {
-        if let Some((key, files)) = self.current.take() {
-            self.units.insert(key, files);
+    fn open_unit(&self, dir: &Path, seq: u32) -> Option<UnitFiles> {
+        let held = Held::open_dir(dir, &self.budget)?;
+        let (ino, _) = held.stamp()?;
+        Some(UnitFiles {
+            dir: held,
+            ino,
+            files: Vec::new(),
+            next: 0,
+            generation: self.generation,
+            seq,
+        })
+    }
+
+    /// Whether `key` is the unit being read.
+    pub fn is_current(&self, key: &Path) -> bool {
+        let key = key.as_os_str().as_bytes();
+        self.current
+            .and_then(|i| self.units.get(i))
+            .is_some_and(|(k, _)| &**k == key)
+    }
+
+    /// Drops the current unit's descriptors.
+    fn drop_current(&mut self) {
+        if let Some(i) = self.current.take() {
+            self.units[i].1 = None;
+            self.reorder = true;
         }
     }
 
@@ -326,7 +377,11 @@ impl KeptFiles {
 
     /// A read through the current unit's kept descriptor of `name`, if it has one.
     fn read_kept(&mut self, name: &str, buf: &mut Vec<u8>) -> KeptRead {
-        let Some((_, unit)) = &mut self.current else {
+        let Some(unit) = self
+            .current
+            .and_then(|i| self.units.get_mut(i))
+            .and_then(|(_, u)| u.as_mut())
+        else {
             return KeptRead::ByPath;
         };
         let names = &self.names;
@@ -351,7 +406,7 @@ impl KeptFiles {
                 }
                 // Removed under us (ENODEV): this unit's descriptors are all stale.
                 Err(_) => {
-                    self.current = None;
+                    self.drop_current();
                     KeptRead::ByPath
                 }
             },
@@ -361,7 +416,11 @@ impl KeptFiles {
     /// Opens the current unit's file `name` at `path` (after [`KeptFiles::read_kept`] said
     /// so), reads it into `buf` and keeps it open when the budget allows.
     fn open(&mut self, name: &str, path: &Path, buf: &mut Vec<u8>) -> io::Result<Option<usize>> {
-        let Some((_, unit)) = &mut self.current else {
+        let Some(unit) = self
+            .current
+            .and_then(|i| self.units.get_mut(i))
+            .and_then(|(_, u)| u.as_mut())
+        else {
             return read_by_path(path, buf);
         };
         // Past 65,535 names (never: cgroup files are a fixed few) a file is read by its path.
@@ -393,35 +452,52 @@ impl KeptFiles {
 
     /// Forgets the current unit's descriptors: it vanished while it was read.
     pub fn forget_current(&mut self) {
-        self.current = None;
+        self.drop_current();
     }
 
     /// Closes the files of every unit not entered since the last call.
     pub fn end_scrape(&mut self) {
-        self.park();
+        self.current = None;
         let generation = self.generation;
-        self.units.retain(|_, u| u.generation == generation);
+        let before = self.units.len();
+        self.units
+            .retain(|(_, u)| u.as_ref().is_some_and(|u| u.generation == generation));
+        if self.reorder || self.units.len() != before {
+            self.units
+                .sort_by_key(|(_, u)| u.as_ref().map_or(0, |u| u.seq));
+            self.rebuild_index();
+        }
+        self.reorder = false;
+        self.cursor = 0;
+        self.entered = 0;
         self.generation += 1;
     }
 
     /// Closes the files of the units `keep` says are gone.
     pub fn retain(&mut self, keep: impl Fn(&Path) -> bool) {
-        self.park();
+        self.current = None;
+        let before = self.units.len();
         self.units
-            .retain(|k, _| keep(Path::new(OsStr::from_bytes(k))));
+            .retain(|(k, _)| keep(Path::new(OsStr::from_bytes(k))));
+        if self.units.len() != before {
+            self.rebuild_index();
+        }
+    }
+
+    fn rebuild_index(&mut self) {
+        self.index.clear();
+        for (i, (key, _)) in self.units.iter().enumerate() {
+            self.index.insert(key.clone(), i);
+        }
     }
 
     /// Descriptors this store holds.
     pub fn descriptors(&self) -> usize {
         self.units
-            .values()
+            .iter()
+            .filter_map(|(_, u)| u.as_ref())
             .map(UnitFiles::descriptors)
-            .sum::<usize>()
-            + self
-                .current
-                .as_ref()
-                .map(|(_, u)| u.descriptors())
-                .unwrap_or(0)
+            .sum()
     }
 }
 
@@ -566,6 +642,54 @@ mod tests {
         assert_eq!((budget.held(), kept.descriptors()), (4, 4));
         kept.end_scrape();
         assert_eq!(budget.held(), 0);
+    }
+
+    /// Units entered in another order from scrape to scrape, new ones among them, one gone
+    /// and one made again: each read gives its own unit's file, and the count stays exact.
+    #[test]
+    fn units_entered_in_another_order_come_and_go_each_read_as_its_own() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = |j: &str| tmp.path().join(j);
+        for j in ["a", "b", "c", "d"] {
+            fs::create_dir(dir(j)).unwrap();
+            fs::write(dir(j).join("memory.current"), format!("{j}\n")).unwrap();
+        }
+        let budget = DescriptorBudget::new(100);
+        let mut kept = KeptFiles::new(budget.clone());
+        let mut buf = Vec::new();
+        for (round, order) in [
+            &["a", "b", "c"][..],
+            &["c", "a", "d"],
+            &["c", "a", "d"],
+            &["d", "b", "c", "a"],
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if round == 2 {
+                // Made again under the same name: its old descriptors must not be read.
+                fs::remove_dir_all(dir("a")).unwrap();
+                fs::create_dir(dir("a")).unwrap();
+                fs::write(dir("a").join("memory.current"), "a again\n").unwrap();
+            }
+            for j in order {
+                kept.enter(Path::new(j), &dir(j), None);
+                let want = if *j == "a" && round >= 2 {
+                    "a again\n".to_owned()
+                } else {
+                    format!("{j}\n")
+                };
+                let got = read(&mut kept, &dir(j), "memory.current", &mut buf);
+                assert_eq!(got, Some(want), "round {round}, unit {j}");
+            }
+            kept.end_scrape();
+            // A directory and a file for each unit of the round, none for the others.
+            assert_eq!(
+                (budget.held(), kept.descriptors()),
+                (2 * order.len(), 2 * order.len()),
+                "round {round}"
+            );
+        }
     }
 
     #[test]

@@ -35,6 +35,9 @@ pub(super) struct Scratch {
 impl Scratch {
     /// Starts reading the unit at `rel`, whose own directory is `dir/rel`.
     fn enter(&mut self, dir: &Path, rel: &Path) {
+        if self.kept.is_current(rel) {
+            return;
+        }
         self.anchor.clear();
         self.anchor.push(dir);
         self.anchor.push(rel);
