@@ -24,7 +24,9 @@ pub mod registry;
 pub mod slurm;
 
 /// The exporter's side of a manager, defined beside the unit collector that uses it.
-pub use crate::collect::units::discovery::{ResourceManager, UnitCgroup, UnitGpus, UnitInfo};
+pub use crate::collect::units::discovery::{
+    ResourceManager, UnitCgroup, UnitGpus, UnitInfo, UnitSet,
+};
 
 /// How a user asks this manager for resources, for findings' advice: each names the option
 /// or field that sets it.

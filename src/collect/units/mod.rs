@@ -22,7 +22,7 @@ use crate::host::cgroup::{
 };
 use crate::host::{processes, procfs};
 use crate::metrics::{Labels, MetricSet};
-pub use discovery::{ResourceManager, UnitCgroup, UnitGpus, UnitInfo};
+pub use discovery::{ResourceManager, UnitCgroup, UnitGpus, UnitInfo, UnitSet};
 pub use emit::{emit_detail, emit_processes, emit_rdma_current, emit_scratch, emit_unit, names};
 
 /// A part that runs inside a unit collector, per unit, when its settings turn it on; a
@@ -292,6 +292,7 @@ impl<M: ResourceManager> UnitCollector<M> {
         } else {
             HashMap::new()
         };
+        out.expect_samples(units.len());
         for unit in units {
             reader.enter_unit(&unit.rel, &unit.dir, unit.dir_ino);
             let mut stats = match reader.read_unit(&unit.rel, self.read_opts, &mut faults) {
@@ -350,6 +351,7 @@ impl<M: ResourceManager> UnitCollector<M> {
                 );
             }
         }
+        out.expect_samples(0);
         reader.end_scrape();
         drop(reader);
         if let Some(rdma) = &self.rdma {
@@ -382,7 +384,7 @@ impl<M: ResourceManager> UnitCollector<M> {
         let held = self.manager.gpus(units);
         emit_gpus(out, &self.hostname, &held, self.names);
         publish(held);
-        let present: HashSet<&str> = units.iter().map(|u| u.uuid.as_str()).collect();
+        let present: UnitSet<'_> = units.iter().map(|u| u.uuid.as_str()).collect();
         self.manager.retain(&present);
         out.gauge(
             names::UNITS,

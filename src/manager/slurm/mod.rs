@@ -8,7 +8,7 @@
 //!   through slurmrestd;
 //! - here: the collector's flags and the [`ResourceManager`] over the parts above.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -20,7 +20,7 @@ use crate::collect::{Capability, CollectError, Collector, CollectorSpec, Context
 use crate::config::{Kind, Opt};
 use crate::host::cgroup::detail::DetailOptions;
 use crate::host::cgroup::{CgroupVersion, FileFault, ReadOptions, V1Controllers};
-use crate::manager::{ResourceManager, UnitCgroup, UnitGpus, UnitInfo};
+use crate::manager::{ResourceManager, UnitCgroup, UnitGpus, UnitInfo, UnitSet};
 
 pub mod accounting;
 mod discover;
@@ -288,7 +288,7 @@ impl ResourceManager for SlurmManager {
         }
     }
 
-    fn retain(&self, present: &HashSet<&str>) {
+    fn retain(&self, present: &UnitSet<'_>) {
         self.props
             .lock()
             .unwrap_or_else(|p| p.into_inner())
