@@ -706,14 +706,19 @@ mod tests {
         )
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn scrapes_that_overlap_share_one_collect_and_both_get_its_series() {
-        let (reg, slow) = slow(false);
+    /// The texts of two scrapes started together.
+    async fn two_at_once(reg: &Registry) -> [String; 2] {
         let (a, b) = tokio::join!(
             reg.scrape(Duration::from_secs(5)),
             reg.scrape(Duration::from_secs(5))
         );
-        for out in [text(a), text(b)] {
+        [text(a), text(b)]
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn scrapes_that_overlap_share_one_collect_and_both_get_its_series() {
+        let (reg, slow) = slow(false);
+        for out in two_at_once(&reg).await {
             assert!(out.contains("slow_calls_total 1\n"), "{out}");
             assert!(
                 out.contains("ceems_scrape_collector_success{collector=\"slow\"} 1\n"),
@@ -729,11 +734,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_collect_that_panics_fails_every_scrape_waiting_on_it_and_not_the_next() {
         let (reg, slow) = slow(true);
-        let (a, b) = tokio::join!(
-            reg.scrape(Duration::from_secs(5)),
-            reg.scrape(Duration::from_secs(5))
-        );
-        for out in [text(a), text(b)] {
+        for out in two_at_once(&reg).await {
             assert!(
                 out.contains("ceems_scrape_collector_success{collector=\"slow\"} 0\n"),
                 "{out}"
