@@ -354,9 +354,9 @@ pub fn format_float(v: f64, out: &mut String) {
 /// The shortest digits that read back as `v` (finite, positive), written into `digits`, and
 /// the decimal exponent of the first: (digits written, exponent).
 fn shortest_digits(v: f64, digits: &mut [u8; 20]) -> (usize, i32) {
-    // Ryu gives the shortest round-trip digits, written as "123.456", "0.00123", "1.5e-7"
-    // or "1e20": its digits in order, and where the point falls. `{:e}` gave the same
-    // through the formatting machinery, at several times the cost.
+    // Ryu gives the shortest round-trip digits (of two equally near, the even one, as Go's
+    // strconv), written as "123.456", "0.00123", "1.5e-7" or "1e20": read here as digits and
+    // where the point falls. Rust's `{:e}` costs several times more, and rounds such ties up.
     let mut ryu = ryu::Buffer::new();
     let text = ryu.format_finite(v.abs());
     let (mantissa, exp10) = match text.split_once('e') {
