@@ -105,6 +105,8 @@ pub struct UnitCollector<M> {
     scratch: Vec<PathBuf>,
     /// The units' processes as last listed, for the perf sub-collector alone.
     listed: Mutex<PidLists>,
+    /// Each unit's label block as the last scrape built it.
+    labels: Mutex<UnitLabels>,
     /// `--compat.metric-names`: v0.10 had no `ceems_compute_unit_gpu_sm_count`.
     names: MetricNames,
 }
@@ -149,6 +151,31 @@ impl PidLists {
     }
 }
 
+/// The units' label blocks of the last scrape, in its order of units: discovery gives them
+/// in the same order scrape after scrape, so the block in a unit's place is nearly always its
+/// own, found without hashing (building a thousand blocks showed in profiles).
+#[derive(Default)]
+struct UnitLabels(Vec<(String, String, Labels)>);
+
+impl UnitLabels {
+    /// The block of `unit`, in place `i` of this scrape, made of `base` (its uuid and cgroup
+    /// host with the collector's constants): the last scrape's when that was the same unit.
+    fn get(&mut self, i: usize, unit: &UnitCgroup, base: &[(&str, &str)]) -> Labels {
+        if let Some((uuid, host, labels)) = self.0.get(i) {
+            if *uuid == unit.uuid && *host == unit.cgroup_host {
+                return labels.clone();
+            }
+        }
+        let labels = Labels::new(base);
+        let entry = (unit.uuid.clone(), unit.cgroup_host.clone(), labels.clone());
+        match self.0.get_mut(i) {
+            Some(slot) => *slot = entry,
+            None => self.0.push(entry),
+        }
+        labels
+    }
+}
+
 /// How long the perf sub-collector trusts a unit's process list while its subtree keeps its
 /// shape. A new step is a new directory and is seen at once; a process moved into an existing
 /// directory (pam_slurm_adopt's ssh sessions) is seen within this time. Counters inherit into
@@ -181,6 +208,7 @@ impl<M: ResourceManager> UnitCollector<M> {
             ebpf: None,
             scratch: Vec::new(),
             listed: Mutex::new(PidLists::default()),
+            labels: Mutex::new(UnitLabels::default()),
             names: MetricNames::default(),
         }
     }
@@ -293,7 +321,9 @@ impl<M: ResourceManager> UnitCollector<M> {
             HashMap::new()
         };
         out.expect_samples(units.len());
-        for unit in units {
+        let mut unit_labels = self.labels.lock().unwrap_or_else(|p| p.into_inner());
+        unit_labels.0.truncate(units.len());
+        for (place, unit) in units.iter().enumerate() {
             reader.enter_unit(&unit.rel, &unit.dir, unit.dir_ino);
             let mut stats = match reader.read_unit(&unit.rel, self.read_opts, &mut faults) {
                 Ok(s) => s,
@@ -313,7 +343,7 @@ impl<M: ResourceManager> UnitCollector<M> {
                 ("manager", manager),
                 ("uuid", unit.uuid.as_str()),
             ];
-            let labels = Labels::new(&base);
+            let labels = unit_labels.get(place, unit, &base);
             if !faults.is_empty() {
                 for f in faults.drain(..) {
                     tracing::warn!(manager, unit = %unit.uuid, path = %f.path.display(), error = %f.message, "cannot read unit cgroup file");
@@ -498,5 +528,38 @@ mod tests {
         // A unit that ended is forgotten.
         lists.list(&[], hour);
         assert!(lists.0.is_empty());
+    }
+
+    /// A unit in the place it had gets the very block it had; another unit in that place, or
+    /// the same uuid under another cgroup host, gets its own.
+    #[test]
+    fn label_blocks_are_reused_only_for_the_unit_they_were_made_for() {
+        let root = Path::new("/sys/fs/cgroup");
+        let mut cache = UnitLabels::default();
+        let block = |cache: &mut UnitLabels, i: usize, u: &UnitCgroup| {
+            let base = [
+                ("cgrouphostname", u.cgroup_host.as_str()),
+                ("uuid", u.uuid.as_str()),
+            ];
+            cache.get(i, u, &base)
+        };
+        let (a, b) = (unit(root, "1"), unit(root, "2"));
+        let first = block(&mut cache, 0, &a);
+        let again = block(&mut cache, 0, &a);
+        assert!(std::ptr::eq(first.as_str(), again.as_str()), "not reused");
+        assert_eq!(
+            block(&mut cache, 0, &b).as_str(),
+            r#"{cgrouphostname="",uuid="2"}"#
+        );
+        let mut elsewhere = b.clone();
+        elsewhere.cgroup_host = "node9".to_owned();
+        assert_eq!(
+            block(&mut cache, 0, &elsewhere).as_str(),
+            r#"{cgrouphostname="node9",uuid="2"}"#
+        );
+        assert_eq!(
+            block(&mut cache, 1, &a).as_str(),
+            r#"{cgrouphostname="",uuid="1"}"#
+        );
     }
 }
