@@ -358,7 +358,7 @@ fn shortest_digits(v: f64, digits: &mut [u8; 20]) -> (usize, i32) {
     // strconv), written as "123.456", "0.00123", "1.5e-7" or "1e20": read here as digits and
     // where the point falls. Rust's `{:e}` costs several times more, and rounds such ties up.
     let mut ryu = ryu::Buffer::new();
-    let text = ryu.format_finite(v.abs());
+    let text = ryu.format_finite(v);
     let (mantissa, exp10) = match text.split_once('e') {
         Some((m, e)) => (m, e.parse::<i32>().unwrap_or(0)),
         None => (text, 0),
