@@ -9,7 +9,8 @@
 # - subs: the perf and eBPF sub-collectors at 10, 100 and 500 real jobs (CPU per scrape and
 #   RSS, with and without them), and what they add to a job's own CPU time (a burner that
 #   computes and does small file IO, timed with and without them).
-# Usage: scripts/bench.sh [SCRAPES [PART...]]   (default 30 scrapes, parts trees and real).
+# Usage: [ROUNDS=3] [VERBOSE=1] scripts/bench.sh [SCRAPES [PART...]]   (default 30 scrapes,
+# parts trees and real; ROUNDS per tree, VERBOSE prints each round's figures).
 # Prints tables; asserts nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,32 +37,46 @@ hwm_kib() { awk '/^VmHWM/ {print $2}' "/proc/$1/status"; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 if [[ " $parts " == *" trees "* ]]; then
-printf '%-4s %6s %8s %14s %9s %8s %10s %12s %8s %8s\n' cg jobs series "cpu_ms/scrape" naive_ms kept_ms now/naive idle_rss_MB rss_MB hwm_MB
+# This machine's CPU time per scrape drifts by a tenth from one minute to the next, floors
+# included: each tree is measured in ROUNDS rounds, the exporter then the floors, and the
+# medians are compared. RSS is the highest of the rounds.
+rounds=${ROUNDS:-3}
+median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+echo "trees: $rounds rounds of $scrapes scrapes each; medians of the rounds"
+printf '%-4s %6s %8s %14s %9s %8s %9s %8s %12s %8s %8s\n' cg jobs series "cpu_ms/scrape" naive_ms kept_ms now/naive now/kept idle_rss_MB rss_MB hwm_MB
 for version in v1 v2; do
   for jobs in 0 10 100 1000; do
     tree="$work/$version-$jobs"
     "$gen" "$tree" "$jobs" "$version" >/dev/null
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-    "$bin" exporter --collector.slurm --collector.slurm.swap-memory-metrics --collector.slurm.psi-metrics \
-      --collector.cgroups.force-version="$version" \
-      --path.cgroupfs="$tree/sys/fs/cgroup" --path.procfs="$tree/proc" --path.sysfs="$tree/sys" \
-      --web.listen-address="127.0.0.1:$port" --log.level=warn &
-    pid=$!
-    for _ in $(seq 100); do curl -sf "127.0.0.1:$port/health" >/dev/null && break; sleep 0.05; done
-    sleep 0.3
-    idle=$(rss_kib "$pid")
-    curl -sf "127.0.0.1:$port/metrics" >/dev/null   # warm up
-    before=$(cpu_ticks "$pid")
-    for _ in $(seq "$scrapes"); do curl -sf "127.0.0.1:$port/metrics" -o "$work/body"; done
-    after=$(cpu_ticks "$pid")
+    cpus="" naives="" kepts="" idle=0 rss=0 hwm=0
+    for _ in $(seq "$rounds"); do
+      port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+      "$bin" exporter --collector.slurm --collector.slurm.swap-memory-metrics --collector.slurm.psi-metrics \
+        --collector.cgroups.force-version="$version" \
+        --path.cgroupfs="$tree/sys/fs/cgroup" --path.procfs="$tree/proc" --path.sysfs="$tree/sys" \
+        --web.listen-address="127.0.0.1:$port" --log.level=warn &
+      pid=$!
+      for _ in $(seq 100); do curl -sf "127.0.0.1:$port/health" >/dev/null && break; sleep 0.05; done
+      sleep 0.3
+      idle=$(( $(rss_kib "$pid") > idle ? $(rss_kib "$pid") : idle ))
+      curl -sf "127.0.0.1:$port/metrics" >/dev/null   # warm up
+      before=$(cpu_ticks "$pid")
+      for _ in $(seq "$scrapes"); do curl -sf "127.0.0.1:$port/metrics" -o "$work/body"; done
+      after=$(cpu_ticks "$pid")
+      cpus="$cpus $(awk -v d=$((after - before)) -v n="$scrapes" -v t="$tck" 'BEGIN {printf "%.2f", d * 1000 / t / n}')"
+      rss=$(( $(rss_kib "$pid") > rss ? $(rss_kib "$pid") : rss ))
+      hwm=$(( $(hwm_kib "$pid") > hwm ? $(hwm_kib "$pid") : hwm ))
+      kill "$pid"; wait "$pid" 2>/dev/null || true
+      read -r naive kept _ < <("$floor" "$tree/sys/fs/cgroup" "$version" "$scrapes" swap psi)
+      naives="$naives $naive" kepts="$kepts $kept"
+    done
     series=$(grep -vc '^#' "$work/body")
-    cpu_ms=$(awk -v d=$((after - before)) -v n="$scrapes" -v t="$tck" 'BEGIN {printf "%.2f", d * 1000 / t / n}')
-    rss=$(rss_kib "$pid") hwm=$(hwm_kib "$pid")
-    kill "$pid"; wait "$pid" 2>/dev/null || true
-    read -r naive kept _ < <("$floor" "$tree/sys/fs/cgroup" "$version" "$scrapes" swap psi)
-    printf '%-4s %6d %8d %14s %9s %8s %10s %12.1f %8.1f %8.1f\n' "$version" "$jobs" "$series" "$cpu_ms" \
-      "$naive" "$kept" "$(awk -v a="$cpu_ms" -v b="$naive" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}')" \
+    cpu_ms=$(echo "$cpus" | median) naive=$(echo "$naives" | median) kept=$(echo "$kepts" | median)
+    ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}'; }
+    printf '%-4s %6d %8d %14.2f %9.2f %8.2f %9s %8s %12.1f %8.1f %8.1f\n' "$version" "$jobs" "$series" "$cpu_ms" \
+      "$naive" "$kept" "$(ratio "$cpu_ms" "$naive")" "$(ratio "$cpu_ms" "$kept")" \
       "$(echo "$idle/1024" | bc -l)" "$(echo "$rss/1024" | bc -l)" "$(echo "$hwm/1024" | bc -l)"
+    if [ -n "${VERBOSE:-}" ]; then echo "  rounds: exporter [$cpus ] naive [$naives ] kept [$kepts ]"; fi
   done
 done
 fi
