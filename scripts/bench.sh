@@ -2,7 +2,8 @@
 # Whole-process benchmark of `ceems exporter` with the slurm collector: CPU time per scrape
 # (from /proc/<pid>/stat) and RSS, beside two floors measured in the same run on the same files
 # (`scripts/read_floor.rs`): naive (open, read, close each file) and kept (pread on descriptors
-# opened once), both with discovery's directory walk.
+# opened once), both with discovery's directory walk, and on the trees work (kept, plus parsing
+# each file and writing as many series in the text format: the least any exporter does).
 # - trees: generated v1 and v2 job trees, 0 to 1000 jobs;
 # - real: REAL_JOBS (500) real v1 job cgroups with a sleeping process each (root only), on a
 #   CPU node and on a GPU node, in one run;
@@ -43,12 +44,12 @@ if [[ " $parts " == *" trees "* ]]; then
 rounds=${ROUNDS:-3}
 median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 echo "trees: $rounds rounds of $scrapes scrapes each; medians of the rounds"
-printf '%-4s %6s %8s %14s %9s %8s %9s %8s %12s %8s %8s\n' cg jobs series "cpu_ms/scrape" naive_ms kept_ms now/naive now/kept idle_rss_MB rss_MB hwm_MB
+printf '%-4s %6s %8s %14s %9s %8s %8s %9s %8s %8s %12s %8s %8s\n' cg jobs series "cpu_ms/scrape" naive_ms kept_ms work_ms now/naive now/kept now/work idle_rss_MB rss_MB hwm_MB
 for version in v1 v2; do
   for jobs in 0 10 100 1000; do
     tree="$work/$version-$jobs"
     "$gen" "$tree" "$jobs" "$version" >/dev/null
-    cpus="" naives="" kepts="" idle=0 rss=0 hwm=0
+    cpus="" naives="" kepts="" leasts="" idle=0 rss=0 hwm=0
     for _ in $(seq "$rounds"); do
       port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
       "$bin" exporter --collector.slurm --collector.slurm.swap-memory-metrics --collector.slurm.psi-metrics \
@@ -67,16 +68,17 @@ for version in v1 v2; do
       rss=$(( $(rss_kib "$pid") > rss ? $(rss_kib "$pid") : rss ))
       hwm=$(( $(hwm_kib "$pid") > hwm ? $(hwm_kib "$pid") : hwm ))
       kill "$pid"; wait "$pid" 2>/dev/null || true
-      read -r naive kept _ < <("$floor" "$tree/sys/fs/cgroup" "$version" "$scrapes" swap psi)
-      naives="$naives $naive" kepts="$kepts $kept"
+      read -r naive kept _ _ least < <("$floor" "$tree/sys/fs/cgroup" "$version" "$scrapes" swap psi)
+      naives="$naives $naive" kepts="$kepts $kept" leasts="$leasts $least"
     done
     series=$(grep -vc '^#' "$work/body")
     cpu_ms=$(echo "$cpus" | median) naive=$(echo "$naives" | median) kept=$(echo "$kepts" | median)
+    least=$(echo "$leasts" | median)
     ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}'; }
-    printf '%-4s %6d %8d %14.2f %9.2f %8.2f %9s %8s %12.1f %8.1f %8.1f\n' "$version" "$jobs" "$series" "$cpu_ms" \
-      "$naive" "$kept" "$(ratio "$cpu_ms" "$naive")" "$(ratio "$cpu_ms" "$kept")" \
+    printf '%-4s %6d %8d %14.2f %9.2f %8.2f %8.2f %9s %8s %8s %12.1f %8.1f %8.1f\n' "$version" "$jobs" "$series" "$cpu_ms" \
+      "$naive" "$kept" "$least" "$(ratio "$cpu_ms" "$naive")" "$(ratio "$cpu_ms" "$kept")" "$(ratio "$cpu_ms" "$least")" \
       "$(echo "$idle/1024" | bc -l)" "$(echo "$rss/1024" | bc -l)" "$(echo "$hwm/1024" | bc -l)"
-    if [ -n "${VERBOSE:-}" ]; then echo "  rounds: exporter [$cpus ] naive [$naives ] kept [$kepts ]"; fi
+    if [ -n "${VERBOSE:-}" ]; then echo "  rounds: exporter [$cpus ] naive [$naives ] kept [$kepts ] work [$leasts ]"; fi
   done
 done
 fi

@@ -1,9 +1,11 @@
 //! The floors a slurm scrape is compared with in `scripts/bench.sh`: CPU per scrape of reading
 //! the same files with nothing done with them, (a) opening, reading and closing each, (b) with
 //! `pread` on descriptors opened once. Both walk discovery's directories and, on v2, read each
-//! job's `cgroup.events`, as a scrape does.
+//! job's `cgroup.events`, as a scrape does. A third, (c) the least any exporter does, adds to
+//! (b) parsing each file with ceems's parsers and writing 13 series a job (as many as a scrape
+//! has) in the text format, labels rendered once: no HTTP, no threads, no checks.
 //!
-//! `read-floor CGROUPFS v1|v2 SCRAPES [swap] [psi]` prints `naive_ms kept_ms jobs files`.
+//! `read-floor CGROUPFS v1|v2 SCRAPES [swap] [psi]` prints `naive_ms kept_ms jobs files work_ms`.
 
 use std::fs::File;
 use std::io::Read;
@@ -11,7 +13,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use ceems::host::cgroup::{self, CgroupVersion, V1Controllers};
+use ceems::host::cgroup::{self, parse, CgroupVersion, V1Controllers};
+use ceems::metrics::format_float;
 use ceems::testing::accounting_files;
 use nix::sys::resource::{getrusage, UsageWho};
 
@@ -102,7 +105,10 @@ fn main() -> anyhow::Result<()> {
     }
     let naive_ms = (cpu_ms()? - start) / f64::from(scrapes);
 
-    let kept: Vec<File> = files.iter().filter_map(|f| File::open(f).ok()).collect();
+    // In `files`' order, so each job's are found by position; one that cannot be opened is
+    // skipped.
+    let opened: Vec<Option<File>> = files.iter().map(|f| File::open(f).ok()).collect();
+    let kept: Vec<&File> = opened.iter().flatten().collect();
     buf.resize(65536, 0);
     let start = cpu_ms()?;
     for _ in 0..scrapes {
@@ -112,6 +118,79 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let kept_ms = (cpu_ms()? - start) / f64::from(scrapes);
-    println!("{naive_ms:.2} {kept_ms:.2} {} {}", jobs.len(), kept.len());
+
+    // (c): the kept reads, parsed, and the series written.
+    const SERIES_PER_JOB: usize = 13;
+    let per_job: Vec<usize> = jobs.iter().map(|j| files_of(j).len()).collect();
+    let kinds: Vec<u8> = files
+        .iter()
+        .map(
+            |f| match f.file_name().and_then(|n| n.to_str()).unwrap_or("") {
+                n if n.ends_with(".pressure") => b'p',
+                n if n.starts_with("cpuset.cpus") => b'c',
+                n if n.ends_with("stat") || n.ends_with("events") => b'k',
+                _ => b'1',
+            },
+        )
+        .collect();
+    let names: Vec<String> = (0..SERIES_PER_JOB)
+        .map(|k| format!("ceems_compute_unit_value_{k}"))
+        .collect();
+    let labels: Vec<String> = (0..jobs.len())
+        .map(|j| {
+            format!("{{cgrouphostname=\"\",hostname=\"node\",manager=\"slurm\",uuid=\"{j}\"}}")
+        })
+        .collect();
+    let mut values = vec![0f64; jobs.len() * SERIES_PER_JOB];
+    let mut body = String::new();
+    let start = cpu_ms()?;
+    for _ in 0..scrapes {
+        std::hint::black_box(walk(root, version).len());
+        let mut file = 0;
+        for (j, n) in per_job.iter().enumerate() {
+            let row = &mut values[j * SERIES_PER_JOB..(j + 1) * SERIES_PER_JOB];
+            let mut at = 0;
+            let mut put = |v: u64| {
+                row[at % SERIES_PER_JOB] = v as f64;
+                at += 1;
+            };
+            for (f, kind) in opened[file..file + n].iter().zip(&kinds[file..file + n]) {
+                let Some(f) = f else { continue };
+                let len = f.read_at(&mut buf, 0).unwrap_or(0);
+                let Ok(text) = std::str::from_utf8(&buf[..len]) else {
+                    continue;
+                };
+                let _ = match kind {
+                    b'p' => parse::pressure(text).map(|p| put(p.some_total_us + p.full_total_us)),
+                    b'c' => parse::cpuset_count(text).map(&mut put),
+                    b'k' => parse::flat_keyed(text, |_, v| put(v)),
+                    _ => parse::single_u64(text).map(&mut put),
+                };
+            }
+            file += n;
+        }
+        body.clear();
+        for (k, name) in names.iter().enumerate() {
+            body.push_str("# HELP ");
+            body.push_str(name);
+            body.push_str(" A value.\n# TYPE ");
+            body.push_str(name);
+            body.push_str(" gauge\n");
+            for (j, l) in labels.iter().enumerate() {
+                body.push_str(name);
+                body.push_str(l);
+                body.push(' ');
+                format_float(values[j * SERIES_PER_JOB + k], &mut body);
+                body.push('\n');
+            }
+        }
+        std::hint::black_box(body.len());
+    }
+    let work_ms = (cpu_ms()? - start) / f64::from(scrapes);
+    println!(
+        "{naive_ms:.2} {kept_ms:.2} {} {} {work_ms:.2}",
+        jobs.len(),
+        kept.len()
+    );
     Ok(())
 }
