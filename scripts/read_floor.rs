@@ -22,7 +22,7 @@ use nix::sys::resource::{getrusage, UsageWho};
 fn subdirs(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     cgroup::subdirs(dir)
         .into_iter()
-        .filter(|d| d.name.to_str().is_some_and(|n| n.starts_with(prefix)))
+        .filter(|d| d.name().to_str().is_some_and(|n| n.starts_with(prefix)))
         .map(|d| d.path)
         .collect()
 }

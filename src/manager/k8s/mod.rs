@@ -382,14 +382,14 @@ impl K8sManager {
         let mut found = Vec::new();
         for slice in self.slices() {
             for child in subdirs(&slice) {
-                let Some(name) = child.name.to_str() else {
+                let Some(name) = child.name().to_str() else {
                     continue;
                 };
                 if let Some(uid) = pod_of_cgroup(name) {
                     found.push((uid, child.path, child.ino));
                 } else if is_qos_dir(name) {
                     for pod in subdirs(&child.path) {
-                        if let Some(uid) = pod.name.to_str().and_then(pod_of_cgroup) {
+                        if let Some(uid) = pod.name().to_str().and_then(pod_of_cgroup) {
                             found.push((uid, pod.path, pod.ino));
                         }
                     }

@@ -232,7 +232,7 @@ impl ResourceManager for LibvirtManager {
         let mut found = Vec::new();
         for parent in ["machine.slice", "machine"] {
             for sub in subdirs(&base.join(parent)) {
-                if let Some(name) = sub.name.to_str().and_then(domain::name_of_cgroup) {
+                if let Some(name) = sub.name().to_str().and_then(domain::name_of_cgroup) {
                     found.push((name, sub.path, sub.ino));
                 }
             }

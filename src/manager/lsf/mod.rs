@@ -332,7 +332,7 @@ impl ResourceManager for LsfManager {
         let mut found = Vec::new();
         for cluster in subdirs(&lsf) {
             for job in subdirs(&cluster.path) {
-                let Some(uuid) = job.name.to_str().and_then(bjobs::job_of_cgroup) else {
+                let Some(uuid) = job.name().to_str().and_then(bjobs::job_of_cgroup) else {
                     continue;
                 };
                 // v2: the processes are in `leaf`, which CEEMS reads as the job.

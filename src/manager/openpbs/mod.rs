@@ -215,7 +215,7 @@ impl ResourceManager for OpenPbsManager {
         let found: Vec<(String, PathBuf, u64)> = subdirs(&self.root.join(JOBS_DIR))
             .into_iter()
             .filter_map(|d| {
-                let name = d.name.to_str().filter(|n| is_job_id(n))?.to_owned();
+                let name = d.name().to_str().filter(|n| is_job_id(n))?.to_owned();
                 Some((name, d.path, d.ino))
             })
             .collect();

@@ -69,11 +69,11 @@ impl SlurmManager {
                     };
                     // slurm/uid_<uid>/job_<id>, and job_<id> directly under the root.
                     for child in subdirs(&path) {
-                        if let Some(id) = job_id_of(&child.name) {
+                        if let Some(id) = job_id_of(child.name()) {
                             out.push(candidate(Some(id), host, child));
-                        } else if child.name.to_str().is_some_and(|c| c.starts_with("uid_")) {
+                        } else if child.name().to_str().is_some_and(|c| c.starts_with("uid_")) {
                             for job in subdirs(&child.path) {
-                                if let Some(id) = job_id_of(&job.name) {
+                                if let Some(id) = job_id_of(job.name()) {
                                     out.push(candidate(Some(id), host, job));
                                 }
                             }
@@ -89,9 +89,9 @@ impl SlurmManager {
                         },
                     };
                     for child in subdirs(&path) {
-                        if let Some(id) = job_id_of(&child.name) {
+                        if let Some(id) = job_id_of(child.name()) {
                             out.push(candidate(Some(id), host, child));
-                        } else if child.name != "system" {
+                        } else if child.name() != "system" {
                             out.push(candidate(None, host, child));
                         }
                     }
