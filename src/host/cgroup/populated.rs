@@ -102,12 +102,14 @@ pub struct Subdir {
     pub path: PathBuf,
     /// The inode number the listing gives with the name, at no cost.
     pub ino: u64,
+    /// Where the name starts in `path`.
+    name_at: usize,
 }
 
 impl Subdir {
     /// The directory's own name, the last component of its path.
     pub fn name(&self) -> &OsStr {
-        self.path.file_name().unwrap_or_default()
+        OsStr::from_bytes(&self.path.as_os_str().as_bytes()[self.name_at..])
     }
 }
 
@@ -122,12 +124,50 @@ pub fn subdirs(dir: &Path) -> Vec<Subdir> {
     let mut out: Vec<_> = entries
         .flatten()
         .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-        .map(|e| Subdir {
-            path: e.path(),
-            ino: e.ino(),
+        .map(|e| {
+            let path = e.path();
+            // Names hold no `/`: the last one ends the parent.
+            let name_at = path
+                .as_os_str()
+                .as_bytes()
+                .iter()
+                .rposition(|b| *b == b'/')
+                .map_or(0, |p| p + 1);
+            Subdir {
+                path,
+                ino: e.ino(),
+                name_at,
+            }
         })
         .collect();
     // Siblings: their names order them, compared as bytes.
     out.sort_by(|a, b| a.name().as_bytes().cmp(b.name().as_bytes()));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only directories, in their names' byte order, each named as its path ends, whether or
+    /// not the parent was given with a trailing `/`; a missing parent lists nothing.
+    #[test]
+    fn subdirs_are_the_directories_by_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        for d in ["job_20", "job_3", "uid_1", "Z"] {
+            std::fs::create_dir(tmp.path().join(d)).unwrap();
+        }
+        std::fs::write(tmp.path().join("job_1"), "a file").unwrap();
+        let slashed = PathBuf::from(format!("{}/", tmp.path().display()));
+        for parent in [tmp.path(), slashed.as_path()] {
+            let listed = subdirs(parent);
+            let names: Vec<&OsStr> = listed.iter().map(Subdir::name).collect();
+            assert_eq!(names, ["Z", "job_20", "job_3", "uid_1"]);
+            for d in &listed {
+                assert_eq!(d.path, tmp.path().join(d.name()));
+                assert!(d.path.is_dir());
+            }
+        }
+        assert!(subdirs(&tmp.path().join("gone")).is_empty());
+    }
 }
