@@ -162,15 +162,18 @@ nogpu=$(measure_real --collector.gpu.type=nogpu)
 units_nogpu=$(awk '/^ceems_compute_units\{/ {print $2}' "$work/body")
 nvidia=$(measure_real --collector.gpu.type=nvidia --collector.gpu.nvidia-smi-path="$smi")
 units_nvidia=$(awk '/^ceems_compute_units\{/ {print $2}' "$work/body")
-read -r naive kept floor_jobs _ < <("$floor" "$cg" v1 "$scrapes")
+read -r naive kept floor_jobs _ least < <("$floor" "$cg" v1 "$scrapes")
 printf '%-44s %14s %8s\n' node cpu_ms/scrape jobs
 printf '%-44s %14s %8s\n' "CPU node (--collector.gpu.type=nogpu)" "$nogpu" "$units_nogpu"
 printf '%-44s %14s %8s\n' "GPU node (nvidia, nvidia-smi stand-in)" "$nvidia" "$units_nvidia"
 printf '%-44s %14s %8s\n' "naive floor (open, read, close)" "$naive" "$floor_jobs"
 printf '%-44s %14s %8s\n' "kept floor (pread on open descriptors)" "$kept" "$floor_jobs"
+printf '%-44s %14s %8s\n' "work floor (kept, parsed, series written)" "$least" "$floor_jobs"
 awk -v a="$nvidia" -v b="$nogpu" 'BEGIN {printf "GPU node / CPU node: %.2fx\n", a / b}'
 awk -v a="$nogpu" -v b="$naive" -v k="$kept" \
   'BEGIN {printf "CPU node / naive floor: %.2fx; kept floor / naive floor: %.2fx\n", a / b, k / b}'
+awk -v a="$nogpu" -v k="$kept" -v w="$least" \
+  'BEGIN {printf "CPU node / kept floor: %.2fx; CPU node / work floor: %.2fx\n", a / k, a / w}'
 fi
 [[ " $parts " == *" subs "* ]] || exit 0
 
