@@ -6,7 +6,7 @@
 # each file and writing as many series in the text format: the least any exporter does).
 # - trees: generated v1 and v2 job trees, 0 to 1000 jobs;
 # - real: REAL_JOBS (500) real v1 job cgroups with a sleeping process each (root only), on a
-#   CPU node and on a GPU node, in one run;
+#   CPU node and on a GPU node, in one run (ROUNDS rounds too);
 # - subs: the perf and eBPF sub-collectors at 10, 100 and 500 real jobs (CPU per scrape and
 #   RSS, with and without them), and what they add to a job's own CPU time (a burner that
 #   computes and does small file IO, timed with and without them).
@@ -36,13 +36,14 @@ trap 'kill "${pid:-}" 2>/dev/null || true; rm -rf "$work"' EXIT
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 hwm_kib() { awk '/^VmHWM/ {print $2}' "/proc/$1/status"; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-
-if [[ " $parts " == *" trees "* ]]; then
 # This machine's CPU time per scrape drifts by a tenth from one minute to the next, floors
-# included: each tree is measured in ROUNDS rounds, the exporter then the floors, and the
-# medians are compared. RSS is the highest of the rounds.
+# included: each figure is measured in ROUNDS rounds, the exporter then the floors, and the
+# medians are compared.
 rounds=${ROUNDS:-3}
 median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+
+if [[ " $parts " == *" trees "* ]]; then
+# RSS is the highest of the rounds.
 echo "trees: $rounds rounds of $scrapes scrapes each; medians of the rounds"
 printf '%-4s %6s %8s %14s %9s %8s %8s %9s %8s %8s %12s %8s %8s\n' cg jobs series "cpu_ms/scrape" naive_ms kept_ms work_ms now/naive now/kept now/work idle_rss_MB rss_MB hwm_MB
 for version in v1 v2; do
@@ -157,12 +158,21 @@ measure_real() {
 
 if [[ " $parts " == *" real "* ]]; then
 echo
-echo "real v1 jobs: $real_jobs, CPU-only (SLURM_JOB_ID, no GPU variable), $scrapes scrapes each"
-nogpu=$(measure_real --collector.gpu.type=nogpu)
-units_nogpu=$(awk '/^ceems_compute_units\{/ {print $2}' "$work/body")
-nvidia=$(measure_real --collector.gpu.type=nvidia --collector.gpu.nvidia-smi-path="$smi")
-units_nvidia=$(awk '/^ceems_compute_units\{/ {print $2}' "$work/body")
-read -r naive kept floor_jobs _ least < <("$floor" "$cg" v1 "$scrapes")
+echo "real v1 jobs: $real_jobs, CPU-only (SLURM_JOB_ID, no GPU variable), $scrapes scrapes each; medians of $rounds rounds"
+nogpus="" nvidias="" naives="" kepts="" leasts=""
+for _ in $(seq "$rounds"); do
+  nogpus="$nogpus $(measure_real --collector.gpu.type=nogpu)"
+  units_nogpu=$(awk '/^ceems_compute_units\{/ {print $2}' "$work/body")
+  nvidias="$nvidias $(measure_real --collector.gpu.type=nvidia --collector.gpu.nvidia-smi-path="$smi")"
+  units_nvidia=$(awk '/^ceems_compute_units\{/ {print $2}' "$work/body")
+  read -r naive kept floor_jobs _ least < <("$floor" "$cg" v1 "$scrapes")
+  naives="$naives $naive" kepts="$kepts $kept" leasts="$leasts $least"
+done
+nogpu=$(echo "$nogpus" | median) nvidia=$(echo "$nvidias" | median)
+naive=$(echo "$naives" | median) kept=$(echo "$kepts" | median) least=$(echo "$leasts" | median)
+if [ -n "${VERBOSE:-}" ]; then
+  echo "  rounds: CPU node [$nogpus ] GPU node [$nvidias ] naive [$naives ] kept [$kepts ] work [$leasts ]"
+fi
 printf '%-44s %14s %8s\n' node cpu_ms/scrape jobs
 printf '%-44s %14s %8s\n' "CPU node (--collector.gpu.type=nogpu)" "$nogpu" "$units_nogpu"
 printf '%-44s %14s %8s\n' "GPU node (nvidia, nvidia-smi stand-in)" "$nvidia" "$units_nvidia"
@@ -233,7 +243,6 @@ print(time.process_time() - t)'" >"$work/took" &
   wait "$burner"
   cat "$work/took"
 }
-median() { sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 : >"$work/times"
 for _ in $(seq "$rounds"); do
