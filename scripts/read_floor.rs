@@ -2,8 +2,9 @@
 //! the same files with nothing done with them, (a) opening, reading and closing each, (b) with
 //! `pread` on descriptors opened once. Both walk discovery's directories and, on v2, read each
 //! job's `cgroup.events`, as a scrape does. A third, (c) the least any exporter does, adds to
-//! (b) parsing each file with ceems's parsers and writing 13 series a job (as many as a scrape
-//! has) in the text format, labels rendered once: no HTTP, no threads, no checks.
+//! (b) parsing each file with ceems's parsers as a scrape does (keyed files only as far as the
+//! keys it takes) and writing 13 series a job (as many as a scrape has) in the text format,
+//! labels rendered once: no HTTP, no threads, no checks.
 //!
 //! `read-floor CGROUPFS v1|v2 SCRAPES [swap] [psi]` prints `naive_ms kept_ms jobs files work_ms`.
 
@@ -122,14 +123,31 @@ fn main() -> anyhow::Result<()> {
     // (c): the kept reads, parsed, and the series written.
     const SERIES_PER_JOB: usize = 13;
     let per_job: Vec<usize> = jobs.iter().map(|j| files_of(j).len()).collect();
-    let kinds: Vec<u8> = files
+    // Each file parsed as a scrape parses it: keyed files only as far as the keys it takes.
+    #[derive(Clone, Copy)]
+    enum Kind {
+        Pressure,
+        Cpuset,
+        Keyed([&'static str; 2]),
+        KeyedOne(&'static str),
+        Populated,
+        Single,
+    }
+    let kinds: Vec<Kind> = files
         .iter()
         .map(
             |f| match f.file_name().and_then(|n| n.to_str()).unwrap_or("") {
-                n if n.ends_with(".pressure") => b'p',
-                n if n.starts_with("cpuset.cpus") => b'c',
-                n if n.ends_with("stat") || n.ends_with("events") => b'k',
-                _ => b'1',
+                n if n.ends_with(".pressure") => Kind::Pressure,
+                n if n.starts_with("cpuset.cpus") => Kind::Cpuset,
+                "memory.stat" if version == CgroupVersion::V1 => {
+                    Kind::Keyed(["total_rss", "total_cache"])
+                }
+                "memory.stat" => Kind::Keyed(["anon", "file"]),
+                "cpuacct.stat" => Kind::Keyed(["user", "system"]),
+                "cpu.stat" => Kind::Keyed(["user_usec", "system_usec"]),
+                "memory.events" => Kind::KeyedOne("oom"),
+                "cgroup.events" => Kind::Populated,
+                _ => Kind::Single,
             },
         )
         .collect();
@@ -160,11 +178,17 @@ fn main() -> anyhow::Result<()> {
                 let Ok(text) = std::str::from_utf8(&buf[..len]) else {
                     continue;
                 };
-                let _ = match kind {
-                    b'p' => parse::pressure(text).map(|p| put(p.some_total_us + p.full_total_us)),
-                    b'c' => parse::cpuset_count(text).map(&mut put),
-                    b'k' => parse::flat_keyed(text, |_, v| put(v)),
-                    _ => parse::single_u64(text).map(&mut put),
+                let _ = match *kind {
+                    Kind::Pressure => {
+                        parse::pressure(text).map(|p| put(p.some_total_us + p.full_total_us))
+                    }
+                    Kind::Cpuset => parse::cpuset_count(text).map(&mut put),
+                    Kind::Keyed(keys) => {
+                        parse::keyed_values(text, keys).map(|v| v.into_iter().for_each(&mut put))
+                    }
+                    Kind::KeyedOne(key) => parse::keyed_values(text, [key]).map(|[v]| put(v)),
+                    Kind::Populated => parse::flat_keyed(text, |_, v| put(v)),
+                    Kind::Single => parse::single_u64(text).map(&mut put),
                 };
             }
             file += n;
