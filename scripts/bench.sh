@@ -36,6 +36,7 @@ trap 'kill "${pid:-}" 2>/dev/null || true; rm -rf "$work"' EXIT
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 hwm_kib() { awk '/^VmHWM/ {print $2}' "/proc/$1/status"; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+max() { echo $(($1 > $2 ? $1 : $2)); }
 # This machine's CPU time per scrape drifts by a tenth from one minute to the next, floors
 # included: each figure is measured in ROUNDS rounds, the exporter then the floors, and the
 # medians are compared.
@@ -60,14 +61,13 @@ for version in v1 v2; do
       pid=$!
       for _ in $(seq 100); do curl -sf "127.0.0.1:$port/health" >/dev/null && break; sleep 0.05; done
       sleep 0.3
-      idle=$(( $(rss_kib "$pid") > idle ? $(rss_kib "$pid") : idle ))
+      idle=$(max "$(rss_kib "$pid")" "$idle")
       curl -sf "127.0.0.1:$port/metrics" >/dev/null   # warm up
       before=$(cpu_ticks "$pid")
       for _ in $(seq "$scrapes"); do curl -sf "127.0.0.1:$port/metrics" -o "$work/body"; done
       after=$(cpu_ticks "$pid")
       cpus="$cpus $(awk -v d=$((after - before)) -v n="$scrapes" -v t="$tck" 'BEGIN {printf "%.2f", d * 1000 / t / n}')"
-      rss=$(( $(rss_kib "$pid") > rss ? $(rss_kib "$pid") : rss ))
-      hwm=$(( $(hwm_kib "$pid") > hwm ? $(hwm_kib "$pid") : hwm ))
+      rss=$(max "$(rss_kib "$pid")" "$rss") hwm=$(max "$(hwm_kib "$pid")" "$hwm")
       kill "$pid"; wait "$pid" 2>/dev/null || true
       read -r naive kept _ _ least < <("$floor" "$tree/sys/fs/cgroup" "$version" "$scrapes" swap psi)
       naives="$naives $naive" kepts="$kepts $kept" leasts="$leasts $least"
