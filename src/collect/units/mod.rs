@@ -16,9 +16,10 @@ pub mod perf;
 pub mod rdma;
 
 use super::{Capability, CollectError, Collector, MetricNames};
-use crate::host::cgroup::detail::{self, DetailOptions};
+use crate::host::cgroup::detail::{self, DetailOptions, UnitDetail};
 use crate::host::cgroup::{
-    self, CgroupReader, CgroupVersion, FileFault, HostMemory, ReadOptions, UnitError,
+    self, CgroupReader, CgroupVersion, FileFault, HostMemory, ReadOptions, ReaderThread, UnitError,
+    UnitStats,
 };
 use crate::host::{processes, procfs};
 use crate::metrics::{Labels, MetricSet};
@@ -89,7 +90,10 @@ pub struct UnitCollector<M> {
     procfs: PathBuf,
     hostname: String,
     read_opts: ReadOptions,
-    reader: Mutex<CgroupReader>,
+    /// Where the units' cgroups are read, and how.
+    cgroups: (PathBuf, CgroupVersion, HostMemory),
+    /// The reader of the units' cgroups, on its own thread from the first scrape on.
+    reader: Mutex<Option<ReaderThread>>,
     detail: DetailOptions,
     /// `Some(exe limit)` with process metrics.
     processes: Option<usize>,
@@ -199,7 +203,8 @@ impl<M: ResourceManager> UnitCollector<M> {
             procfs: procfs.to_owned(),
             hostname: hostname.to_owned(),
             read_opts,
-            reader: Mutex::new(CgroupReader::new(cgroupfs, version, host_memory(procfs))),
+            cgroups: (cgroupfs.to_owned(), version, host_memory(procfs)),
+            reader: Mutex::new(None),
             detail: DetailOptions::default(),
             processes: None,
             capabilities,
@@ -273,11 +278,41 @@ impl<M: ResourceManager> UnitCollector<M> {
         self.manager.discover(faults)
     }
 
+    /// Reads every unit's cgroup files on the reader's thread (started at the first call).
+    fn read_units(
+        &self,
+        units: Vec<UnitCgroup>,
+    ) -> Result<(Vec<UnitCgroup>, Vec<UnitRead>), CollectError> {
+        let mut thread = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+        let thread = match &mut *thread {
+            Some(t) => t,
+            None => {
+                let (root, version, host) = self.cgroups.clone();
+                let spawned = ReaderThread::spawn(move || CgroupReader::new(&root, version, host))
+                    .map_err(|e| CollectError::Other(e.to_string()))?;
+                thread.insert(spawned)
+            }
+        };
+        let (opts, detail) = (self.read_opts, self.detail);
+        thread
+            .run(move |reader| {
+                let reads = units
+                    .iter()
+                    .map(|unit| UnitRead::of(reader, unit, opts, detail))
+                    .collect();
+                reader.end_scrape();
+                (units, reads)
+            })
+            .map_err(|e| CollectError::Other(e.to_string()))
+    }
+
     /// Reads and emits the discovered units; a unit whose cgroup vanished meanwhile is skipped.
-    pub fn collect_units(&self, units: &[UnitCgroup], out: &mut MetricSet) {
+    pub fn collect_units(
+        &self,
+        units: Vec<UnitCgroup>,
+        out: &mut MetricSet,
+    ) -> Result<(), CollectError> {
         let manager = self.manager.name();
-        let mut faults = Vec::new();
-        let mut reader = self.reader.lock().unwrap_or_else(|p| p.into_inner());
         let mut count = 0usize;
         let devices = if self.detail.io {
             std::fs::read_to_string(self.procfs.join("diskstats"))
@@ -298,7 +333,7 @@ impl<M: ResourceManager> UnitCollector<M> {
                 .collect()
         } else if self.perf.is_some() {
             let mut listed = self.listed.lock().unwrap_or_else(|p| p.into_inner());
-            listed.list(units, PIDS_RELISTED_AFTER)
+            listed.list(&units, PIDS_RELISTED_AFTER)
         } else {
             Vec::new()
         };
@@ -320,16 +355,20 @@ impl<M: ResourceManager> UnitCollector<M> {
         } else {
             HashMap::new()
         };
+        let (units, reads) = self.read_units(units)?;
         out.expect_samples(units.len());
         let mut unit_labels = self.labels.lock().unwrap_or_else(|p| p.into_inner());
         unit_labels.0.truncate(units.len());
-        for (place, unit) in units.iter().enumerate() {
-            reader.enter_unit(&unit.rel, &unit.dir, unit.dir_ino);
-            let mut stats = match reader.read_unit(&unit.rel, self.read_opts, &mut faults) {
+        for (place, (unit, read)) in units.iter().zip(reads).enumerate() {
+            let UnitRead {
+                stats,
+                mut faults,
+                detail,
+            } = read;
+            let mut stats = match stats {
                 Ok(s) => s,
                 Err(UnitError::Vanished(_)) => {
                     tracing::debug!(manager, unit = %unit.uuid, "unit cgroup vanished during the scrape");
-                    faults.clear();
                     continue;
                 }
             };
@@ -357,9 +396,8 @@ impl<M: ResourceManager> UnitCollector<M> {
             }
             emit_unit(out, &labels, &stats, self.read_opts);
             emit_rdma_current(out, &base, &stats.rdma);
-            if self.detail.any() {
-                let d = reader.read_detail(&unit.rel, self.detail, &mut faults);
-                for f in faults.drain(..) {
+            if let Some((d, faults)) = detail {
+                for f in faults {
                     tracing::debug!(manager, unit = %unit.uuid, path = %f.path.display(), error = %f.message, "cannot read unit detail file");
                 }
                 emit_detail(out, &base, &d, &devices);
@@ -382,8 +420,6 @@ impl<M: ResourceManager> UnitCollector<M> {
             }
         }
         out.expect_samples(0);
-        reader.end_scrape();
-        drop(reader);
         if let Some(rdma) = &self.rdma {
             rdma.collect(&pids, manager, &self.hostname, out);
         }
@@ -411,7 +447,7 @@ impl<M: ResourceManager> UnitCollector<M> {
                 .collect();
             ebpf.collect(&ebpf_units, manager, &self.hostname, out);
         }
-        let held = self.manager.gpus(units);
+        let held = self.manager.gpus(&units);
         emit_gpus(out, &self.hostname, &held, self.names);
         publish(held);
         let present: UnitSet<'_> = units.iter().map(|u| u.uuid.as_str()).collect();
@@ -422,6 +458,37 @@ impl<M: ResourceManager> UnitCollector<M> {
             Labels::new(&[("hostname", &self.hostname), ("manager", manager)]),
             count as f64,
         );
+        Ok(())
+    }
+}
+
+/// What the reader's thread read of one unit: its accounting, what failed, and its detail
+/// groups when asked for (not for a unit that vanished).
+struct UnitRead {
+    stats: Result<UnitStats, UnitError>,
+    faults: Vec<FileFault>,
+    detail: Option<(UnitDetail, Vec<FileFault>)>,
+}
+
+impl UnitRead {
+    fn of(
+        reader: &mut CgroupReader,
+        unit: &UnitCgroup,
+        opts: ReadOptions,
+        detail: DetailOptions,
+    ) -> UnitRead {
+        reader.enter_unit(&unit.rel, &unit.dir, unit.dir_ino);
+        let mut faults = Vec::new();
+        let stats = reader.read_unit(&unit.rel, opts, &mut faults);
+        let detail = (stats.is_ok() && detail.any()).then(|| {
+            let mut faults = Vec::new();
+            (reader.read_detail(&unit.rel, detail, &mut faults), faults)
+        });
+        UnitRead {
+            stats,
+            faults,
+            detail,
+        }
     }
 }
 
@@ -476,8 +543,7 @@ impl<M: ResourceManager> Collector for UnitCollector<M> {
         for f in faults.drain(..) {
             tracing::warn!(manager = self.manager.name(), path = %f.path.display(), error = %f.message, "cannot read unit processes");
         }
-        self.collect_units(&units, out);
-        Ok(())
+        self.collect_units(units, out)
     }
 }
 

@@ -10,10 +10,12 @@ pub mod kept;
 pub mod parse;
 mod populated;
 mod reader;
+mod reader_thread;
 mod subtree;
 
 pub use populated::{subdirs, Populated, Subdir};
 pub use reader::{clock_ticks, CgroupReader};
+pub use reader_thread::{ReaderThread, ReaderThreadError};
 pub use subtree::{find_pid, first_pid, shape, subtree, SubtreeShape};
 
 use std::path::{Path, PathBuf};

@@ -387,7 +387,7 @@ mod tests {
         // The job ends between discovery and reading.
         fs::remove_dir_all(tree.job_dir(1)).unwrap();
         let mut out = MetricSet::new();
-        c.collect_units(&jobs, &mut out);
+        c.collect_units(jobs, &mut out).unwrap();
         let mut text = String::new();
         out.encode_text(&mut text);
         assert_eq!(units(&text), 2.0);
