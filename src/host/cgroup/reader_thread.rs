@@ -71,7 +71,8 @@ impl ReaderThread {
 }
 
 /// Gives the calling thread a descriptor table of its own with only 0, 1 and 2 open in it;
-/// false where the kernel cannot (before Linux 5.9), and the thread then shares the process's.
+/// false where that is refused (Linux before 5.9, or a seccomp filter answering EPERM), and
+/// the thread then shares the process's table as any other thread does.
 fn own_descriptor_table() -> bool {
     use nix::libc;
     // SAFETY: close_range takes plain integers and touches only this thread's table, which
