@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Whole-process benchmark of `ceems exporter` with the slurm collector: CPU time per scrape
-# (from /proc/<pid>/stat) and RSS, beside two floors measured in the same run on the same files
-# (`scripts/read_floor.rs`): naive (open, read, close each file) and kept (pread on descriptors
-# opened once), both with discovery's directory walk, and on the trees work (kept, plus parsing
+# (from /proc/<pid>/stat) and RSS, beside three floors measured in the same run on the same
+# files (`scripts/read_floor.rs`): naive (open, read, close each file), kept (pread on
+# descriptors opened once), both with discovery's directory walk, and work (kept, plus parsing
 # each file and writing as many series in the text format: the least any exporter does).
 # - trees: generated v1 and v2 job trees, 0 to 1000 jobs;
 # - real: REAL_JOBS (500) real v1 job cgroups with a sleeping process each (root only), on a
@@ -44,7 +44,7 @@ rounds=${ROUNDS:-3}
 median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
 if [[ " $parts " == *" trees "* ]]; then
-# RSS is the highest of the rounds.
+# Each tree's RSS is the highest of its rounds.
 echo "trees: $rounds rounds of $scrapes scrapes each; medians of the rounds"
 printf '%-4s %6s %8s %14s %9s %8s %8s %9s %8s %8s %12s %8s %8s\n' cg jobs series "cpu_ms/scrape" naive_ms kept_ms work_ms now/naive now/kept now/work idle_rss_MB rss_MB hwm_MB
 for version in v1 v2; do

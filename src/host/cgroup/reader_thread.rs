@@ -148,18 +148,29 @@ mod tests {
         assert_eq!(in_process, [processes_file]);
     }
 
-    /// A job that panics fails its caller only; the next job gets a fresh reader.
+    /// A job that panics fails its caller only; the next job gets a fresh reader, without the
+    /// files the failed scrape had kept.
     #[test]
     fn a_panicking_job_fails_only_its_caller() {
-        let thread = ReaderThread::spawn(|| {
-            CgroupReader::new(
-                Path::new("/nonexistent"),
-                CgroupVersion::V2,
-                HostMemory::default(),
-            )
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("job_1")).unwrap();
+        std::fs::write(tmp.path().join("job_1/memory.current"), "4096\n").unwrap();
+        let root = tmp.path().to_owned();
+        let thread = ReaderThread::spawn(move || {
+            CgroupReader::new(&root, CgroupVersion::V2, HostMemory::default())
         })
         .unwrap();
-        let failed = thread.run(|_| -> usize { panic!("a bad scrape") });
+        let dir = tmp.path().join("job_1");
+        let failed = thread.run(move |reader| -> usize {
+            let rel = PathBuf::from("job_1");
+            reader.enter_unit(&rel, &dir, None);
+            let _ = reader.read_unit(&rel, ReadOptions::default(), &mut Vec::new());
+            assert!(
+                reader.kept_descriptors() > 0,
+                "nothing kept before the panic"
+            );
+            panic!("a bad scrape")
+        });
         assert!(matches!(failed, Err(ReaderThreadError::Gone)));
         assert_eq!(thread.run(|r| r.kept_descriptors()).unwrap(), 0);
     }
