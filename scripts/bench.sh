@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Whole-process benchmark of `ceems exporter` with the slurm collector: CPU time per scrape
-# (from /proc/<pid>/stat) and RSS, beside three floors measured in the same run on the same
+# (from /proc/<pid>/stat) and RSS, beside four floors measured in the same run on the same
 # files (`scripts/read_floor.rs`): naive (open, read, close each file), kept (pread on
-# descriptors opened once), both with discovery's directory walk, and work (kept, plus parsing
-# each file and writing as many series in the text format: the least any exporter does).
+# descriptors opened once), both with discovery's directory walk, work (kept, plus parsing
+# each file and writing as many series in the text format) and serve (work, served over HTTP
+# to the same curl loop and timed as the exporter is: the least any HTTP exporter does).
 # - trees: generated v1 and v2 job trees, 0 to 1000 jobs;
 # - real: REAL_JOBS (500) real v1 job cgroups with a sleeping process each (root only), on a
 #   CPU node and on a GPU node, in one run (ROUNDS rounds too);
@@ -37,6 +38,17 @@ rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 hwm_kib() { awk '/^VmHWM/ {print $2}' "/proc/$1/status"; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 max() { echo $(($1 > $2 ? $1 : $2)); }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_http() { for _ in $(seq 100); do curl -sf "127.0.0.1:$1/$2" -o /dev/null && return; sleep 0.05; done; }
+# CPU ms per request of the server PID on PORT over N GETs of /metrics, after one to warm up.
+ms_per_scrape() {
+  local pid=$1 port=$2 n=$3 before after
+  curl -sf "127.0.0.1:$port/metrics" -o /dev/null
+  before=$(cpu_ticks "$pid")
+  for _ in $(seq "$n"); do curl -sf "127.0.0.1:$port/metrics" -o "$work/body"; done
+  after=$(cpu_ticks "$pid")
+  awk -v d=$((after - before)) -v n="$n" -v t="$tck" 'BEGIN {printf "%.3f", d * 1000 / t / n}'
+}
 # This machine's CPU time per scrape drifts by a tenth from one minute to the next, floors
 # included: each figure is measured in ROUNDS rounds, the exporter then the floors, and the
 # medians are compared.
@@ -46,40 +58,42 @@ median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2
 if [[ " $parts " == *" trees "* ]]; then
 # Each tree's RSS is the highest of its rounds.
 echo "trees: $rounds rounds of $scrapes scrapes each; medians of the rounds"
-printf '%-4s %6s %8s %14s %9s %8s %8s %9s %8s %8s %12s %8s %8s\n' cg jobs series "cpu_ms/scrape" naive_ms kept_ms work_ms now/naive now/kept now/work idle_rss_MB rss_MB hwm_MB
+printf '%-4s %6s %8s %14s %9s %8s %8s %9s %9s %8s %8s %9s %12s %8s %8s\n' cg jobs series "cpu_ms/scrape" naive_ms kept_ms work_ms serve_ms now/naive now/kept now/work now/serve idle_rss_MB rss_MB hwm_MB
 for version in v1 v2; do
   for jobs in 0 10 100 1000; do
     tree="$work/$version-$jobs"
     "$gen" "$tree" "$jobs" "$version" >/dev/null
-    cpus="" naives="" kepts="" leasts="" idle=0 rss=0 hwm=0
+    cpus="" naives="" kepts="" leasts="" serves="" idle=0 rss=0 hwm=0
     for _ in $(seq "$rounds"); do
-      port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+      port=$(free_port)
       "$bin" exporter --collector.slurm --collector.slurm.swap-memory-metrics --collector.slurm.psi-metrics \
         --collector.cgroups.force-version="$version" \
         --path.cgroupfs="$tree/sys/fs/cgroup" --path.procfs="$tree/proc" --path.sysfs="$tree/sys" \
         --web.listen-address="127.0.0.1:$port" --log.level=warn &
       pid=$!
-      for _ in $(seq 100); do curl -sf "127.0.0.1:$port/health" >/dev/null && break; sleep 0.05; done
+      wait_http "$port" health
       sleep 0.3
       idle=$(max "$(rss_kib "$pid")" "$idle")
-      curl -sf "127.0.0.1:$port/metrics" >/dev/null   # warm up
-      before=$(cpu_ticks "$pid")
-      for _ in $(seq "$scrapes"); do curl -sf "127.0.0.1:$port/metrics" -o "$work/body"; done
-      after=$(cpu_ticks "$pid")
-      cpus="$cpus $(awk -v d=$((after - before)) -v n="$scrapes" -v t="$tck" 'BEGIN {printf "%.2f", d * 1000 / t / n}')"
+      cpus="$cpus $(ms_per_scrape "$pid" "$port" "$scrapes")"
       rss=$(max "$(rss_kib "$pid")" "$rss") hwm=$(max "$(hwm_kib "$pid")" "$hwm")
+      series=$(grep -vc '^#' "$work/body" || true)
       kill "$pid"; wait "$pid" 2>/dev/null || true
       read -r naive kept _ _ least < <("$floor" "$tree/sys/fs/cgroup" "$version" "$scrapes" swap psi)
       naives="$naives $naive" kepts="$kepts $kept" leasts="$leasts $least"
+      port=$(free_port)
+      "$floor" "$tree/sys/fs/cgroup" "$version" "$scrapes" swap psi serve="127.0.0.1:$port" &
+      pid=$!
+      wait_http "$port" metrics
+      serves="$serves $(ms_per_scrape "$pid" "$port" "$scrapes")"
+      kill "$pid"; wait "$pid" 2>/dev/null || true
     done
-    series=$(grep -vc '^#' "$work/body")
     cpu_ms=$(echo "$cpus" | median) naive=$(echo "$naives" | median) kept=$(echo "$kepts" | median)
-    least=$(echo "$leasts" | median)
+    least=$(echo "$leasts" | median) serve=$(echo "$serves" | median)
     ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "-"}'; }
-    printf '%-4s %6d %8d %14.2f %9.2f %8.2f %8.2f %9s %8s %8s %12.1f %8.1f %8.1f\n' "$version" "$jobs" "$series" "$cpu_ms" \
-      "$naive" "$kept" "$least" "$(ratio "$cpu_ms" "$naive")" "$(ratio "$cpu_ms" "$kept")" "$(ratio "$cpu_ms" "$least")" \
-      "$(echo "$idle/1024" | bc -l)" "$(echo "$rss/1024" | bc -l)" "$(echo "$hwm/1024" | bc -l)"
-    if [ -n "${VERBOSE:-}" ]; then echo "  rounds: exporter [$cpus ] naive [$naives ] kept [$kepts ] work [$leasts ]"; fi
+    printf '%-4s %6d %8d %14.2f %9.2f %8.2f %8.2f %9.2f %9s %8s %8s %9s %12.1f %8.1f %8.1f\n' "$version" "$jobs" "$series" "$cpu_ms" \
+      "$naive" "$kept" "$least" "$serve" "$(ratio "$cpu_ms" "$naive")" "$(ratio "$cpu_ms" "$kept")" "$(ratio "$cpu_ms" "$least")" \
+      "$(ratio "$cpu_ms" "$serve")" "$(echo "$idle/1024" | bc -l)" "$(echo "$rss/1024" | bc -l)" "$(echo "$hwm/1024" | bc -l)"
+    if [ -n "${VERBOSE:-}" ]; then echo "  rounds: exporter [$cpus ] naive [$naives ] kept [$kepts ] work [$leasts ] serve [$serves ]"; fi
   done
 done
 fi
@@ -141,25 +155,21 @@ chmod 644 "$work/smi.xml"
 
 # CPU per scrape of an exporter started with these flags on the real hierarchy.
 measure_real() {
-  local port before after
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  local port
+  port=$(free_port)
   "$bin" exporter --collector.slurm --web.disable-exporter-metrics --collector.disable-defaults \
     --web.listen-address="127.0.0.1:$port" --log.level=error "$@" &
   pid=$!
-  for _ in $(seq 100); do curl -sf "127.0.0.1:$port/health" >/dev/null && break; sleep 0.05; done
-  curl -sf "127.0.0.1:$port/metrics" -o "$work/body"   # warm up
-  before=$(cpu_ticks "$pid")
-  for _ in $(seq "${n_scrapes:-$scrapes}"); do curl -sf "127.0.0.1:$port/metrics" -o "$work/body"; done
-  after=$(cpu_ticks "$pid")
+  wait_http "$port" health
+  ms_per_scrape "$pid" "$port" "${n_scrapes:-$scrapes}"
   rss_kib "$pid" >"$work/rss"
   kill "$pid"; wait "$pid" 2>/dev/null || true
-  awk -v d=$((after - before)) -v n="${n_scrapes:-$scrapes}" -v t="$tck" 'BEGIN {printf "%.3f", d * 1000 / t / n}'
 }
 
 if [[ " $parts " == *" real "* ]]; then
 echo
 echo "real v1 jobs: $real_jobs, CPU-only (SLURM_JOB_ID, no GPU variable), $scrapes scrapes each; medians of $rounds rounds"
-nogpus="" nvidias="" naives="" kepts="" leasts=""
+nogpus="" nvidias="" naives="" kepts="" leasts="" serves=""
 for _ in $(seq "$rounds"); do
   nogpus="$nogpus $(measure_real --collector.gpu.type=nogpu)"
   units_nogpu=$(awk '/^ceems_compute_units\{/ {print $2}' "$work/body")
@@ -167,11 +177,18 @@ for _ in $(seq "$rounds"); do
   units_nvidia=$(awk '/^ceems_compute_units\{/ {print $2}' "$work/body")
   read -r naive kept floor_jobs _ least < <("$floor" "$cg" v1 "$scrapes")
   naives="$naives $naive" kepts="$kepts $kept" leasts="$leasts $least"
+  port=$(free_port)
+  "$floor" "$cg" v1 "$scrapes" serve="127.0.0.1:$port" &
+  pid=$!
+  wait_http "$port" metrics
+  serves="$serves $(ms_per_scrape "$pid" "$port" "$scrapes")"
+  kill "$pid"; wait "$pid" 2>/dev/null || true
 done
 nogpu=$(echo "$nogpus" | median) nvidia=$(echo "$nvidias" | median)
 naive=$(echo "$naives" | median) kept=$(echo "$kepts" | median) least=$(echo "$leasts" | median)
+serve=$(echo "$serves" | median)
 if [ -n "${VERBOSE:-}" ]; then
-  echo "  rounds: CPU node [$nogpus ] GPU node [$nvidias ] naive [$naives ] kept [$kepts ] work [$leasts ]"
+  echo "  rounds: CPU node [$nogpus ] GPU node [$nvidias ] naive [$naives ] kept [$kepts ] work [$leasts ] serve [$serves ]"
 fi
 printf '%-44s %14s %8s\n' node cpu_ms/scrape jobs
 printf '%-44s %14s %8s\n' "CPU node (--collector.gpu.type=nogpu)" "$nogpu" "$units_nogpu"
@@ -179,11 +196,12 @@ printf '%-44s %14s %8s\n' "GPU node (nvidia, nvidia-smi stand-in)" "$nvidia" "$u
 printf '%-44s %14s %8s\n' "naive floor (open, read, close)" "$naive" "$floor_jobs"
 printf '%-44s %14s %8s\n' "kept floor (pread on open descriptors)" "$kept" "$floor_jobs"
 printf '%-44s %14s %8s\n' "work floor (kept, parsed, series written)" "$least" "$floor_jobs"
+printf '%-44s %14s %8s\n' "serve floor (work, served over HTTP)" "$serve" "$floor_jobs"
 awk -v a="$nvidia" -v b="$nogpu" 'BEGIN {printf "GPU node / CPU node: %.2fx\n", a / b}'
 awk -v a="$nogpu" -v b="$naive" -v k="$kept" \
   'BEGIN {printf "CPU node / naive floor: %.2fx; kept floor / naive floor: %.2fx\n", a / b, k / b}'
-awk -v a="$nogpu" -v k="$kept" -v w="$least" \
-  'BEGIN {printf "CPU node / kept floor: %.2fx; CPU node / work floor: %.2fx\n", a / k, a / w}'
+awk -v a="$nogpu" -v k="$kept" -v w="$least" -v s="$serve" \
+  'BEGIN {printf "CPU node / kept floor: %.2fx; / work floor: %.2fx; / serve floor: %.2fx\n", a / k, a / w, a / s}'
 fi
 [[ " $parts " == *" subs "* ]] || exit 0
 
@@ -243,7 +261,7 @@ print(time.process_time() - t)'" >"$work/took" &
   wait "$burner"
   cat "$work/took"
 }
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port=$(free_port)
 : >"$work/times"
 for _ in $(seq "$rounds"); do
   echo "alone cpu $(burn 2000000 1000 0)" >>"$work/times"
@@ -251,7 +269,7 @@ for _ in $(seq "$rounds"); do
   "$bin" exporter --collector.slurm --collector.disable-defaults --collector.gpu.type=nogpu "${subs[@]}" \
     --web.listen-address="127.0.0.1:$port" --log.level=error &
   pid=$!
-  for _ in $(seq 100); do curl -sf "127.0.0.1:$port/health" >/dev/null && break; sleep 0.05; done
+  wait_http "$port" health
   ( while kill -0 "$pid" 2>/dev/null; do curl -sf "127.0.0.1:$port/metrics" -o /dev/null; sleep 1; done ) &
   scraper=$!
   echo "counted cpu $(burn 2000000 1000 1)" >>"$work/times"
