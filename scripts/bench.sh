@@ -49,6 +49,19 @@ ms_per_scrape() {
   after=$(cpu_ticks "$pid")
   awk -v d=$((after - before)) -v n="$n" -v t="$tck" 'BEGIN {printf "%.3f", d * 1000 / t / n}'
 }
+# Appends to the variable named VAR the serve floor's CPU ms per request on these read-floor
+# arguments, timed as the exporter is. Run in this shell, so that the exit trap kills it.
+add_serve_floor_ms() { # VAR ARGS...
+  local var=$1 port ms
+  shift
+  port=$(free_port)
+  "$floor" "$@" serve="127.0.0.1:$port" >/dev/null &
+  pid=$!
+  wait_http "$port" metrics
+  ms=$(ms_per_scrape "$pid" "$port" "$scrapes")
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  printf -v "$var" '%s %s' "${!var}" "$ms"
+}
 # This machine's CPU time per scrape drifts by a tenth from one minute to the next, floors
 # included: each figure is measured in ROUNDS rounds, the exporter then the floors, and the
 # medians are compared.
@@ -80,12 +93,7 @@ for version in v1 v2; do
       kill "$pid"; wait "$pid" 2>/dev/null || true
       read -r naive kept _ _ least < <("$floor" "$tree/sys/fs/cgroup" "$version" "$scrapes" swap psi)
       naives="$naives $naive" kepts="$kepts $kept" leasts="$leasts $least"
-      port=$(free_port)
-      "$floor" "$tree/sys/fs/cgroup" "$version" "$scrapes" swap psi serve="127.0.0.1:$port" &
-      pid=$!
-      wait_http "$port" metrics
-      serves="$serves $(ms_per_scrape "$pid" "$port" "$scrapes")"
-      kill "$pid"; wait "$pid" 2>/dev/null || true
+      add_serve_floor_ms serves "$tree/sys/fs/cgroup" "$version" "$scrapes" swap psi
     done
     cpu_ms=$(echo "$cpus" | median) naive=$(echo "$naives" | median) kept=$(echo "$kepts" | median)
     least=$(echo "$leasts" | median) serve=$(echo "$serves" | median)
@@ -177,12 +185,7 @@ for _ in $(seq "$rounds"); do
   units_nvidia=$(awk '/^ceems_compute_units\{/ {print $2}' "$work/body")
   read -r naive kept floor_jobs _ least < <("$floor" "$cg" v1 "$scrapes")
   naives="$naives $naive" kepts="$kepts $kept" leasts="$leasts $least"
-  port=$(free_port)
-  "$floor" "$cg" v1 "$scrapes" serve="127.0.0.1:$port" &
-  pid=$!
-  wait_http "$port" metrics
-  serves="$serves $(ms_per_scrape "$pid" "$port" "$scrapes")"
-  kill "$pid"; wait "$pid" 2>/dev/null || true
+  add_serve_floor_ms serves "$cg" v1 "$scrapes"
 done
 nogpu=$(echo "$nogpus" | median) nvidia=$(echo "$nvidias" | median)
 naive=$(echo "$naives" | median) kept=$(echo "$kepts" | median) least=$(echo "$leasts" | median)
