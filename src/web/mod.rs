@@ -4,6 +4,7 @@
 pub mod client;
 pub mod cors;
 pub mod generate;
+pub mod lenient_target;
 pub mod munge;
 pub mod spare;
 pub mod toolkit;
@@ -446,10 +447,13 @@ pub async fn serve(
                         Ok::<_, Infallible>(secured(security, munge, handler, req).await)
                     }
                 });
-                let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
-                stream.set_read_timeout(options.read_timeout);
-                stream.set_write_timeout(options.write_timeout);
-                let stream = Box::pin(stream);
+                let (read_timeout, write_timeout) = (options.read_timeout, options.write_timeout);
+                let with_timeouts = move |stream: tokio::net::TcpStream| {
+                    let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
+                    stream.set_read_timeout(read_timeout);
+                    stream.set_write_timeout(write_timeout);
+                    Box::pin(stream)
+                };
                 let http = {
                     let mut b = hyper::server::conn::http1::Builder::new();
                     // Header names as Go's servers write them (`Content-Type`), which
@@ -462,6 +466,7 @@ pub async fn serve(
                 };
                 match &tls {
                     None => {
+                        let stream = lenient_target::LenientTarget::new(with_timeouts(stream));
                         let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
                         tokio::spawn(async move {
                             if let Err(e) = conn.await {
@@ -474,6 +479,11 @@ pub async fn serve(
                         let handshake_timeout = options.header_read_timeout;
                         let watcher = graceful.watcher();
                         tokio::spawn(async move {
+                            if starts_like_http(&stream, handshake_timeout).await {
+                                answer_plain_http_on_tls(stream, peer).await;
+                                return;
+                            }
+                            let stream = with_timeouts(stream);
                             let tls_stream = match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
                                 Ok(Ok(s)) => s,
                                 Ok(Err(e)) => {
@@ -485,6 +495,7 @@ pub async fn serve(
                                     return;
                                 }
                             };
+                            let tls_stream = lenient_target::LenientTarget::new(tls_stream);
                             let conn = watcher.watch(http.serve_connection(TokioIo::new(tls_stream), service));
                             if let Err(e) = conn.await {
                                 tracing::debug!(%peer, error = %e, "connection ended with an error");
@@ -504,6 +515,45 @@ pub async fn serve(
         _ = graceful.shutdown() => tracing::info!("all connections closed"),
         _ = tokio::time::sleep(SHUTDOWN_GRACE) => tracing::warn!("requests still in flight after the grace period; closing"),
     }
+}
+
+/// What Go's server answers, and then closes, when a TLS port gets plain HTTP: clients and
+/// scripts that probe a port with plain `curl` read it as "something listens here".
+const PLAIN_HTTP_ON_TLS: &[u8] =
+    b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n";
+
+/// Whether a connection to a TLS port opens with an HTTP request rather than a TLS record,
+/// told as Go tells it: by the first five bytes (`GET /`, `HEAD `, `POST `, `PUT /`, `OPTIO`).
+async fn starts_like_http(stream: &tokio::net::TcpStream, wait: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut head = [0u8; 5];
+    loop {
+        match tokio::time::timeout_at(deadline, stream.peek(&mut head)).await {
+            Ok(Ok(5)) => {
+                return matches!(&head, b"GET /" | b"HEAD " | b"POST " | b"PUT /" | b"OPTIO")
+            }
+            // A TLS handshake record: no need to wait for more.
+            Ok(Ok(n)) if n > 0 && head[0] == 0x16 => return false,
+            // Closed, failed or silent: the TLS handshake says what follows.
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return false,
+            // Fewer than five bytes so far: peek returns at once while they wait.
+            Ok(Ok(_)) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
+}
+
+/// Go's 400 to plain HTTP on a TLS port; what the client sent is read before closing, so the
+/// close does not reset the connection under the answer.
+async fn answer_plain_http_on_tls(mut stream: tokio::net::TcpStream, peer: SocketAddr) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tracing::debug!(%peer, "plain HTTP on a TLS port: answered 400");
+    if stream.write_all(PLAIN_HTTP_ON_TLS).await.is_err() {
+        return;
+    }
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let drain = async { while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {} };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
 }
 
 /// Resolves on SIGTERM or SIGINT.
