@@ -383,3 +383,46 @@ fn a_large_cluster_is_listed_in_pages_and_again_when_a_token_expires() {
         "{lists:?}"
     );
 }
+
+/// CEEMS's mock API server answers every `/api/v1/pods` (a watch too) with its list, whose
+/// metadata has no `resourceVersion`: there is nothing to watch from. The pods are listed,
+/// served, and listed again later, not in a tight loop (it was asked 182 times in 4 s).
+#[test]
+fn a_list_without_a_resource_version_is_not_asked_again_at_once() {
+    const A: &str = "aaaaaaaa-0000-4000-8000-0000000000a1";
+    let asked = Arc::new(AtomicUsize::new(0));
+    let a = Arc::clone(&asked);
+    let api = TestServer::start(
+        true,
+        Arc::new(move |req: &Request| match req.path() {
+            "/apis/rbac.authorization.k8s.io/v1/rolebindings" => Response::json(
+                200,
+                json!({"items": [
+                    {"metadata": {"name": "edit", "namespace": "ml"}, "subjects": [{"kind": "User", "name": "alice"}]}
+                ]}),
+            ),
+            "/api/v1/pods" => {
+                a.fetch_add(1, Ordering::SeqCst);
+                let mut listed = pod(A, "ml", Some("alice"), "Running", "");
+                listed["metadata"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("resourceVersion");
+                Response::json(200, json!({"metadata": {}, "items": [listed]}))
+            }
+            _ => Response::json(404, json!({"kind": "Status", "code": 404})),
+        }),
+    );
+    let (_tmp, server) = stats_server_of(&api, "t");
+    let start = std::time::Instant::now();
+    while units(&server, "/api/v1/units/admin?running", "root").is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "pod never served"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let n = asked.load(Ordering::SeqCst);
+    assert!(n <= 2, "the pod list was asked {n} times in a few seconds");
+}

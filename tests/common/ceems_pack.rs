@@ -113,9 +113,9 @@ pub fn mock_prometheus() -> super::http::TestServer {
     )
 }
 
-/// The pack's Kubernetes API stand-in (`scripts/mock_servers`, mode `k8s-api`), shaped like a
-/// real API server: its pod list and RoleBindings from the pack, and a watch that the server
-/// ends with no event, as a real one ends a watch at its timeout.
+/// The pack's Kubernetes API stand-in (`scripts/mock_servers`, mode `k8s-api`): its pod list
+/// (whose metadata has no `resourceVersion`) for every `/api/v1/pods`, a watch too, as
+/// CEEMS's mock answers, and its RoleBindings.
 pub fn mock_kubernetes() -> super::http::TestServer {
     use super::http::{Request, Response};
     let dir = super::fixtures().join("ceems-api/pkg/collector/testdata/k8s");
@@ -123,16 +123,12 @@ pub fn mock_kubernetes() -> super::http::TestServer {
     let (pods, bindings) = (body("pods-metadata.json"), body("rolebindings.json"));
     super::http::TestServer::start(
         false,
-        std::sync::Arc::new(move |req: &Request| {
-            let watch = req.target.contains("watch=");
-            match req.path() {
-                "/api/v1/pods" if watch => Response::raw(200, ""),
-                "/api/v1/pods" => Response::raw(200, pods.clone()),
-                "/apis/rbac.authorization.k8s.io/v1/rolebindings" => {
-                    Response::raw(200, bindings.clone())
-                }
-                _ => Response::raw(404, "404 page not found\n"),
+        std::sync::Arc::new(move |req: &Request| match req.path() {
+            "/api/v1/pods" => Response::raw(200, pods.clone()),
+            "/apis/rbac.authorization.k8s.io/v1/rolebindings" => {
+                Response::raw(200, bindings.clone())
             }
+            _ => Response::raw(404, "404 page not found\n"),
         }),
     )
 }
