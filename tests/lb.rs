@@ -205,10 +205,10 @@ fn users_see_their_own_jobs_only_and_admins_see_all() {
         let said = answer["error"].as_str().unwrap_or("");
         let ceems_words = match path.as_str() {
             "/api/v1/status/config" | "/api/v1/admin/tsdb/snapshot" => {
-                Some("user do not have permissions to this resource")
+                Some("user do not have permissions to access this resource")
             }
             p if p == query(r#"rate(ceems_compute_unit_cpu_user_seconds_total{uuid="2"}[1m])"#) => {
-                Some("user do not have permissions to view unit metrics")
+                Some("user do not have permissions to view metrics of this job/pod/vm")
             }
             _ => None,
         };

@@ -18,7 +18,7 @@ use common::http::{Request, Response, TestServer};
 
 fn pack(name: &str) -> std::path::PathBuf {
     common::fixtures()
-        .join("ceems-api/pkg/lb/testdata")
+        .join("ceems-v0.16/pkg/lb/testdata")
         .join(name)
 }
 
@@ -102,7 +102,7 @@ fn ceems_lb_auth_scenario_through_a_prometheus_behind_tls_and_basic_auth() {
     let mut command = Command::new(&link);
     // As the script: from the pack's root, where its database is.
     command
-        .current_dir(common::fixtures().join("ceems-api"))
+        .current_dir(common::fixtures().join("ceems-v0.16"))
         .args([
             &format!("--config.file={}", config.display()),
             &format!(
@@ -137,6 +137,16 @@ fn ceems_lb_auth_scenario_through_a_prometheus_behind_tls_and_basic_auth() {
     assert_eq!(status, 200, "{body}");
     let want = std::fs::read_to_string(pack("output/e2e-test-lb-auth-server.txt")).unwrap();
     assert_eq!(body.trim_end(), want.trim_end());
+    // The script's own request: curl with the query's braces and quotes as they are.
+    let scripted = Command::new("curl")
+        .args(["-k", "-s", "-H", "X-Grafana-User: usr1", "-H", "X-Ceems-Cluster-Id: slurm-0"])
+        .arg(format!(
+            "http://ceems:password@127.0.0.1:{}/api/v1/query?query=avg_cpu_usage\\{{uuid=\"1479763\"\\}}&time=1645450627",
+            lb.port
+        ))
+        .output()
+        .expect("curl");
+    assert_eq!(String::from_utf8_lossy(&scripted.stdout), want, "lb-auth");
     // Without the lb's own credentials, nothing reaches the store.
     assert_eq!(ask("").0, 401);
 }
@@ -146,9 +156,6 @@ fn store(tls: bool, name: &'static str) -> TestServer {
     TestServer::start(
         tls,
         Arc::new(move |req: &Request| {
-            if req.path() == "/-/ready" {
-                return Response::raw(200, "ready");
-            }
             let seen = serde_json::json!({
                 "store": name,
                 "authorization": req.header("authorization"),

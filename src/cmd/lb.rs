@@ -82,7 +82,7 @@ pub fn opts() -> Vec<Opt> {
         Opt::new(
             "lb.health-check-interval",
             Kind::Duration,
-            "How often each store's /-/ready is asked; one that fails is left out until it answers",
+            "How often each store is checked to be reachable (a TCP connection, as CEEMS checks); one that is not is left out until it is",
         )
         .default("10s"),
         Opt::new(
@@ -437,15 +437,14 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         ));
         let mut servers = Vec::new();
         for (api, address, listener) in listeners {
-            let (stores, ready_path) = match api {
-                Api::Prometheus => (&prometheus_stores, "/-/ready"),
-                Api::Pyroscope => (&pyroscope_stores, "/ready"),
+            let stores = match api {
+                Api::Prometheus => &prometheus_stores,
+                Api::Pyroscope => &pyroscope_stores,
             };
             let mut pools = BTreeMap::new();
             for (cluster, stores) in stores {
                 let mut pool = Pool::of_stores(cluster, stores, lb.strategy, lb.timeout)
-                    .with_context(|| format!("the {api:?} stores of cluster {cluster}"))?
-                    .with_ready_path(ready_path);
+                    .with_context(|| format!("the {api:?} stores of cluster {cluster}"))?;
                 if api == Api::Prometheus {
                     pool = pool.with_filter_labels(filters.remove(cluster).unwrap_or_default());
                 }

@@ -1,5 +1,5 @@
 //! The Prometheus-API stores of one cluster: which one answers next (round-robin or least
-//! connections), which are left out after failing their health check or a request, and the
+//! connections), which are left out when they cannot be reached or fail a request, and the
 //! relay of one request to them over HTTP or HTTPS, with the store's own credentials and
 //! headers.
 
@@ -222,9 +222,16 @@ impl Backend {
             if healthy {
                 tracing::info!(backend = %self.url, "backend is back");
             } else {
-                tracing::warn!(backend = %self.url, "backend left out until it answers its health check");
+                tracing::warn!(backend = %self.url, "backend left out until it can be reached again");
             }
         }
+    }
+
+    /// Whether a TCP connection to the store opens within `timeout`.
+    async fn reachable(&self, timeout: Duration) -> bool {
+        tokio::time::timeout(timeout, tokio::net::TcpStream::connect(&self.address))
+            .await
+            .is_ok_and(|c| c.is_ok())
     }
 
     /// An idle kept-alive connection, or a new one (`true` when it was kept).
@@ -349,8 +356,6 @@ pub struct Pool {
     strategy: Strategy,
     next: AtomicUsize,
     timeout: Duration,
-    /// What the health checks ask (Prometheus's `/-/ready`, Pyroscope's `/ready`).
-    ready_path: &'static str,
 }
 
 /// What `in_flight` counts while a request is out.
@@ -390,19 +395,12 @@ impl Pool {
             strategy,
             next: AtomicUsize::new(0),
             timeout,
-            ready_path: "/-/ready",
         })
     }
 
     /// Removes these labels from every answer.
     pub fn with_filter_labels(mut self, labels: Vec<String>) -> Pool {
         self.filter_labels = labels;
-        self
-    }
-
-    /// Health checks ask `path` instead of Prometheus's `/-/ready`.
-    pub fn with_ready_path(mut self, path: &'static str) -> Pool {
-        self.ready_path = path;
         self
     }
 
@@ -460,7 +458,10 @@ impl Pool {
         })
     }
 
-    /// Asks every backend's readiness path each `interval`, for as long as the pool lives.
+    /// Checks each `interval`, for as long as the pool lives, that every backend can be
+    /// reached. As CEEMS checks: a TCP connection, not an HTTP readiness path, which not every
+    /// Prometheus-compatible store serves (Mimir and Cortex answer `/ready`, CEEMS's own mock
+    /// nothing but `/api/v1/`).
     pub fn spawn_health_checks(self: &Arc<Self>, interval: Duration) {
         let pool = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -470,17 +471,7 @@ impl Pool {
                 tick.tick().await;
                 let Some(pool) = pool.upgrade() else { return };
                 for b in &pool.backends {
-                    let ok = b
-                        .send(
-                            Method::GET,
-                            pool.ready_path,
-                            &[],
-                            Bytes::new(),
-                            pool.timeout.min(interval),
-                        )
-                        .await
-                        .is_ok_and(|r| r.status().is_success());
-                    b.set_healthy(ok);
+                    b.set_healthy(b.reachable(pool.timeout.min(interval)).await);
                 }
             }
         });

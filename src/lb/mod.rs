@@ -28,8 +28,8 @@ use backend::Pool;
 /// The header that picks the cluster when several are served.
 pub const CLUSTER_HEADER: &str = "x-ceems-cluster-id";
 
-/// CEEMS's answer to a path a user may not call.
-pub const PATH_FORBIDDEN: &str = "user do not have permissions to this resource";
+/// CEEMS's answer (v0.12 and later) to a path a user may not call.
+pub const PATH_FORBIDDEN: &str = "user do not have permissions to access this resource";
 
 /// As CEEMS: an admin may also read the stores' other API paths (`status/config`, `targets`,
 /// `rules`), never their admin API, and never write through them.
@@ -37,8 +37,8 @@ fn admin_may_read(method: &Method, path: &str) -> bool {
     method == Method::GET && path.starts_with("/api/v1/") && !path.starts_with("/api/v1/admin/")
 }
 
-/// CEEMS's answer to a query of a unit that is not the user's.
-pub const UNIT_FORBIDDEN: &str = "user do not have permissions to view unit metrics";
+/// CEEMS's answer (v0.12 and later) to a query of a unit that is not the user's.
+pub const UNIT_FORBIDDEN: &str = "user do not have permissions to view metrics of this job/pod/vm";
 
 /// Largest form body read (a query is at most [`query::MAX_QUERY_BYTES`]).
 const MAX_BODY_BYTES: usize = 4 * query::MAX_QUERY_BYTES;
@@ -90,8 +90,6 @@ pub fn endpoint(path: &str) -> Option<Endpoint> {
 pub struct Refusal {
     pub status: StatusCode,
     pub message: String,
-    /// The answer's `errorType` where it is not the status's usual one.
-    kind: Option<&'static str>,
 }
 
 impl Refusal {
@@ -99,7 +97,6 @@ impl Refusal {
         Refusal {
             status,
             message: message.into(),
-            kind: None,
         }
     }
 
@@ -107,19 +104,15 @@ impl Refusal {
         Refusal::new(StatusCode::FORBIDDEN, message)
     }
 
-    /// CEEMS's answer to a cluster it does not serve.
+    /// CEEMS's answer to a cluster it does not serve (`bad_data`, as every 400).
     fn unknown_cluster(id: &str) -> Refusal {
         tracing::info!(cluster = id, "refused: no such cluster here");
-        Refusal {
-            kind: Some("bad_request"),
-            ..Refusal::new(StatusCode::BAD_REQUEST, CLUSTER_INVALID)
-        }
+        Refusal::new(StatusCode::BAD_REQUEST, CLUSTER_INVALID)
     }
 }
 
-/// CEEMS's words for a cluster that is not served.
-pub const CLUSTER_INVALID: &str =
-    "invalid cluster ID. Set cluster ID using X-Ceems-Cluster-Id header in Prometheus datasource.";
+/// CEEMS's words (v0.12 and later) for a cluster that is not served.
+pub const CLUSTER_INVALID: &str = "invalid ceems cluster id";
 
 /// The parameters of a request, from its URL and its form body, in order. Prometheus reads
 /// both (the body first), so both are checked. A raw `;`, which Go's form parser treats
@@ -558,13 +551,12 @@ pub fn filter_answer(api_path: &str, body: &[u8], hidden: &[String]) -> Option<B
 
 /// An error in the Prometheus API's own shape, so Grafana shows the message.
 fn api_error(refusal: Refusal) -> Response<Body> {
-    let kind = refusal.kind.unwrap_or(match refusal.status {
-        StatusCode::BAD_REQUEST => "bad_data",
+    let kind = match refusal.status {
         StatusCode::FORBIDDEN => "forbidden",
         StatusCode::UNAUTHORIZED => "unauthorized",
         s if s.is_server_error() => "unavailable",
         _ => "bad_data",
-    });
+    };
     // CEEMS's bytes: its fields in this order, and the newline Go's encoder ends with.
     #[derive(serde::Serialize)]
     #[serde(rename_all = "camelCase")]

@@ -15,7 +15,7 @@ pub fn fnv1a32(text: &str) -> u32 {
 
 /// The pack's mock Prometheus (`scripts/mock_servers`, mode `prom`): each queried unit's
 /// value made from its uuid, by the metric name before the selector; a range query gets four
-/// samples ten seconds apart.
+/// samples ten seconds apart. Like CEEMS's mock it serves only `/api/v1/`: no `/-/ready`.
 pub fn mock_prometheus() -> super::http::TestServer {
     use super::http::{Request, Response};
     let uuids = regex::Regex::new(r#"(?:.+?)[^gpu]uuid=[~]{0,1}"([a-zA-Z0-9-|]+)"(?:.*)"#).unwrap();
@@ -40,10 +40,6 @@ pub fn mock_prometheus() -> super::http::TestServer {
                 .find(|(k, _)| k == "query")
                 .map(|(_, v)| v.into_owned())
                 .unwrap_or_default();
-            // A real Prometheus's readiness, which ceems lb's health checks ask.
-            if req.path() == "/-/ready" {
-                return Response::raw(200, "Prometheus Server is Ready.\n");
-            }
             if req.path() == "/api/v1/status/config" {
                 return Response::raw(200, config.clone());
             }

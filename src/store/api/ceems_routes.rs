@@ -3,11 +3,15 @@
 
 use super::*;
 
+/// CEEMS's refusal (v0.12 and later) of a unit the user may not read, the lb's words too.
+pub(super) const VERIFY_REFUSED: &str =
+    "user do not have permissions to view metrics of this job/pod/vm";
+
 impl Api {
     /// 200 when `user` may read every `uuid=` (their own units, their projects' units, or
     /// any as an admin), else CEEMS's 403.
     pub(super) async fn verify(&self, p: &Params, user: &str) -> Result<Answer, ApiError> {
-        let denied = || ApiError::Forbidden("user do not have permissions on uuids".into());
+        let denied = || ApiError::Forbidden(VERIFY_REFUSED.into());
         let uuids = p.all("uuid");
         if uuids.is_empty() {
             return Err(ApiError::bad("name the units to verify with uuid="));

@@ -774,7 +774,7 @@ async fn units_are_verified_and_clusters_counted_as_ceems_does() {
         assert_eq!(denied.status, StatusCode::FORBIDDEN, "{user} {uuids}");
         assert_eq!(
             denied.json()["error"],
-            "user do not have permissions on uuids"
+            "user do not have permissions to view metrics of this job/pod/vm"
         );
     }
     assert_eq!(verify("root", "uuid=2").await.status, StatusCode::OK);
