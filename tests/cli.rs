@@ -601,12 +601,12 @@ fn example_config_documents_every_key_and_loads() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("invalid listen address"), "{err}");
     let out = Command::new(BIN)
-        .arg("redfish-proxy")
+        .args(["redfish-proxy", "--web.listen-address=not-an-address"])
         .arg(format!("--config.file={}", path.display()))
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no BMC the proxy may reach"), "{err}");
+    assert!(err.contains("invalid listen address"), "{err}");
     let out = Command::new(BIN)
         .args(["stats-server", "--web.listen-address=not-an-address"])
         .arg(format!("--config.file={}", path.display()))

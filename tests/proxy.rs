@@ -166,16 +166,30 @@ fn refused_paths_unknown_targets_and_slow_bmcs() {
     );
 }
 
+/// Without targets or BMC networks CEEMS relays to any URL an exporter names; this proxy
+/// relays only to BMCs on its own host, and says so at start.
 #[test]
-fn a_proxy_without_targets_refuses_to_start() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ceems"))
-        .args(["redfish-proxy", "--web.listen-address=127.0.0.1:0"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no BMC the proxy may reach"), "{err}");
-    assert!(err.contains("--redfish.bmc-network"), "{err}");
+fn a_proxy_without_targets_reaches_only_bmcs_on_its_host() {
+    let local = bmc(250.0);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("redfish-proxy.log");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_ceems"));
+    command
+        .arg("redfish-proxy")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let p = common::start_listening(command, "redfish-proxy");
+    let (code, body) = status(ureq::get(&p.url("/redfish/v1/")).set("X-Redfish-Url", &local.url()));
+    assert_eq!(code, 200, "{body}");
+    // An address outside this host is refused before any connection is tried.
+    let (code, body) =
+        status(ureq::get(&p.url("/redfish/v1/")).set("X-Redfish-Url", "https://192.0.2.7"));
+    assert_eq!(code, 403, "relayed off the host: {body}");
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        log.contains("no BMC is configured") && log.contains("--redfish.bmc-network"),
+        "{log}"
+    );
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ceems"))
         .args(["redfish-proxy", "--redfish.target=node1=https://bmc"])
         .output()
@@ -224,7 +238,13 @@ fn tls_bmcs_need_skip_verify_and_slow_clients_are_cut_off() {
 fn untrusted_peers_cannot_claim_another_nodes_address() {
     let b2 = bmc(700.0);
     let target = format!("--redfish.target=10.0.0.2={}", b2.url());
-    let p = start_subcommand("redfish-proxy", std::path::Path::new("."), &[&target], &[]);
+    // A site that names its front proxy: this client (127.0.0.1) is not one of them.
+    let p = start_subcommand(
+        "redfish-proxy",
+        std::path::Path::new("."),
+        &[&target, "--web.trusted-proxy=192.0.2.1"],
+        &[],
+    );
     for (header, value) in [("X-Real-IP", "10.0.0.2"), ("X-Forwarded-For", "10.0.0.2")] {
         let (code, body) =
             status(ureq::get(&p.url("/redfish/v1/Chassis/1U/Power")).set(header, value));
@@ -305,12 +325,33 @@ fn ceems_yaml_config_file() {
             .spawn()
             .unwrap()
     };
-    // CEEMS's documented file lists no targets: refused, saying what to add.
+    // CEEMS's documented file lists no targets: only BMCs on this host may be named, and the
+    // start says what to add.
     let documented = "---\nredfish_config:\n  web:\n    insecure_skip_verify: false\n";
-    let out = run(documented).wait_with_output().unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("bmc_networks"), "{err}");
+    let mut started = run(documented);
+    let stderr = started.stderr.take().unwrap();
+    let (lines, said) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let warning = loop {
+        match said.recv_timeout(Duration::from_secs(10)) {
+            Ok(line) if line.contains("no BMC is configured") => break line,
+            Ok(_) => {}
+            Err(e) => panic!("no warning about the missing targets: {e}"),
+        }
+    };
+    assert!(warning.contains("bmc_networks"), "{warning}");
+    let _ = started.kill();
+    let _ = started.wait();
     let typo = run("redfish_config:\n  web:\n    insecure_skip_verfy: true\n")
         .wait_with_output()
         .unwrap();

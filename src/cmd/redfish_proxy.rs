@@ -42,7 +42,7 @@ pub fn opts() -> Vec<Opt> {
         Opt::new(
             "web.trusted-proxy",
             Kind::List,
-            "Front proxy (IP or CIDR, repeatable) whose X-Real-IP or X-Forwarded-For names the client; from any other peer these headers are ignored",
+            "Front proxy (IP or CIDR, repeatable) whose X-Real-IP or X-Forwarded-For names the client; from any other peer these headers are ignored. Default: a proxy on this host (127.0.0.0/8, ::1)",
         )
         .key("web.trusted-proxies"),
         Opt::new(
@@ -54,7 +54,7 @@ pub fn opts() -> Vec<Opt> {
         Opt::new(
             "redfish.bmc-network",
             Kind::List,
-            "BMC network (CIDR, repeatable) where a BMC named in X-Redfish-Url may be when no target is configured for the client; names are resolved and only addresses inside these networks are connected to",
+            "BMC network (CIDR, repeatable) where a BMC named in X-Redfish-Url may be when no target is configured for the client; names are resolved and only addresses inside these networks are connected to. With neither targets nor networks: only BMCs on this host",
         )
         .key("redfish.bmc-networks"),
         Opt::new(
@@ -151,17 +151,30 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let r: RedfishSettings = settings.get("redfish")?;
     let targets = Targets::parse(&r.targets).context("invalid --redfish.target")?;
     let bmc_networks = proxy::networks(&r.bmc_networks).context("invalid --redfish.bmc-network")?;
-    let trusted_proxies =
-        proxy::networks(&web_settings.trusted_proxies).context("invalid --web.trusted-proxy")?;
-    if targets.is_empty() && bmc_networks.is_empty() {
-        anyhow::bail!(
-            "no BMC the proxy may reach: either list each node's BMC \
-             (--redfish.target=10.0.0.11=https://10.1.0.11, or `targets:` with `host_ip_addrs` and \
-             `url` under `redfish_config` in the YAML file), or let exporters name their BMC in \
-             X-Redfish-Url within the BMC networks (--redfish.bmc-network=10.1.0.0/16, or \
-             `bmc_networks: [10.1.0.0/16]` under `redfish_config`)"
-        );
-    }
+    // A front proxy on this host (CEEMS's own e2e script sends X-Real-IP from 127.0.0.1) is
+    // believed unless the site names its proxies; a loopback client could name any configured
+    // BMC in X-Redfish-Url anyway, so this reaches nothing more.
+    let trusted_proxies = match web_settings.trusted_proxies.is_empty() {
+        true => proxy::loopback_networks(),
+        false => {
+            proxy::networks(&web_settings.trusted_proxies).context("invalid --web.trusted-proxy")?
+        }
+    };
+    // CEEMS without targets relays to any URL an exporter names; this proxy never becomes an
+    // open relay: without targets or BMC networks, only BMCs on this host may be named.
+    let bmc_networks = match targets.is_empty() && bmc_networks.is_empty() {
+        true => {
+            tracing::warn!(
+                "no BMC is configured: exporters may name in X-Redfish-Url only BMCs on this host \
+                 (127.0.0.0/8, ::1). List each node's BMC (--redfish.target=10.0.0.11=https://10.1.0.11, \
+                 or `targets:` with `host_ip_addrs` and `url` under `redfish_proxy` in the YAML file), \
+                 or the networks where exporters' BMCs may be (--redfish.bmc-network=10.1.0.0/16, or \
+                 `bmc_networks: [10.1.0.0/16]` under `redfish_proxy`)"
+            );
+            proxy::loopback_networks()
+        }
+        false => bmc_networks,
+    };
     let allowed = AllowList::new(&r.allowed_api_resources)
         .context("invalid --redfish.allowed-api-resource")?;
     let proxy = Proxy::new(ProxyConfig {

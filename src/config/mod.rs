@@ -440,6 +440,14 @@ pub fn load(subcommand: &str, opts: &[Opt], matches: &ArgMatches) -> Result<Laye
     let mut deprecated = Vec::new();
     if let Some(path) = &file {
         let mut file_table = read_file(path, subcommand)?;
+        if let Some(Value::Array(notes)) = file_table.remove(redfish_proxy_yaml::DEPRECATED_KEY) {
+            deprecated.extend(
+                notes
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(|note| format!("config file {}: {note}", path.display())),
+            );
+        }
         for opt in opts {
             for old in &opt.renamed_from {
                 let old_key = opt.old_key(old);

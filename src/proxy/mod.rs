@@ -92,6 +92,14 @@ pub fn networks(entries: &[String]) -> Result<Vec<IpNet>, ProxyConfigError> {
         .collect()
 }
 
+/// This host's addresses: 127.0.0.0/8 and ::1.
+pub fn loopback_networks() -> Vec<IpNet> {
+    ["127.0.0.0/8", "::1/128"]
+        .iter()
+        .filter_map(|n| n.parse().ok())
+        .collect()
+}
+
 /// IPv4 clients on a dual-stack socket show up as ::ffff:a.b.c.d.
 fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
@@ -613,6 +621,49 @@ mod tests {
             Targets::parse(&list(&["10.0.0.1=https://a", "10.0.0.1=https://b"])),
             Err(ProxyConfigError::Duplicate { .. })
         ));
+    }
+
+    /// Whom `X-Real-IP` names, asked of a proxy that trusts `trusted`, by a peer at `peer`.
+    fn client_named(trusted: Vec<IpNet>, peer: &str) -> Option<IpAddr> {
+        let proxy = Proxy::new(ProxyConfig {
+            targets: Targets::parse(&list(&["10.0.0.2=http://127.0.0.1:1"])).unwrap(),
+            bmc_networks: Vec::new(),
+            trusted_proxies: trusted,
+            allowed: AllowList::defaults(),
+            insecure_skip_verify: false,
+            timeouts: crate::web::client::Timeouts {
+                connect: Duration::from_secs(1),
+                total: Duration::from_secs(1),
+            },
+            body_timeout: Duration::from_secs(1),
+        })
+        .unwrap();
+        let mut req = Request::builder()
+            .header("x-real-ip", "10.0.0.2")
+            .body(())
+            .unwrap();
+        req.extensions_mut()
+            .insert(PeerAddr(format!("{peer}:40000").parse().unwrap()));
+        proxy.client(&req)
+    }
+
+    #[test]
+    fn x_real_ip_is_believed_from_this_host_by_default_and_from_named_proxies_only() {
+        let node = Some("10.0.0.2".parse().unwrap());
+        assert_eq!(client_named(loopback_networks(), "127.0.0.1"), node);
+        assert_eq!(client_named(loopback_networks(), "[::1]"), node);
+        // Another node claiming 10.0.0.2 is itself.
+        assert_eq!(
+            client_named(loopback_networks(), "10.0.0.9"),
+            Some("10.0.0.9".parse().unwrap())
+        );
+        // Named proxies replace the default.
+        let named = networks(&list(&["10.0.0.9"])).unwrap();
+        assert_eq!(client_named(named.clone(), "10.0.0.9"), node);
+        assert_eq!(
+            client_named(named, "127.0.0.1"),
+            Some("127.0.0.1".parse().unwrap())
+        );
     }
 
     #[test]
