@@ -35,6 +35,10 @@ pub const UNIT_FIELDS: &[&str] = &[
     "total_io_read_stats",
     "total_ingress_stats",
     "total_egress_stats",
+    "total_custom_stats",
+    "avg_custom_stats",
+    "min_custom_stats",
+    "max_custom_stats",
     "tags",
     // Ours.
     "partition",
@@ -63,7 +67,7 @@ pub const UNIT_FIELDS: &[&str] = &[
 ];
 
 /// How many of `UNIT_FIELDS` are CEEMS's: a request that names no field gets these.
-pub(super) const CEEMS_UNIT_FIELDS: usize = 30;
+pub(super) const CEEMS_UNIT_FIELDS: usize = 34;
 
 /// The fields of `/usage`: CEEMS's `Usage`, then our sums.
 pub(super) const USAGE_FIELDS: &[&str] = &[
@@ -86,6 +90,10 @@ pub(super) const USAGE_FIELDS: &[&str] = &[
     "total_io_read_stats",
     "total_ingress_stats",
     "total_egress_stats",
+    "total_custom_stats",
+    "avg_custom_stats",
+    "min_custom_stats",
+    "max_custom_stats",
     // Ours.
     "total_elapsed_seconds",
     "total_cpu_seconds",
@@ -97,18 +105,18 @@ pub(super) const USAGE_FIELDS: &[&str] = &[
 ];
 
 /// How many of `USAGE_FIELDS` are CEEMS's.
-pub(super) const CEEMS_USAGE_FIELDS: usize = 19;
+pub(super) const CEEMS_USAGE_FIELDS: usize = 23;
 
-/// Bits of a `FieldSet` that name fields; the byte above them names the time zone a rendered
-/// job was written in (see `Api::render_key`).
-pub(super) const FIELD_BITS: u32 = 56;
+/// Bits of a `FieldSet` that name fields; the bits above them name the time zone a rendered
+/// job was written in (see `Api::zone`).
+pub(super) const FIELD_BITS: u32 = 58;
 
 #[cfg(test)]
 #[test]
 fn usage_has_the_series_of_units_in_the_same_order() {
     assert_eq!(SERIES.first(), Some(&"avg_cpu_usage"));
-    assert_eq!(SERIES.last(), Some(&"total_egress_stats"));
-    assert_eq!(&USAGE_FIELDS[7..19], SERIES);
+    assert_eq!(SERIES.last(), Some(&"max_custom_stats"));
+    assert_eq!(&USAGE_FIELDS[7..23], SERIES);
 }
 
 const _: () = assert!(UNIT_FIELDS.len() <= FIELD_BITS as usize);

@@ -63,7 +63,7 @@ pub const MAX_USER_BYTES: usize = 256;
 /// Time zones a request named (`timezone=`) and jobs were rendered in: a rendered job's cache
 /// key holds the index (1-based; 0 is the server's zone). Past this many, jobs in a zone not
 /// in the list are rendered for the one request.
-const MAX_ZONES: usize = 254;
+const MAX_ZONES: usize = (1 << (64 - fields::FIELD_BITS)) - 2;
 
 /// The API over a store.
 pub struct Api {

@@ -68,7 +68,7 @@ pub(super) struct UnitRow {
 }
 
 /// The series objects of a job or a usage row, in CEEMS's order.
-pub(super) const SERIES: &[&str] = UNIT_FIELDS.split_at(17).1.split_at(12).0;
+pub(super) const SERIES: &[&str] = UNIT_FIELDS.split_at(17).1.split_at(16).0;
 
 /// Writes the series `name` of CEEMS's queries, rounded as CEEMS writes numbers, when it has
 /// values.

@@ -46,7 +46,7 @@ pub struct AggregateDelta {
 
 /// CEEMS's series of several jobs (or usage rows) summed into one usage row: totals added,
 /// means weighted as CEEMS weighs them (by the allocated time of what they measure, see
-/// `SeriesWeights::of`), 0 when nothing weighs.
+/// `SeriesWeights::of`), 0 when nothing weighs, `min_…` and `max_…` the least and greatest.
 #[derive(Default)]
 pub struct SeriesFold {
     sums: std::collections::BTreeMap<(String, String), SeriesSum>,
@@ -58,6 +58,30 @@ struct SeriesSum {
     plain: f64,
     weighted: f64,
     weights: f64,
+    /// The least and the greatest value (`min_…` and `max_…` series).
+    least: Option<f64>,
+    greatest: Option<f64>,
+}
+
+/// How values of one of CEEMS's series add up, by its name: over a job's windows and over
+/// the jobs of a usage group (CEEMS's custom stats: `total_`, `avg_`, `min_`, `max_`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Combine {
+    Total,
+    Mean,
+    Least,
+    Greatest,
+}
+
+impl Combine {
+    fn of(series: &str) -> Combine {
+        match series.split('_').next() {
+            Some("avg") => Combine::Mean,
+            Some("min") => Combine::Least,
+            Some("max") => Combine::Greatest,
+            _ => Combine::Total,
+        }
+    }
 }
 
 /// What a job (or a usage row) weighs in the means of a usage group: CEEMS's
@@ -145,6 +169,8 @@ impl SeriesFold {
                     e.plain += v;
                     e.weighted += v * weight;
                     e.weights += weight;
+                    e.least = Some(e.least.map_or(v, |l| l.min(v)));
+                    e.greatest = Some(e.greatest.map_or(v, |g| g.max(v)));
                 }
             }
         }
@@ -154,11 +180,13 @@ impl SeriesFold {
     pub fn finish(&self) -> serde_json::Map<String, serde_json::Value> {
         let mut out = serde_json::Map::new();
         for ((name, sub), e) in &self.sums {
-            let v = match name.starts_with("avg_") {
-                true if e.weights > 0.0 => e.weighted / e.weights,
+            let v = match Combine::of(name) {
+                Combine::Mean if e.weights > 0.0 => e.weighted / e.weights,
                 // As CEEMS: a mean over no allocated time is 0 (a job without GPUs).
-                true => 0.0,
-                false => e.plain,
+                Combine::Mean => 0.0,
+                Combine::Least => e.least.unwrap_or_default(),
+                Combine::Greatest => e.greatest.unwrap_or_default(),
+                Combine::Total => e.plain,
             };
             let subs = out
                 .entry(name.clone())
@@ -172,8 +200,9 @@ impl SeriesFold {
 }
 
 /// Adds one window's values of CEEMS's series to a job's: a series named `avg_…` is a mean
-/// weighted by the seconds each window covered, any other a total. `stored` is the job's
-/// JSON object, `seconds_before` the seconds its means cover.
+/// weighted by the seconds each window covered, `min_…` and `max_…` the least and greatest
+/// window's, any other a total. `stored` is the job's JSON object, `seconds_before` the
+/// seconds its means cover.
 pub fn merge_series(
     stored: &str,
     seconds_before: i64,
@@ -191,13 +220,15 @@ pub fn merge_series(
             continue;
         };
         let old = subs.get(sub).and_then(serde_json::Value::as_f64);
-        let new = match (series.starts_with("avg_"), old) {
+        let new = match (Combine::of(series), old) {
             (_, None) => *v,
-            (true, Some(o)) if before + window > 0.0 => {
+            (Combine::Mean, Some(o)) if before + window > 0.0 => {
                 (o * before + v * window) / (before + window)
             }
-            (true, Some(_)) => *v,
-            (false, Some(o)) => o + v,
+            (Combine::Mean, Some(_)) => *v,
+            (Combine::Least, Some(o)) => o.min(*v),
+            (Combine::Greatest, Some(o)) => o.max(*v),
+            (Combine::Total, Some(o)) => o + v,
         };
         if let Some(n) = serde_json::Number::from_f64(new) {
             subs.insert(sub.clone(), serde_json::Value::Number(n));

@@ -28,6 +28,16 @@ async fn has_table(pool: &SqlitePool, name: &str) -> Result<bool, sqlx::Error> {
     Ok(row.is_some())
 }
 
+async fn has_column(pool: &SqlitePool, table: &str, column: &str) -> Result<bool, sqlx::Error> {
+    let row: Option<(String,)> =
+        sqlx::query_as("SELECT name FROM pragma_table_info(?) WHERE name = ?")
+            .bind(table)
+            .bind(column)
+            .fetch_optional(pool)
+            .await?;
+    Ok(row.is_some())
+}
+
 /// Whether `units` is CEEMS's (its users are `username`; ours are `usr`).
 async fn units_are_ceems(pool: &SqlitePool) -> Result<bool, sqlx::Error> {
     let row: Option<(String,)> =
@@ -87,6 +97,10 @@ pub(super) async fn copy_rows(pool: &SqlitePool) -> Result<Vec<String>, StoreErr
             sqlx::query(statement).execute(&mut *tx).await?;
         }
     }
+    // CEEMS v0.15's custom stats (its migration 000010), where the database has them.
+    if has_column(pool, "ceems_units", "total_custom_stats").await? {
+        sqlx::query(COPY_CUSTOM_STATS).execute(&mut *tx).await?;
+    }
     sqlx::query("INSERT INTO ceems_import (id, copied_at) VALUES (1, CAST(strftime('%s', 'now') AS INTEGER))")
         .execute(&mut *tx)
         .await?;
@@ -96,6 +110,16 @@ pub(super) async fn copy_rows(pool: &SqlitePool) -> Result<Vec<String>, StoreErr
     tx.commit().await?;
     Ok(clusters.into_iter().map(|(c,)| c).collect())
 }
+
+/// CEEMS's custom stats of each job into its series object, beside the other series.
+const COPY_CUSTOM_STATS: &str = "UPDATE units SET series = json_set(series,
+        '$.total_custom_stats', json(coalesce(c.total_custom_stats, '{}')),
+        '$.avg_custom_stats', json(coalesce(c.avg_custom_stats, '{}')),
+        '$.min_custom_stats', json(coalesce(c.min_custom_stats, '{}')),
+        '$.max_custom_stats', json(coalesce(c.max_custom_stats, '{}')))
+     FROM ceems_units c
+     WHERE c.cluster_id = units.cluster_id AND c.uuid = units.uuid
+       AND coalesce(c.started_at_ts, 0) / 1000 = units.started_at";
 
 /// CEEMS's rows in our tables: times from milliseconds, the allocation and tags from their
 /// JSON, the series objects as they are, sacct's words kept for CEEMS's answers.

@@ -443,6 +443,42 @@ fn series_add_up_over_windows_and_over_jobs() {
     );
 }
 
+/// CEEMS's custom stats (v0.15): `total_custom_stats` adds up, `avg_custom_stats` is a mean
+/// weighted by time, `min_custom_stats` and `max_custom_stats` keep the least and greatest,
+/// over a job's windows and over the jobs of a usage group.
+#[test]
+fn custom_stats_add_up_as_totals_means_least_and_greatest() {
+    use super::{merge_series, SeriesFold, SeriesWeights};
+    let window = |stored: &str, before: i64, seconds: i64, v: f64| {
+        let all = ["total", "avg", "min", "max"]
+            .map(|k| (format!("{k}_custom_stats"), "bytes".to_owned(), v));
+        merge_series(stored, before, seconds, &all)
+    };
+    let job = window(&window("{}", 0, 100, 40.0), 100, 300, 8.0);
+    let v: serde_json::Value = serde_json::from_str(&job).unwrap();
+    assert_eq!(v["total_custom_stats"]["bytes"], 48.0);
+    assert_eq!(v["avg_custom_stats"]["bytes"], 16.0);
+    assert_eq!(v["min_custom_stats"]["bytes"], 8.0);
+    assert_eq!(v["max_custom_stats"]["bytes"], 40.0);
+
+    let other = window("{}", 0, 400, 100.0);
+    let weight = |walltime: f64| SeriesWeights {
+        walltime,
+        ..SeriesWeights::default()
+    };
+    let mut fold = SeriesFold::default();
+    fold.add(&job, &weight(400.0));
+    fold.add(&other, &weight(100.0));
+    let usage = serde_json::Value::Object(fold.finish());
+    assert_eq!(usage["total_custom_stats"]["bytes"], 148.0);
+    assert_eq!(
+        usage["avg_custom_stats"]["bytes"],
+        (16.0 * 400.0 + 100.0 * 100.0) / 500.0
+    );
+    assert_eq!(usage["min_custom_stats"]["bytes"], 8.0);
+    assert_eq!(usage["max_custom_stats"]["bytes"], 100.0);
+}
+
 /// The API over a store that holds the pack's 24 jobs (12 on each cluster), grafana an admin.
 async fn pack_api(store: Store) -> crate::store::api::Api {
     assert_eq!(store.count_units("slurm-0").await.unwrap(), 12);
@@ -528,9 +564,9 @@ async fn a_ceems_database_is_opened_with_its_whole_history() {
     );
 }
 
-/// A database of today's CEEMS (its nine migrations applied in order, as CEEMS's migrator
-/// applies them: `daily_usage`, `total_egress_stats`, the admins one per row) with the pack's
-/// 24 jobs, users and projects in it, opens with every job answered.
+/// A database of today's CEEMS (its ten migrations applied in order, as CEEMS's migrator
+/// applies them: `daily_usage`, `total_egress_stats`, the admins one per row, v0.15's custom
+/// stats) with the pack's 24 jobs, users and projects in it, opens with every job answered.
 #[tokio::test]
 async fn a_database_of_ceems_latest_schema_is_opened_with_every_row() {
     use sqlx::Executor;
@@ -554,12 +590,16 @@ async fn a_database_of_ceems_latest_schema_is_opened_with_every_row() {
             .collect();
         migrations.sort();
         assert_eq!(migrations.len(), 9);
+        migrations
+            .push(fixtures.join(
+                "../ceems-v0.16/pkg/api/db/migrations/000010_add_custom_metrics_cols.up.sql",
+            ));
         for m in &migrations {
             pool.execute(std::fs::read_to_string(m).unwrap().as_str())
                 .await
                 .unwrap_or_else(|e| panic!("{}: {e}", m.display()));
         }
-        pool.execute("CREATE TABLE schema_migrations (version uint64, dirty bool); INSERT INTO schema_migrations VALUES (9, 0)")
+        pool.execute("CREATE TABLE schema_migrations (version uint64, dirty bool); INSERT INTO schema_migrations VALUES (10, 0)")
             .await
             .unwrap();
         let pack = fixtures.join("pkg/api/testdata/ceems.db");
@@ -570,7 +610,7 @@ async fn a_database_of_ceems_latest_schema_is_opened_with_every_row() {
             .unwrap();
         for table in ["units", "usage", "users", "projects"] {
             let columns: Vec<(String,)> = sqlx::query_as(&format!(
-                "SELECT name FROM pragma_table_info('{table}') WHERE name <> 'id'"
+                "SELECT name FROM pragma_table_info('{table}', 'pack') WHERE name <> 'id'"
             ))
             .fetch_all(&pool)
             .await
@@ -584,6 +624,12 @@ async fn a_database_of_ceems_latest_schema_is_opened_with_every_row() {
             .await
             .unwrap_or_else(|e| panic!("{table}: {e}"));
         }
+        // A custom stat as CEEMS v0.15 writes one.
+        pool.execute(
+            "UPDATE units SET total_custom_stats = '{\"bytes\":147975}' WHERE uuid = '147975'",
+        )
+        .await
+        .unwrap();
         // A day of CEEMS's daily usage and an admin as its migration 8 keeps them.
         pool.execute(
             "INSERT INTO daily_usage (cluster_id, project, username, num_units, last_updated_at)
@@ -625,6 +671,12 @@ async fn a_database_of_ceems_latest_schema_is_opened_with_every_row() {
         job["total_egress_stats"]["packets"],
         serde_json::json!(147975000.0)
     );
+    // Migration 10's custom stats; an empty one is left out, as CEEMS leaves it.
+    assert_eq!(
+        job["total_custom_stats"],
+        serde_json::json!({"bytes": 147975.0})
+    );
+    assert!(job.get("avg_custom_stats").is_none(), "{job}");
     let projects = api
         .handle("/api/v1/projects", None, Some("usr1"), now)
         .await;
