@@ -253,10 +253,10 @@ fn cluster(c: ClusterConfig, updaters: &BTreeMap<&str, &UpdaterConfig>) -> Resul
     let mut t = Table::new();
     t.insert("id".into(), Value::String(c.id.clone()));
     let manager = match c.manager.as_str() {
-        "slurm" | "k8s" | "openstack" => c.manager.clone(),
+        "slurm" | "lsf" | "k8s" | "openstack" => c.manager.clone(),
         other => {
             return Err(format!(
-            "{}: `{other}` is not supported (slurm, k8s and openstack are; lsf and openpbs in our TOML file)",
+            "{}: `{other}` is not supported (slurm, lsf, k8s and openstack are; openpbs in our TOML file)",
             at("manager")
         ))
         }
@@ -297,24 +297,39 @@ fn cluster(c: ClusterConfig, updaters: &BTreeMap<&str, &UpdaterConfig>) -> Resul
     }
     if let Some(cli) = c.cli {
         if !cli.environment_variables.is_empty() {
-            if manager != "slurm" {
-                return Err(format!(
-                    "{}: only Slurm clusters run commands",
-                    at("cli.environment_variables")
-                ));
-            }
+            let key = match manager.as_str() {
+                "slurm" => "slurm-env",
+                "lsf" => "lsf-env",
+                _ => {
+                    return Err(format!(
+                        "{}: only Slurm and LSF clusters run commands",
+                        at("cli.environment_variables")
+                    ))
+                }
+            };
             let env = cli
                 .environment_variables
                 .into_iter()
                 .map(|(k, v)| Value::String(format!("{k}={v}")))
                 .collect();
-            t.insert("slurm-env".into(), Value::Array(env));
+            t.insert(key.into(), Value::Array(env));
         }
         if let Some(dir) = cli.path {
             let dir = std::path::Path::new(&dir);
             let path = |cmd: &str| Value::String(dir.join(cmd).display().to_string());
-            t.insert("sacct-path".into(), path("sacct"));
-            t.insert("sacctmgr-path".into(), path("sacctmgr"));
+            match manager.as_str() {
+                // Its bacct and bjobs.
+                "lsf" => {
+                    t.insert(
+                        "lsf-bin-dir".into(),
+                        Value::String(dir.display().to_string()),
+                    );
+                }
+                _ => {
+                    t.insert("sacct-path".into(), path("sacct"));
+                    t.insert("sacctmgr-path".into(), path("sacctmgr"));
+                }
+            }
         }
     }
     if let Some(mut extra) = c.extra_config {
@@ -588,10 +603,26 @@ updaters:
         );
     }
 
+    /// CEEMS 0.14's LSF clusters: `cli.path` is where `bacct` and `bjobs` are, and its
+    /// environment variables go with them.
+    #[test]
+    fn lsf_clusters_name_their_commands_directory() {
+        let t = to_table(
+            "ceems_api_server: {}\nclusters:\n  - id: lsf-0\n    manager: lsf\n    cli:\n      path: /opt/lsf/bin\n      environment_variables:\n        LSF_ENVDIR: /opt/lsf/conf\n",
+            0,
+        )
+        .unwrap();
+        let lsf = &t["clusters"][0];
+        assert_eq!(lsf["manager"].as_str(), Some("lsf"));
+        assert_eq!(lsf["lsf-bin-dir"].as_str(), Some("/opt/lsf/bin"));
+        assert_eq!(lsf["lsf-env"][0].as_str(), Some("LSF_ENVDIR=/opt/lsf/conf"));
+        assert!(lsf.get("sacct-path").is_none());
+    }
+
     #[test]
     fn what_is_not_carried_over_is_named() {
         for (edit, says) in [
-            (("manager: k8s", "manager: lsf"), "`lsf` is not supported"),
+            (("manager: k8s", "manager: openpbs"), "`openpbs` is not supported"),
             (("manager: k8s", "manager: openstack"), "compute and identity are needed"),
             (("    max_update_interval: 24h", "    bogus_key: 1"), "bogus_key"),
             (("updater: tsdb\n    web:\n      url: http://localhost:9090\n    extra_config:\n      cutoff_duration: 0s\n      queries:\n        total", "updater: tsdb\n    web:\n      url: http://other:9090\n    extra_config:\n      cutoff_duration: 0s\n      queries:\n        total"), "one TSDB per cluster"),

@@ -197,12 +197,20 @@ fn parse_record(lines: &[&str], first_line: usize) -> Result<Option<UnitRecord>,
         let trimmed = line.trim();
         if let Some((at, what)) = event(trimmed) {
             section = "";
+            // An array element's events name it first: `[1] dispatched 2 Task(s) …`.
+            let what = match what.strip_prefix('[').and_then(|w| w.split_once("] ")) {
+                Some((index, rest)) if index.bytes().all(|b| b.is_ascii_digit()) => rest,
+                _ => what,
+            };
             if what.starts_with("Submitted from host") {
                 rec.submit = Some(at);
                 if let Some((_, cwd)) = pairs(what).into_iter().find(|(k, _)| k == "CWD") {
                     rec.workdir = cwd;
                 }
-            } else if what.starts_with("Dispatched") || what.starts_with("Started") {
+            } else if ["Dispatched", "dispatched", "Started", "started"]
+                .iter()
+                .any(|w| what.starts_with(w))
+            {
                 rec.start.get_or_insert(at);
                 // The allocated slots when printed, else the hosts tasks were started on.
                 let allocated = what.find("Allocated").map(|i| &what[i..]);
@@ -450,6 +458,31 @@ mod tests {
     /// Three jobs as LSF 10.1's `bacct -u all -l -gpu -UF` prints them, between its header and
     /// its summary: a GPU job on two hosts, a timed-out array element, one killed while pending.
     const BACCT: &str = include_str!("../../../tests/fixtures/lsf/bacct-l.txt");
+
+    /// CEEMS v0.16's `bacct` stand-in (`pkg/api/testdata/bacct`): its array elements say
+    /// `[1] dispatched …`; two jobs killed before dispatch are left out.
+    #[test]
+    fn array_elements_dispatched_in_lower_case_are_jobs_of_their_own() {
+        let text = std::process::Command::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/ceems-v0.16/pkg/api/testdata/bacct"
+        ))
+        .output()
+        .unwrap()
+        .stdout;
+        let jobs: Vec<UnitRecord> = parse_bacct(&String::from_utf8_lossy(&text))
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let ids: Vec<&str> = jobs.iter().map(|j| j.uuid.as_str()).collect();
+        assert_eq!(ids, ["3", "4", "6[1]", "6[2]", "6[3]"]);
+        let element = &jobs[2];
+        assert_eq!(
+            (element.user.as_str(), element.account.as_str()),
+            ("usr4", "prj2")
+        );
+        assert!(element.start.is_some_and(|s| s > 0), "{element:?}");
+    }
 
     #[test]
     fn a_bacct_answer_gives_each_started_job_with_its_allocation() {
