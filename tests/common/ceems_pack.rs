@@ -214,6 +214,15 @@ impl Mocks {
 /// makes for the user it runs as), the mocks' URLs in place of localhost's ports (a
 /// kubeconfig written in `dir`).
 pub fn pack_config(dir: &Path, mocks: &Mocks) -> PathBuf {
+    pack_config_of("ceems-api", dir, mocks)
+}
+
+/// The API server config of `pack` (`ceems-api`, v0.10.2's, or `ceems-v0.16`) pointed at the
+/// stand-ins, written into `dir`; its `cli.path` is the pack's, relative to the pack's root.
+pub fn pack_config_of(pack: &str, dir: &Path, mocks: &Mocks) -> PathBuf {
+    let config = super::fixtures()
+        .join(pack)
+        .join("pkg/api/testdata/config.yml");
     let pack = super::fixtures().join("ceems-api/pkg/api/testdata");
     let kubeconfig = dir.join("kubeconfig.yaml");
     std::fs::write(
@@ -224,7 +233,7 @@ pub fn pack_config(dir: &Path, mocks: &Mocks) -> PathBuf {
     )
     .unwrap();
     std::fs::set_permissions(&kubeconfig, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let text = std::fs::read_to_string(pack.join("config.yml"))
+    let text = std::fs::read_to_string(config)
         .unwrap()
         .replace("TO_REPLACE", &dir.join("data").display().to_string())
         .replace("http://localhost:9090", &mocks.prometheus.url())

@@ -210,11 +210,14 @@ impl PodStore {
     }
 
     /// Records of the pods alive, or that ended or changed in the last `seconds_ago` seconds.
+    /// Pods that never started (pending, no start time) are left out, as CEEMS 0.14+ leaves
+    /// them out: they use nothing yet, and one deleted before it starts never ran.
     pub fn records(&self, policy: &PodPolicy, seconds_ago: i64, now: i64) -> UnitRecords {
         let since = now.saturating_sub(seconds_ago);
         let records: Vec<_> = self
             .pods
             .values()
+            .filter(|h| h.pod.status.phase != "Pending" || h.pod.status.start_time.is_some())
             .filter_map(|h| {
                 let r = record(&h.pod, policy, h.deleted, now);
                 (r.end.is_none_or(|end| end >= since) || h.changed >= since).then_some(Ok(r))
