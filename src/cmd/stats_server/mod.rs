@@ -69,7 +69,7 @@ pub fn opts() -> Vec<Opt> {
         Opt::new(
             "storage.data.time-zone",
             Kind::Str,
-            "Time zone of the times the API writes as text (created_at, started_at, ended_at) when a request names none (timezone=); empty: this host's",
+            "Time zone of the times the API writes as text (created_at, started_at, ended_at) when a request names none (timezone=), and of sacct's times printed without an offset; empty: this host's",
         )
         .default(""),
         Opt::flag(

@@ -18,6 +18,8 @@ pub struct SlurmAccounting {
     pub sacctmgr: Option<SlurmCommand>,
     /// `--clusters=<name>` for both commands, for a slurmdbd that serves several clusters.
     pub slurm_name: Option<String>,
+    /// Where sacct's times without an offset are read (`--storage.data.time-zone`).
+    pub time_zone: jiff::tz::TimeZone,
 }
 
 impl SlurmAccounting {
@@ -77,6 +79,7 @@ impl SlurmAccounting {
             text: output,
             at: 0,
             line: 0,
+            zone: self.time_zone.clone(),
         }))
     }
 }
@@ -110,6 +113,7 @@ struct SacctRecords {
     text: String,
     at: usize,
     line: usize,
+    zone: jiff::tz::TimeZone,
 }
 
 impl Iterator for SacctRecords {
@@ -126,7 +130,7 @@ impl Iterator for SacctRecords {
             self.line += 1;
             let line = line.trim_end_matches('\r');
             if !line.trim().is_empty() {
-                return Some(sacct::parse_line(self.line, line));
+                return Some(sacct::parse_line_in(self.line, line, &self.zone));
             }
         }
     }
@@ -165,6 +169,7 @@ mod tests {
             ),
             sacctmgr: None,
             slurm_name: Some("lab".into()),
+            time_zone: jiff::tz::TimeZone::UTC,
         };
         assert!(acct.sacct_args(60).contains(&"--clusters=lab".to_owned()));
         let one = acct.sacct_job_args("42");

@@ -30,9 +30,15 @@ pub const FIELDS: &[&str] = &[
 ];
 
 /// `1795358897` → Some; `Unknown`, `None` and empty → None.
-/// A time as we ask for it (`SLURM_TIME_FORMAT=%s`: epoch seconds) or as CEEMS asks for it
-/// (`2023-02-21T15:48:20+0100`).
-fn time(line: usize, field: &str, v: &str) -> Result<Option<i64>, ParseError> {
+/// A time as we ask for it (`SLURM_TIME_FORMAT=%s`: epoch seconds), as CEEMS asks for it
+/// (`2023-02-21T15:48:20+0100`), or as sacct prints it by default, without an offset
+/// (`2023-02-21T15:48:20`), read in `zone` (CEEMS 0.12 reads it in `data.time_zone`).
+fn time(
+    line: usize,
+    field: &str,
+    v: &str,
+    zone: &jiff::tz::TimeZone,
+) -> Result<Option<i64>, ParseError> {
     match v {
         "" | "Unknown" | "None" => Ok(None),
         v => v
@@ -43,11 +49,18 @@ fn time(line: usize, field: &str, v: &str) -> Result<Option<i64>, ParseError> {
                     .ok()
                     .map(|t| t.as_second())
             })
+            .or_else(|| {
+                jiff::civil::DateTime::strptime("%Y-%m-%dT%H:%M:%S", v)
+                    .ok()?
+                    .to_zoned(zone.clone())
+                    .ok()
+                    .map(|t| t.timestamp().as_second())
+            })
             .map(Some)
             .ok_or_else(|| {
                 ParseError::new(
                     line,
-                    format!("{field} `{v}` is neither epoch seconds nor a time with its offset"),
+                    format!("{field} `{v}` is neither epoch seconds nor a time (YYYY-MM-DDTHH:MM:SS, with or without its offset)"),
                 )
             }),
     }
@@ -170,8 +183,17 @@ pub fn expand_nodelist(text: &str) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
-/// Parses one record. `line` numbers the error.
+/// Parses one record, a time without an offset read in UTC. `line` numbers the error.
 pub fn parse_line(line_no: usize, line: &str) -> Result<UnitRecord, ParseError> {
+    parse_line_in(line_no, line, &jiff::tz::TimeZone::UTC)
+}
+
+/// Parses one record, a time without an offset read in `zone`. `line` numbers the error.
+pub fn parse_line_in(
+    line_no: usize,
+    line: &str,
+    zone: &jiff::tz::TimeZone,
+) -> Result<UnitRecord, ParseError> {
     let mut f: Vec<&str> = line.splitn(FIELDS.len(), '|').collect();
     if f.len() == CEEMS_FIELDS {
         // ...|nodelist|jobname|workdir → ...|nodelist|workdir|(no limit)|jobname
@@ -203,9 +225,9 @@ pub fn parse_line(line_no: usize, line: &str) -> Result<UnitRecord, ParseError> 
         gid: optional_u32(line_no, "gid", f[5])?,
         user: f[6].to_owned(),
         uid: optional_u32(line_no, "uid", f[7])?,
-        submit: time(line_no, "submit", f[8])?,
-        start: time(line_no, "start", f[9])?,
-        end: time(line_no, "end", f[10])?,
+        submit: time(line_no, "submit", f[8], zone)?,
+        start: time(line_no, "start", f[9], zone)?,
+        end: time(line_no, "end", f[10], zone)?,
         elapsed_seconds: if f[12].is_empty() {
             0
         } else {
@@ -347,6 +369,23 @@ mod tests {
             errors[0].message.contains("neither epoch seconds"),
             "{errors:?}"
         );
+    }
+
+    /// sacct's default times carry no offset: CEEMS 0.12 reads them in `data.time_zone`, and
+    /// so does `parse_line_in`; with an offset or as epoch seconds the zone changes nothing.
+    #[test]
+    fn times_without_an_offset_are_read_in_the_given_zone() {
+        let line = |t: &str| {
+            format!("7|p|q|acc|grp|1001|usr|1001|{t}|{t}|Unknown|00:00:01|1|0:0|RUNNING|cpu=1,mem=1G,node=1|n1|/tmp|60|job")
+        };
+        let paris = jiff::tz::TimeZone::get("Europe/Paris").unwrap();
+        let local = parse_line_in(1, &line("2023-02-21T15:48:20"), &paris).unwrap();
+        let offset = parse_line_in(1, &line("2023-02-21T15:48:20+0100"), &paris).unwrap();
+        let utc = parse_line(1, &line("2023-02-21T14:48:20")).unwrap();
+        assert_eq!(local.submit, Some(1676990900));
+        assert_eq!(offset.submit, local.submit);
+        assert_eq!(utc.submit, local.submit);
+        assert!(parse_line_in(1, &line("21/02/2023"), &paris).is_err());
     }
 
     /// Lines from the lab's Slurm 22.05 (`scripts/slurm-lab.sh`), with SLURM_TIME_FORMAT=%s.

@@ -181,9 +181,21 @@ fn build(entry: &ClusterEntry<'_>) -> Result<Arc<dyn Accounting>, SetupError> {
         env: env.clone(),
     };
     let sacctmgr = c.sacctmgr_path.unwrap_or(slurm.sacctmgr.path);
+    // sacct's times without an offset are in the zone CEEMS reads them in (`data.time_zone`).
+    let time_zone = match entry
+        .settings
+        .get::<String>("storage.data.time-zone")
+        .unwrap_or_default()
+        .as_str()
+    {
+        "" => jiff::tz::TimeZone::system(),
+        name => jiff::tz::TimeZone::get(name)
+            .map_err(|e| entry.error(format!("--storage.data.time-zone `{name}`: {e}")))?,
+    };
     Ok(Arc::new(SlurmAccounting {
         sacct: command(sacct),
         sacctmgr: (!sacctmgr.is_empty()).then(|| command(PathBuf::from(sacctmgr))),
         slurm_name: c.slurm_cluster_name,
+        time_zone,
     }))
 }
