@@ -298,6 +298,10 @@ fn ceems_scenarios_of_every_cluster_answer_as_ceems_does() {
             "--test.disable.checks",
             &format!("--web.listen-address=127.0.0.1:{port}"),
             &format!("--config.file={}", config.display()),
+            // The script starts one server a scenario; these share one (and the dashboards
+            // and the lb ask it too), so the pack's requests_limit (30 a minute) does not
+            // count this host's requests.
+            "--web.trusted-ip-prefix=127.0.0.0/8",
             "--log.level=debug",
         ])
         .stdout(Stdio::null())
@@ -402,6 +406,59 @@ fn ceems_scenarios_of_every_cluster_answer_as_ceems_does() {
         dashboard_fills_its_columns(&server, &d);
     }
     lb_asks_the_api_server(&server, &mocks.prometheus);
+}
+
+/// CEEMS's `web.requests_limit` (`--web.max-requests`): a client's requests past that many
+/// a minute get 429 with the seconds to wait; `--web.trusted-ip-prefix` is not counted.
+#[test]
+fn requests_past_the_rate_get_429_but_trusted_prefixes_pass() {
+    for (prefix, refused) in [("192.0.2.0/24", true), ("127.0.0.0/8", false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = dir.path().join("config.yml");
+        std::fs::write(
+            &yaml,
+            format!(
+                "ceems_api_server:\n  data:\n    path: {}\n  web:\n    requests_limit: 3\nclusters: []\n",
+                dir.path().join("data").display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::fs::set_permissions(&yaml, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ceems"));
+        command
+            .args([
+                "stats-server",
+                &format!("--config.file={}", yaml.display()),
+                &format!("--web.trusted-ip-prefix={prefix}"),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let server = common::start_listening(command, "stats-server");
+        let statuses: Vec<u16> = (0..6)
+            .map(|_| get(&server, "/api/v1/clusters/admin", Some("ceems-int-svc")).0)
+            .collect();
+        match refused {
+            true => assert!(
+                statuses.contains(&429) && statuses.iter().filter(|s| **s == 200).count() <= 3,
+                "{statuses:?}"
+            ),
+            false => assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}"),
+        }
+        if refused {
+            let mut stream = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+            let head = {
+                stream
+                    .write_all(b"GET /api/v1/clusters/admin HTTP/1.1\r\nHost: x\r\n\r\n")
+                    .unwrap();
+                let mut buf = [0u8; 1024];
+                let n = stream.read(&mut buf).unwrap();
+                String::from_utf8_lossy(&buf[..n]).into_owned()
+            };
+            assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+            assert!(head.contains("Retry-After: "), "{head}");
+        }
+    }
 }
 
 /// Every Infinity query of a dashboard (its `url` and `url_options`).

@@ -201,6 +201,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         write_timeout: Some(web_settings.write_timeout),
         security: None,
         munge: None,
+        rate: None,
     }
     .with_security(web::toolkit::WebSecurity::from_settings(&settings)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -58,15 +58,15 @@ struct Admin {
     users: Vec<String>,
 }
 
-/// Read so that an unknown key is named; nothing in it applies to the server.
+/// `requests_limit` applies; the rest is read so that an unknown key is named.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-#[allow(dead_code)]
 struct ApiWeb {
-    /// CEEMS's rate limit per client; requests here are bounded by concurrency instead.
+    /// CEEMS's rate limit per client (`--web.max-requests`).
     requests_limit: Option<u64>,
     /// Where `ceems_lb` reaches this server, in a file the two share; the server listens at
     /// `--web.listen-address`.
+    #[allow(dead_code)]
     url: Option<String>,
 }
 
@@ -197,6 +197,12 @@ pub fn to_table(text: &str, now: i64) -> Result<Table, String> {
             Some(Value::String(format!("{}s", (now - t.as_second()).max(0)))),
         );
     }
+    set(
+        "web.max-requests",
+        api.web
+            .requests_limit
+            .map(|n| Value::Integer(i64::try_from(n).unwrap_or(i64::MAX))),
+    );
     if !api.admin.users.is_empty() {
         let users = api.admin.users.into_iter().map(Value::String).collect();
         set("web.admin-users", Some(Value::Array(users)));

@@ -6,6 +6,7 @@ pub mod cors;
 pub mod generate;
 pub mod lenient_target;
 pub mod munge;
+pub mod rate;
 pub mod spare;
 pub mod toolkit;
 
@@ -261,6 +262,8 @@ pub struct ServeOptions {
     pub security: Option<Arc<toolkit::WebSecurity>>,
     /// MUNGE credentials accepted in place of basic auth, naming the user.
     pub munge: Option<Arc<munge::MungeAuth>>,
+    /// Requests a minute per client address (CEEMS's `--web.max-requests`), beyond which 429.
+    pub rate: Option<Arc<rate::RateLimit>>,
 }
 
 impl ServeOptions {
@@ -272,7 +275,13 @@ impl ServeOptions {
             write_timeout: None,
             security: None,
             munge: None,
+            rate: None,
         }
+    }
+
+    pub fn with_rate(mut self, rate: Option<rate::RateLimit>) -> ServeOptions {
+        self.rate = rate.map(Arc::new);
+        self
     }
 
     pub fn with_munge(mut self, munge: Option<munge::MungeAuth>) -> ServeOptions {
@@ -424,13 +433,26 @@ pub async fn serve(
                 let limit = limit.clone();
                 let security = options.security.clone();
                 let munge = options.munge.clone();
+                let rate = options.rate.clone();
                 let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
                     req.extensions_mut().insert(PeerAddr(peer));
                     let handler = Arc::clone(&handler);
                     let security = security.clone();
                     let munge = munge.clone();
                     let limit = limit.clone();
+                    let over_rate = rate
+                        .as_ref()
+                        .and_then(|r| r.admit(peer.ip(), std::time::Instant::now()).err());
                     async move {
+                        if let Some(rate::RetryAfter(wait)) = over_rate {
+                            tracing::debug!(%peer, "over --web.max-requests: answering 429");
+                            let mut resp = text_response(StatusCode::TOO_MANY_REQUESTS, "Too Many Requests\n");
+                            resp.headers_mut().insert(
+                                hyper::header::RETRY_AFTER,
+                                HeaderValue::from(wait.as_secs().max(1)),
+                            );
+                            return Ok::<_, Infallible>(resp);
+                        }
                         let _permit = match &limit {
                             None => None,
                             Some(sem) => match Arc::clone(sem).try_acquire_owned() {

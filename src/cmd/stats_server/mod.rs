@@ -261,6 +261,19 @@ pub fn opts() -> Vec<Opt> {
             "PromQL templates of the aggregates ($uuids, $range); see examples/ceems.toml",
         ),
         Opt::new(
+            "web.max-requests",
+            Kind::Int,
+            "Requests a minute from one client address; more get 429 (0: no limit)",
+        )
+        .default("0"),
+        Opt::new(
+            "web.trusted-ip-prefix",
+            Kind::List,
+            "Client addresses (CIDR, repeatable, e.g. Grafana's) that --web.max-requests does not count",
+        )
+        .key("web.trusted-ip-prefixes")
+        .default(""),
+        Opt::new(
             "web.external-url",
             Kind::Str,
             "URL users reach this server at, for the report links in mails (empty: http://<this host>:<port>)",
@@ -383,7 +396,28 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         .context("cannot drop privileges (--security.drop-privileges=false to run as started)")?
         .log("stats-server");
     let header_name = hyper::header::HeaderName::from_bytes(user_header.as_bytes())?;
+    let rate = match settings.get::<i64>("web.max-requests")? {
+        n if n < 0 => anyhow::bail!("--web.max-requests must be 0 (no limit) or more, not {n}"),
+        0 => None,
+        n => {
+            let prefixes: Vec<String> = settings.get("web.trusted-ip-prefixes")?;
+            let exempt = prefixes
+                .iter()
+                .filter(|p| !p.is_empty())
+                .map(|p| {
+                    p.parse::<ipnet::IpNet>().with_context(|| {
+                        format!("--web.trusted-ip-prefix `{p}`: expected CIDR, e.g. 192.168.1.0/24")
+                    })
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            Some(web::rate::RateLimit::new(
+                u32::try_from(n).unwrap_or(u32::MAX),
+                exempt,
+            ))
+        }
+    };
     let options = web::ServeOptions::new(256)
+        .with_rate(rate)
         .with_security(web::toolkit::WebSecurity::from_settings(&settings)?)
         .with_munge(web::munge_auth(&settings, &header_name)?);
     let db_path = storage.data.path.join("ceems.db");
