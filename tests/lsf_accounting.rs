@@ -85,7 +85,7 @@ fn lsf_jobs_reach_the_api_with_their_owner_state_and_allocation() {
         ],
         &[],
     );
-    let all = "/api/v1/units/admin?from=0&running&field=uuid&field=username&field=project&field=groupname&field=partition&field=state&field=exit_code&field=alloc_cpus&field=alloc_gpus&field=alloc_mem_bytes&field=nodes&field=elapsed_seconds&field=resource_manager&field=time_limit_seconds";
+    let all = "/api/v1/units/admin?from=0&running&field=uuid&field=username&field=project&field=groupname&field=partition&field=state&field=exit_code&field=alloc_cpus&field=alloc_gpus&field=alloc_mem_bytes&field=nodes&field=elapsed_seconds&field=resource_manager&field=time_limit_seconds&field=name&field=allocation&field=tags";
     let start = Instant::now();
     let admin = loop {
         let got = units(&server, all, "root");
@@ -104,11 +104,25 @@ fn lsf_jobs_reach_the_api_with_their_owner_state_and_allocation() {
     for u in &admin {
         assert_eq!(u["resource_manager"], "lsf", "{u}");
     }
-    // bacct's finished GPU job, its group from bjobs.
+    // bacct's finished GPU job, its group from bjobs; CEEMS 0.14's words: LSF's status, no
+    // name, an allocation without billing, LSF's tags.
+    assert_eq!(field(&admin, "7001", "state"), Some(&Value::from("DONE")));
+    let job = admin.iter().find(|u| u["uuid"] == "7001").unwrap();
+    assert!(job.get("name").is_none(), "{job}");
     assert_eq!(
-        field(&admin, "7001", "state"),
-        Some(&Value::from("COMPLETED"))
+        job["allocation"],
+        serde_json::json!({"cpus": 4, "gpus": 2, "mem": job["allocation"]["mem"], "nodes": 2}),
+        "{job}"
     );
+    let tags = job["tags"].as_object().unwrap();
+    let keys: Vec<&str> = tags.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        ["exit_status", "nodelist", "queue", "res_req", "workdir"],
+        "{job}"
+    );
+    assert_eq!(tags["exit_status"], "done", "{job}");
+    assert!(tags["nodelist"].as_str().unwrap().contains('|'), "{job}");
     assert_eq!(
         field(&admin, "7001", "groupname"),
         Some(&Value::from("phys"))
@@ -125,17 +139,14 @@ fn lsf_jobs_reach_the_api_with_their_owner_state_and_allocation() {
     );
     assert_eq!(
         field(&admin, "7002[3]", "state"),
-        Some(&Value::from("TIMEOUT"))
+        Some(&Value::from("EXIT"))
     );
     assert_eq!(
         field(&admin, "7002[3]", "time_limit_seconds"),
         Some(&Value::from(1800))
     );
     // bjobs' running job.
-    assert_eq!(
-        field(&admin, "8001", "state"),
-        Some(&Value::from("RUNNING"))
-    );
+    assert_eq!(field(&admin, "8001", "state"), Some(&Value::from("RUN")));
     assert_eq!(
         field(&admin, "8001", "alloc_mem_bytes"),
         Some(&Value::from(2u64 << 30))
@@ -171,7 +182,12 @@ fn lsf_jobs_reach_the_api_with_their_owner_state_and_allocation() {
         }
     };
     let body: serde_json::Value = serde_json::from_str(&report("7002[3]", "bob").1).unwrap();
-    assert_eq!(body["data"]["job"]["state"], "TIMEOUT", "{body}");
+    // The job in LSF's words, as the API answers it; the finding says why it ended.
+    assert_eq!(body["data"]["job"]["state"], "EXIT", "{body}");
+    assert!(
+        body["data"]["findings"].to_string().contains("time limit"),
+        "{body}"
+    );
     assert_eq!(report("7002[3]", "alice").0, 403, "alice read bob's job");
 
     // bacct was asked for a window of whole minutes; bjobs for every user's jobs.

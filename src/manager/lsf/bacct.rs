@@ -12,10 +12,10 @@ use serde_json::Value;
 use crate::host::ParseError;
 use crate::manager::civil::civil_from_days;
 pub use crate::manager::civil::parse_asctime as parse_time;
-use crate::manager::{Allocation, UnitRecord};
+use crate::manager::{Allocation, Reported, UnitRecord};
 
 /// The fields asked of `bjobs -json -o …` for the stats-server.
-pub const BJOBS_FIELDS: &str = "jobid jobindex user user_group queue job_name proj_name stat alloc_slot nalloc_slot submit_time start_time run_time gpu_num mem memlimit mem_efficiency exec_cwd runtimelimit";
+pub const BJOBS_FIELDS: &str = "jobid jobindex user user_group queue job_name proj_name stat alloc_slot nalloc_slot submit_time start_time run_time effective_resreq gpu_num mem memlimit mem_efficiency exec_cwd runtimelimit";
 
 /// `YYYY/MM/DD/HH:MM` of epoch seconds, in UTC.
 pub fn minute(epoch: i64) -> String {
@@ -150,6 +150,36 @@ fn event(line: &str) -> Option<(i64, &str)> {
     Some((parse_time(date)?, what))
 }
 
+/// What CEEMS 0.14+ answers of an LSF job, in its words: LSF's status (`DONE`, `EXIT`,
+/// `RUN`), an allocation of nodes, CPUs (slots), memory and GPUs (no billing), and its tags:
+/// the queue, the effective resource request, how it completed (`done`, `exit`; bacct only),
+/// its hosts joined by `|` and its working directory.
+fn ceems_words(rec: &UnitRecord, status: &str, res_req: &str, completed: Option<&str>) -> Reported {
+    let mut allocation = serde_json::Map::new();
+    for (k, v) in [
+        ("nodes", rec.allocation.nodes),
+        ("cpus", rec.allocation.cpus),
+        ("mem", rec.allocation.mem_bytes),
+        ("gpus", rec.allocation.gpus),
+    ] {
+        allocation.insert(k.into(), v.into());
+    }
+    let mut tags = serde_json::Map::new();
+    tags.insert("queue".into(), rec.partition.clone().into());
+    tags.insert("res_req".into(), res_req.into());
+    if let Some(exit) = completed {
+        tags.insert("exit_status".into(), exit.into());
+    }
+    tags.insert("nodelist".into(), rec.nodes.join("|").into());
+    tags.insert("workdir".into(), rec.workdir.clone().into());
+    Reported {
+        state: status.to_owned(),
+        allocation,
+        tags,
+        ..Reported::default()
+    }
+}
+
 /// One record of bacct's long format; `first_line` is where it starts in the output.
 fn parse_record(lines: &[&str], first_line: usize) -> Result<Option<UnitRecord>, ParseError> {
     let Some(head_at) = lines
@@ -186,6 +216,7 @@ fn parse_record(lines: &[&str], first_line: usize) -> Result<Option<UnitRecord>,
         return Err(bad(format!("job {} has no user", rec.uuid)));
     }
     let mut completed = String::new();
+    let mut res_req = String::new();
     let mut hosts: Vec<String> = Vec::new();
     let mut gpus: BTreeSet<(String, String)> = BTreeSet::new();
     let mut mem_used = None;
@@ -215,7 +246,8 @@ fn parse_record(lines: &[&str], first_line: usize) -> Result<Option<UnitRecord>,
                 // The allocated slots when printed, else the hosts tasks were started on.
                 let allocated = what.find("Allocated").map(|i| &what[i..]);
                 let list = allocated.unwrap_or(what);
-                let list = list.split("Effective RES_REQ").next().unwrap_or(list);
+                let (list, requested) = list.split_once("Effective RES_REQ ").unwrap_or((list, ""));
+                res_req = requested.trim().to_owned();
                 hosts = slot_hosts(list);
             } else if what.starts_with("Completed") {
                 rec.end = Some(at);
@@ -299,6 +331,12 @@ fn parse_record(lines: &[&str], first_line: usize) -> Result<Option<UnitRecord>,
     if let (Some(start), Some(end)) = (rec.start, rec.end) {
         rec.elapsed_seconds = u64::try_from(end - start).unwrap_or(0);
     }
+    // `Completed <exit>; TERM_OWNER: …` → exit.
+    let how = completed
+        .split_once('<')
+        .and_then(|(_, rest)| rest.split_once('>'))
+        .map_or("", |(how, _)| how);
+    rec.reported = ceems_words(&rec, &status, &res_req, Some(how));
     Ok(Some(rec))
 }
 
@@ -420,7 +458,7 @@ fn bjobs_record(
         .next()
         .and_then(|s| s.parse::<u64>().ok())
         .unwrap_or(0);
-    Ok(UnitRecord {
+    let mut rec = UnitRecord {
         partition: field("QUEUE"),
         account: field("PROJ_NAME"),
         group: field("USER_GROUP"),
@@ -448,7 +486,9 @@ fn bjobs_record(
         name: field("JOB_NAME"),
         uuid,
         ..UnitRecord::default()
-    })
+    };
+    rec.reported = ceems_words(&rec, stat, &field("EFFECTIVE_RESREQ"), None);
+    Ok(rec)
 }
 
 #[cfg(test)]
@@ -482,6 +522,25 @@ mod tests {
             ("usr4", "prj2")
         );
         assert!(element.start.is_some_and(|s| s > 0), "{element:?}");
+        // CEEMS 0.14's words for job 3: bacct's status, the allocation without billing, the
+        // tags it answers.
+        let words = &jobs[0].reported;
+        assert_eq!(words.state, "DONE");
+        assert_eq!(
+            serde_json::Value::Object(words.allocation.clone()),
+            serde_json::json!({"nodes": 2, "cpus": 4, "mem": jobs[0].allocation.mem_bytes, "gpus": 4})
+        );
+        assert_eq!(
+            serde_json::Value::Object(words.tags.clone()),
+            serde_json::json!({
+                "queue": "interactive",
+                "res_req": "<select[(type == any ) && (ngpus>0)] order[r15s:pg] rusage[ngpus_physical=2.00/host] span[ptile=2] >;",
+                "exit_status": "done",
+                "nodelist": "nodes-1.example.com|nodes-2.example.com",
+                "workdir": "/home/usr3"
+            })
+        );
+        assert_eq!(jobs[2].reported.tags["exit_status"], "exit");
     }
 
     #[test]

@@ -209,6 +209,8 @@ impl UnitRow {
             "resource_manager" => out.text(name, self.manager.as_deref().unwrap_or("")),
             // CEEMS writes the uuid even when empty.
             "uuid" => out.value(name, Value::from(self.uuid.as_str())),
+            // CEEMS 0.14+ gives an LSF job no name.
+            "name" if self.manager.as_deref() == Some("lsf") => {}
             "name" => out.text(name, &self.name),
             "project" => out.text(name, &self.project),
             "groupname" => out.text(name, &self.group),
