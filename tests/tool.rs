@@ -1,7 +1,8 @@
-//! `ceems tool` through the `ceems_tool` link. CEEMS's `tool-web-config` scenario as its e2e
-//! script runs it: a web config with basic auth and a self-signed certificate, an exporter
-//! started with it on the pack's trees, its metrics read over HTTPS with the password the
-//! tool printed, compared with CEEMS's expected output; then the checks.
+//! `ceems tool` through the `ceems_tool` link. CEEMS v0.16's `tool-web-config` scenario as its
+//! e2e script runs it: a web config with basic auth and a self-signed certificate, an exporter
+//! started with it on the pack's trees and waited for with the script's `waitport` (plain
+//! HTTP to its TLS port), its metrics read with `curl -k` and the password the tool printed,
+//! compared with CEEMS's expected output; then the checks.
 
 mod common;
 
@@ -11,6 +12,23 @@ use std::process::{Command, Stdio};
 /// `ceems_tool ARGS` from `dir`: exit status and standard error.
 fn ceems_tool(dir: &Path, args: &[&str]) -> (i32, String) {
     common::tool_pack::ceems_tool(dir, args, "")
+}
+
+/// The script's `waitport`: any answer of `curl -s http://localhost:PORT` (plain HTTP, to a
+/// TLS port here) within 5 s, then a second more.
+fn waitport(port: u16) {
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_secs(5) {
+        let probe = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", &format!("http://localhost:{port}")])
+            .status()
+            .unwrap();
+        if probe.success() {
+            return std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("nothing answered plain HTTP on :{port} within 5 s, where CEEMS's script waits");
 }
 
 /// The script's `skip_re`: lines that change from run to run.
@@ -44,8 +62,6 @@ fn ceems_tool_web_config_scenario_and_checks() {
             "--tls",
             "--tls.host",
             "example.com",
-            "--tls.host",
-            "127.0.0.1",
             "--output-dir",
             "config",
         ],
@@ -72,10 +88,8 @@ fn ceems_tool_web_config_scenario_and_checks() {
                 &format!("--web.listen-address=127.0.0.1:{port}"),
                 &format!("--web.config.file={}", web_config.display()),
                 "--web.disable-exporter-metrics",
-                "--collector.empty-hostname-label",
+                "--collector.force-hostname=testhost-1",
                 "--log.level=debug",
-                // The pack is CEEMS v0.10's: its names (tests/compat.rs runs it alike).
-                "--compat.metric-names=v0.10",
                 // The tool writes its files for its own user only; run as that user.
                 "--security.drop-privileges=false",
             ])
@@ -84,47 +98,45 @@ fn ceems_tool_web_config_scenario_and_checks() {
             .spawn()
             .unwrap(),
     );
-    let tls = ceems::web::client::ClientTls {
-        roots_pem: std::fs::read(dir.join("config/cert.pem")).unwrap(),
-        identity_pem: None,
-        insecure_skip_verify: false,
-    };
-    let agent = ceems::web::client::agent_with_tls(
-        ceems::web::client::Timeouts::all(std::time::Duration::from_secs(5)),
-        &tls,
-    )
-    .unwrap();
-    let url = format!("https://127.0.0.1:{port}/metrics");
-    let auth = |password: &str| {
-        use base64::Engine as _;
-        let token = base64::engine::general_purpose::STANDARD.encode(format!("ceems:{password}"));
-        format!("Basic {token}")
-    };
-    let start = std::time::Instant::now();
-    let body = loop {
-        match agent.get(&url).set("Authorization", &auth(&secret)).call() {
-            Ok(r) => break r.into_string().unwrap(),
-            Err(e) => {
-                assert!(start.elapsed().as_secs() < 10, "no answer: {e}");
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-        }
-    };
+    waitport(port);
+    let out = Command::new("curl")
+        .args(["-k", "-s"])
+        .arg(format!("https://ceems:{secret}@127.0.0.1:{port}/metrics"))
+        .output()
+        .unwrap();
+    let body = String::from_utf8(out.stdout).unwrap();
     let got: Vec<&str> = body.lines().filter(|l| kept(l)).collect();
     let want = std::fs::read_to_string(
         common::fixtures()
-            .join("ceems-api/cmd/ceems_tool/testdata/output/e2e-test-web-config-output.txt"),
+            .join("ceems-v0.16/cmd/ceems_tool/testdata/output/e2e-test-web-config-output.txt"),
     )
     .unwrap()
     // docs/compat.md: there is no Go version to report.
     .replace("goversion from which", "rustversion from which");
     assert_eq!(got, want.lines().collect::<Vec<_>>());
-    // Without the password, or with another, nothing.
+    // The certificate the tool made verifies for its host; without the password, or with
+    // another, nothing is answered.
+    let status_of = |password: &str, verify: bool| -> String {
+        let mut curl = Command::new("curl");
+        curl.args(["-s", "-o", "/dev/null", "-w", "%{http_code}"]);
+        match verify {
+            true => curl
+                .arg("--cacert")
+                .arg(dir.join("config/cert.pem"))
+                .arg("--resolve")
+                .arg(format!("example.com:{port}:127.0.0.1"))
+                .arg(format!(
+                    "https://ceems:{password}@example.com:{port}/metrics"
+                )),
+            false => curl
+                .arg("-k")
+                .arg(format!("https://ceems:{password}@127.0.0.1:{port}/metrics")),
+        };
+        String::from_utf8(curl.output().unwrap().stdout).unwrap()
+    };
+    assert_eq!(status_of(&secret, true), "200");
     for wrong in ["", "guess"] {
-        match agent.get(&url).set("Authorization", &auth(wrong)).call() {
-            Err(ureq::Error::Status(401, _)) => {}
-            other => panic!("{wrong:?}: {other:?}"),
-        }
+        assert_eq!(status_of(wrong, false), "401", "{wrong:?}");
     }
 
     // The checks: the file written is a valid web config, a broken one is named.
