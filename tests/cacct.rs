@@ -1,8 +1,11 @@
-//! `ceems cacct` through the `cacct` link. CEEMS's seven `cacct-*` scenarios as its e2e script
-//! runs them: our stats-server (through the `ceems_api_server` link) with the pack's config and
-//! `--web.config.file=cmd/cacct/testdata/web-config.yml`, stand-ins of the pack's mocks, and
-//! cacct with the pack's config; output (standard output and error together) compared byte for
-//! byte with CEEMS's expected files. Then a setgid cacct run by a user, as CEEMS installs it.
+//! `ceems cacct` through the `cacct` link. CEEMS v0.16's seven `cacct-*` scenarios with an
+//! expected file, as its e2e script runs them: our stats-server (through the
+//! `ceems_api_server` link) with v0.16's pack config and
+//! `--web.config.file=cmd/cacct/testdata/web-config.yml`, waited for with the script's
+//! `waitport` and nothing more, stand-ins of the pack's mocks, and cacct with v0.16's config
+//! (its list of queries, instant ones as columns); output (standard output and error
+//! together) compared byte for byte with CEEMS's expected files. Then a setgid cacct run by a
+//! user, as CEEMS installs it.
 
 mod common;
 
@@ -10,13 +13,15 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::ceems_pack::{pack_config, Mocks};
+use common::ceems_pack::{pack_config_of, Mocks};
 use common::munge::{credential, munged};
 
+fn pack() -> std::path::PathBuf {
+    common::fixtures().join("ceems-v0.16")
+}
+
 fn expected(name: &str) -> String {
-    let path = common::fixtures()
-        .join("ceems-api/cmd/cacct/testdata/output")
-        .join(name);
+    let path = pack().join("cmd/cacct/testdata/output").join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -26,7 +31,7 @@ fn cacct(link: &Path, dir: &Path, args: &[&str]) -> String {
     let out = dir.join("cacct.out");
     let file = std::fs::File::create(&out).unwrap();
     Command::new(link)
-        .current_dir(common::fixtures().join("ceems-api"))
+        .current_dir(pack())
         .args(args)
         .stdout(Stdio::from(file.try_clone().unwrap()))
         .stderr(Stdio::from(file))
@@ -35,18 +40,38 @@ fn cacct(link: &Path, dir: &Path, args: &[&str]) -> String {
     std::fs::read_to_string(out).unwrap()
 }
 
-/// The API server as the cacct scenarios start it, once its first update has the units' series.
+/// The script's `waitport`: any answer of `curl -s http://localhost:PORT` within 5 s, then a
+/// second more.
+fn waitport(port: u16) {
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_secs(5) {
+        let probe = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", &format!("http://localhost:{port}")])
+            .status()
+            .unwrap();
+        if probe.success() {
+            return std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("nothing answered on :{port} within 5 s, where CEEMS's script waits");
+}
+
+/// The API server as the cacct scenarios start it: v0.16's pack config, then the script's
+/// `waitport` and no wait for its first update.
 fn api_server(dir: &Path, mocks: &Mocks) -> common::Running {
-    let config = pack_config(dir, mocks);
+    let config = pack_config_of("ceems-v0.16", dir, mocks);
     let link = dir.join("ceems_api_server");
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ceems"), &link).unwrap();
+    let port = common::free_port();
     let mut command = Command::new(&link);
     command
-        .current_dir(common::fixtures().join("ceems-api"))
+        .current_dir(pack())
         .args([
             "--storage.data.skip.delete.old.units",
             "--test.disable.checks",
             &format!("--config.file={}", config.display()),
+            &format!("--web.listen-address=127.0.0.1:{port}"),
             "--web.config.file=cmd/cacct/testdata/web-config.yml",
             // The script starts one server a scenario; these share one, so the pack's
             // requests_limit (30 a minute) does not count this host's requests.
@@ -55,28 +80,9 @@ fn api_server(dir: &Path, mocks: &Mocks) -> common::Running {
         ])
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("server.log")).unwrap());
-    let server = common::start_listening(command, "ceems_api_server");
-    let start = std::time::Instant::now();
-    loop {
-        let answer = ureq::get(&server.url(
-            "/api/v1/units/admin?cluster_id=slurm-0&from=0&to=2000000000&field=uuid&field=avg_cpu_usage",
-        ))
-        .set("X-Grafana-User", "grafana")
-        .set("Authorization", "Basic Y2VlbXM6cGFzc3dvcmQ=")
-        .call()
-        .ok()
-        .and_then(|r| r.into_string().ok())
-        .unwrap_or_default();
-        // Its ten ended jobs (the two running ones are not asked).
-        if answer.matches("avg_cpu_usage").count() >= 10 {
-            return server;
-        }
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(60),
-            "not updated: {answer}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+    let child = common::KillOnDrop(command.spawn().unwrap());
+    waitport(port);
+    common::Running { child, port }
 }
 
 #[test]
@@ -88,11 +94,10 @@ fn ceems_cacct_scenarios_through_the_cacct_link() {
     // The pack's cacct config, its servers' ports replaced by ours.
     let config_dir = dir.join("cacct-config");
     std::fs::create_dir(&config_dir).unwrap();
-    let config =
-        std::fs::read_to_string(common::fixtures().join("ceems-api/cmd/cacct/testdata/config.yml"))
-            .unwrap()
-            .replace("http://localhost:9020", &server.url(""))
-            .replace("http://localhost:9090", &mocks.prometheus.url());
+    let config = std::fs::read_to_string(pack().join("cmd/cacct/testdata/config.yml"))
+        .unwrap()
+        .replace("http://localhost:9020", &server.url(""))
+        .replace("http://localhost:9090", &mocks.prometheus.url());
     std::fs::write(config_dir.join("config.yml"), config).unwrap();
     let link = dir.join("cacct");
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ceems"), &link).unwrap();
@@ -125,7 +130,14 @@ fn ceems_cacct_scenarios_through_the_cacct_link() {
     );
     check(
         "cacct-custom-format",
-        run("usr1", &[start, end, "--format=jobid,account,cpuusage"]),
+        run(
+            "usr1",
+            &[
+                start,
+                end,
+                "--format=jobid,account,cpuusage,avgUsageSomethingScalar,avgUsageSomethingVector",
+            ],
+        ),
         "e2e-test-cacct-custom-format.txt",
     );
     check(
@@ -139,14 +151,23 @@ fn ceems_cacct_scenarios_through_the_cacct_link() {
         "e2e-test-cacct-forbid-query.txt",
     );
     // The script drops the line naming the directory, then appends the files.
-    let mut ts = run("usr1", &["--job=147973", "--ts", &ts_out]);
+    let mut ts = run("usr1", &["--job=147973", "--ts.metrics=cpuusage", &ts_out]);
     ts.retain_lines(|l| !l.starts_with("time series data saved to directory"));
     ts.push_str(&std::fs::read_to_string(ts_dir.join("metadata.json")).unwrap_or_default());
     ts.push_str(&std::fs::read_to_string(ts_dir.join("554b56cadf9dea4b.csv")).unwrap_or_default());
     check("cacct-tsdata", ts, "e2e-test-cacct-tsdata.txt");
     check(
         "cacct-tsdata-fail",
-        run("usr1", &[start, end, "--ts", &ts_out]),
+        run(
+            "grafana",
+            &[
+                "--user=all",
+                start,
+                "--endtime=2024-03-20",
+                "--ts.metrics=cpuusage",
+                &ts_out,
+            ],
+        ),
         "e2e-test-cacct-tsdata-fail.txt",
     );
     assert!(failed.is_empty(), "{}", failed.join("\n"));
@@ -157,7 +178,7 @@ fn ceems_cacct_scenarios_through_the_cacct_link() {
     }
     assert_eq!(
         run("usr3", &["-j", "1479763", "--report"]),
-        "cacct: error: job 1479763 is not one of yours (or the stats-server does not know it)\n"
+        "error: job 1479763 is not one of yours (or the stats-server does not know it)\n"
     );
 }
 
@@ -291,12 +312,11 @@ fn a_setgid_cacct_reads_its_config_for_its_caller_only() {
     let ceems_gid = nix::unistd::Group::from_name("ceems").unwrap().unwrap().gid;
     nix::unistd::chown(&cacct, Some(nix::unistd::Uid::from_raw(0)), Some(ceems_gid)).unwrap();
     std::fs::set_permissions(&cacct, std::fs::Permissions::from_mode(0o2755)).unwrap();
-    let config =
-        std::fs::read_to_string(common::fixtures().join("ceems-api/cmd/cacct/testdata/config.yml"))
-            .unwrap()
-            .replace("http://localhost:9020", &server.url(""))
-            // No TSDB: --ts still writes its metadata, as the caller.
-            .replace("http://localhost:9090", "http://127.0.0.1:9");
+    let config = std::fs::read_to_string(pack().join("cmd/cacct/testdata/config.yml"))
+        .unwrap()
+        .replace("http://localhost:9020", &server.url(""))
+        // No TSDB: --ts still writes its metadata, as the caller.
+        .replace("http://localhost:9090", "http://127.0.0.1:9");
     std::fs::write(dir.join("config.yml"), config).unwrap();
     let alice = nix::unistd::User::from_name("alice").unwrap().unwrap();
     let out = dir.join("out");
@@ -345,7 +365,7 @@ as alice {cacct} > {dir}/broken.out 2>&1
     assert_eq!(read("others.rc").trim(), "1");
     assert_eq!(
         read("others.out"),
-        "forbidden. It is likely that the user is attempting to view statistics of others\n"
+        "error: forbidden. It is likely that the user is attempting to view statistics of others\n"
     );
     assert!(
         read("mock-user.out").contains("--current-user is for tests"),

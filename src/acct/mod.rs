@@ -3,18 +3,19 @@
 //! privileges are `cmd::cacct`'s.
 
 mod client;
+pub mod queries;
 pub mod series;
 pub mod table;
 
 pub use client::{Client, Munge};
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::config::http_client::{ClientSettings, ClientWeb};
+pub use queries::SeriesQuery;
 use table::{ColumnWidth, Style, Table};
 
 /// How a metric column's values are written.
@@ -140,6 +141,24 @@ pub const FIELDS: &[Field] = &[
         None,
     ),
     field(
+        "totaltime",
+        "total_time_seconds",
+        "totalTime",
+        "Total time (wall, CPU, memory and GPU allocation times) of the job in seconds",
+        "Total Time(s)",
+        (5, 12),
+        None,
+    ),
+    field(
+        "allocation",
+        "allocation",
+        "allocation",
+        "Resources allocated to the job",
+        "Resource Allocation",
+        (5, 12),
+        None,
+    ),
+    field(
         "state",
         "state",
         "state",
@@ -226,6 +245,7 @@ pub const FIELDS: &[Field] = &[
 pub const DEFAULT_FIELDS: &[&str] = &[
     "jobid",
     "account",
+    "user",
     "elapsed",
     "cpuusage",
     "cpumemoryusage",
@@ -237,27 +257,48 @@ pub const DEFAULT_FIELDS: &[&str] = &[
     "gpuemissions",
 ];
 
-/// The fields `--format` names (case does not matter).
-pub fn fields(names: &[String]) -> Result<Vec<&'static Field>, AcctError> {
-    names
-        .iter()
-        .map(|n| {
-            FIELDS
-                .iter()
-                .find(|f| f.key.eq_ignore_ascii_case(n.trim()))
-                .ok_or_else(|| AcctError::UnknownField(n.clone()))
-        })
-        .collect()
+/// The fields and instant queries `--format` names (case does not matter).
+pub fn fields(
+    names: &[String],
+    series: &[SeriesQuery],
+) -> Result<(Vec<&'static Field>, Vec<SeriesQuery>), AcctError> {
+    let (mut fields, mut instant) = (Vec::new(), Vec::new());
+    for n in names {
+        let n = n.trim();
+        if let Some(f) = FIELDS.iter().find(|f| f.key.eq_ignore_ascii_case(n)) {
+            fields.push(f);
+        } else if let Some(q) = series
+            .iter()
+            .find(|q| q.kind == queries::Kind::Instant && q.key.eq_ignore_ascii_case(n))
+        {
+            instant.push(q.clone());
+        } else {
+            return Err(AcctError::UnknownField(n.to_owned()));
+        }
+    }
+    // Their columns come in the config's order, as CEEMS's come.
+    instant.sort_by_key(|q: &SeriesQuery| series.iter().position(|s| s == q));
+    instant.dedup();
+    Ok((fields, instant))
 }
 
-/// `--helpformat`: each field's name and what it is, sorted by key.
-pub fn help_format() -> String {
+/// `--helpformat`: each field's name and what it is, sorted by key, then the config's
+/// queries (instant ones are columns, range ones series for `--ts.metrics`).
+pub fn help_format(series: &[SeriesQuery]) -> String {
     let mut t = Table::new(Style::Ascii);
     t.header(vec!["Field".into(), "Description".into()], false);
     let mut sorted: Vec<&Field> = FIELDS.iter().collect();
     sorted.sort_by_key(|f| f.key);
     for f in sorted {
         t.row(vec![f.name.into(), f.help.into()], false);
+    }
+    for q in series {
+        let what = match q.kind {
+            queries::Kind::Instant => "column",
+            queries::Kind::Range => "time series, --ts.metrics",
+        };
+        let help = if q.help.is_empty() { &q.title } else { &q.help };
+        t.row(vec![q.key.clone(), format!("{help} ({what})")], false);
     }
     t.render()
 }
@@ -291,6 +332,23 @@ pub struct Config {
     ceems_api_server: ApiServer,
     #[serde(default)]
     tsdb: Tsdb,
+    /// CEEMS v0.16's log of cacct's runs.
+    #[serde(default)]
+    logging: Logging,
+}
+
+/// `logging:`: a line per run (who, what was asked, how it went) in `directory/cacct.log`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Logging {
+    #[serde(default)]
+    enabled: bool,
+    #[serde(default)]
+    level: String,
+    #[serde(default)]
+    format: String,
+    #[serde(default)]
+    directory: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -314,8 +372,26 @@ struct ApiServer {
 struct Tsdb {
     #[serde(default)]
     web: ClientWeb,
+    /// v0.16's list of `{name, title, help, query, kind}`, or v0.10's `name: query` map.
     #[serde(default)]
-    queries: BTreeMap<String, String>,
+    queries: serde_norway::Value,
+    /// Jobs whose series `--ts.metrics` saves at once, at most.
+    #[serde(default)]
+    max_units_for_range_queries: Option<usize>,
+    /// Series a range query of one job may give, at most (the rest are not saved).
+    #[serde(default)]
+    query_max_series: Option<usize>,
+    /// Read and not used: CEEMS's least share of a range's samples a series must have.
+    #[serde(default)]
+    #[allow(dead_code)]
+    query_min_samples: Option<f64>,
+    #[serde(default)]
+    query_timeout: Option<String>,
+    /// The least step of a range query (`--ts.metrics`).
+    #[serde(default)]
+    scrape_interval: Option<String>,
+    #[serde(default)]
+    evaluation_interval: Option<String>,
     /// Ours: for a TSDB behind `ceems lb --web.munge-credentials`.
     #[serde(default)]
     munge: bool,
@@ -330,10 +406,77 @@ pub struct Settings {
     pub user_header: String,
     pub api: ClientSettings,
     pub tsdb: ClientSettings,
-    /// Name to PromQL with `%s` where the job ids go.
-    pub queries: BTreeMap<String, String>,
+    /// The config's queries, in its order.
+    pub queries: Vec<SeriesQuery>,
+    /// Whether they were written in v0.10's map form.
+    pub old_queries_form: bool,
+    pub max_units_for_range_queries: usize,
+    pub query_max_series: usize,
+    pub query_timeout: std::time::Duration,
+    /// The least step of a range query.
+    pub min_step_seconds: i64,
     pub api_munge: Option<Munge>,
     pub tsdb_munge: Option<Munge>,
+    /// Where each run is logged (`logging.enabled`).
+    pub log: Option<RunLog>,
+}
+
+/// `logging:`'s file and its format.
+#[derive(Debug, Clone)]
+pub struct RunLog {
+    pub path: PathBuf,
+    pub json: bool,
+    /// Lines below this level are not written (debug 0, info 1, warn 2, error 3).
+    pub level: u8,
+}
+
+impl RunLog {
+    fn level_of(name: &str) -> Option<u8> {
+        ["debug", "info", "warn", "error"]
+            .iter()
+            .position(|l| *l == name)
+            .map(|i| i as u8)
+    }
+
+    /// Appends one line; a log that cannot be written is said once on standard error.
+    pub fn write(&self, level: &str, message: &str, fields: &[(&str, &str)]) {
+        if RunLog::level_of(level).unwrap_or(1) < self.level {
+            return;
+        }
+        let time = jiff::Timestamp::now().to_string();
+        let line = match self.json {
+            true => {
+                let mut m = serde_json::Map::new();
+                m.insert("time".into(), time.into());
+                m.insert("level".into(), level.into());
+                m.insert("msg".into(), message.into());
+                for (k, v) in fields {
+                    m.insert((*k).into(), (*v).into());
+                }
+                Value::Object(m).to_string()
+            }
+            false => {
+                let quote = |v: &str| match v.contains([' ', '"', '=']) || v.is_empty() {
+                    true => serde_json::Value::from(v).to_string(),
+                    false => v.to_owned(),
+                };
+                let mut line = format!("time={time} level={level} msg={}", quote(message));
+                for (k, v) in fields {
+                    line.push_str(&format!(" {k}={}", quote(v)));
+                }
+                line
+            }
+        };
+        use std::io::Write as _;
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .and_then(|mut f| writeln!(f, "{line}"));
+        if let Err(e) = written {
+            eprintln!("cannot write to the log {}: {e}", self.path.display());
+        }
+    }
 }
 
 /// The names cacct's config file may have, in each directory.
@@ -362,6 +505,50 @@ pub fn load_settings(dirs: &[PathBuf]) -> Result<Settings, AcctError> {
     if config.ceems_api_server.web.url.is_empty() {
         return Err(bad("ceems_api_server.web.url is not set".into()));
     }
+    let (queries, old_queries_form) = queries::parse(&config.tsdb.queries).map_err(bad)?;
+    let duration =
+        |key: &str, v: Option<String>, default: u64| match v.as_deref().filter(|v| !v.is_empty()) {
+            None => Ok(std::time::Duration::from_secs(default)),
+            Some(v) => humantime::parse_duration(v)
+                .map_err(|e| bad(format!("{key}: `{v}` is not a duration: {e}"))),
+        };
+    duration(
+        "tsdb.evaluation_interval",
+        config.tsdb.evaluation_interval.clone(),
+        60,
+    )?;
+    let log = match config.logging.enabled {
+        false => None,
+        true => {
+            let l = &config.logging;
+            let level = match l.level.as_str() {
+                "" => 1,
+                name => RunLog::level_of(name).ok_or_else(|| {
+                    bad(format!(
+                        "logging.level: `{name}` is none of debug, info, warn, error"
+                    ))
+                })?,
+            };
+            let json = match l.format.as_str() {
+                "" | "logfmt" => false,
+                "json" => true,
+                other => {
+                    return Err(bad(format!(
+                        "logging.format: `{other}` is neither logfmt nor json"
+                    )))
+                }
+            };
+            let dir = match l.directory.as_str() {
+                "" => return Err(bad("logging.directory: where the log goes is needed".into())),
+                d => PathBuf::from(d),
+            };
+            Some(RunLog {
+                path: dir.join("cacct.log"),
+                json,
+                level,
+            })
+        }
+    };
     let header = match config.ceems_api_server.user_header_name.as_str() {
         "" => "X-Grafana-User".to_owned(),
         h => h.to_owned(),
@@ -379,7 +566,15 @@ pub fn load_settings(dirs: &[PathBuf]) -> Result<Settings, AcctError> {
             .web
             .resolve(dir)
             .map_err(|e| bad(format!("tsdb.web: {e}")))?,
-        queries: config.tsdb.queries,
+        queries,
+        old_queries_form,
+        max_units_for_range_queries: config.tsdb.max_units_for_range_queries.unwrap_or(10),
+        query_max_series: config.tsdb.query_max_series.unwrap_or(20),
+        query_timeout: duration("tsdb.query_timeout", config.tsdb.query_timeout, 60)?,
+        min_step_seconds: duration("tsdb.scrape_interval", config.tsdb.scrape_interval, 10)?
+            .as_secs()
+            .max(1) as i64,
+        log,
         api_munge: Munge::of(
             config.ceems_api_server.munge,
             &config.ceems_api_server.munge_socket,
@@ -398,6 +593,76 @@ pub struct Query {
     /// Others' jobs (an admin's request); empty: the caller's.
     pub users: Vec<String>,
     pub fields: Vec<&'static Field>,
+    /// The config's instant queries asked for: one column each.
+    pub instant: Vec<SeriesQuery>,
+    /// Only jobs whose account matches (`--account-filter`).
+    pub account_filter: Option<regex::Regex>,
+}
+
+/// Where an instant query's value of a job is kept in its record, for the table.
+fn instant_key(q: &SeriesQuery) -> String {
+    format!("series:{}", q.key)
+}
+
+/// Each job's value of each instant query (over the job's life, at its end or now), kept in
+/// its record as CEEMS prints it: `[{"labels":{…},"value":…}]`, the job's `uuid` left out.
+pub fn fill_instant(tsdb: &Client, instant: &[SeriesQuery], units: &mut [Value], now: i64) {
+    for unit in units.iter_mut() {
+        let Some(uuid) = unit["uuid"].as_str().map(str::to_owned) else {
+            continue;
+        };
+        let start = unit["started_at_ts"].as_i64().unwrap_or(0) / 1000;
+        let end = match unit["ended_at_ts"].as_i64().unwrap_or(0) / 1000 {
+            e if e >= start && e > 0 => e,
+            _ => now,
+        };
+        for q in instant {
+            let promql = q.promql(&[&uuid], end - start);
+            let params = [
+                ("query".to_owned(), promql.clone()),
+                ("time".to_owned(), end.to_string()),
+            ];
+            let answer = tsdb
+                .get("/api/v1/query", &params, &[])
+                .map_err(|e| e.to_string())
+                .and_then(|(status, body)| {
+                    serde_json::from_slice::<Value>(&body)
+                        .map_err(|e| format!("HTTP {status}: not a Prometheus answer: {e}"))
+                });
+            let answer = match answer {
+                Ok(a) if a["status"] == "success" => a,
+                Ok(a) => {
+                    eprintln!(
+                        "failed to query {promql}: {}",
+                        a["error"].as_str().unwrap_or("no error given")
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    eprintln!("failed to query {promql}: {e}");
+                    continue;
+                }
+            };
+            let samples: Vec<Value> = match &answer["data"]["result"] {
+                Value::Array(list) => list
+                    .iter()
+                    .map(|s| {
+                        let mut labels = s["metric"].as_object().cloned().unwrap_or_default();
+                        labels.remove("uuid");
+                        let value = s["value"][1]
+                            .as_str()
+                            .and_then(|v| v.parse::<f64>().ok())
+                            .map_or(Value::Null, Value::from);
+                        serde_json::json!({"labels": labels, "value": value})
+                    })
+                    .collect(),
+                // A scalar: [time, "value"].
+                Value::String(_) | Value::Number(_) => Vec::new(),
+                _ => Vec::new(),
+            };
+            unit[instant_key(q)] = Value::from(Value::Array(samples).to_string());
+        }
+    }
 }
 
 /// The caller's (or, for an admin, the listed users') units and current usage.
@@ -418,13 +683,20 @@ pub fn fetch(
     params.extend(tags.iter().map(|t| ("field".to_owned(), (*t).to_owned())));
     params.extend(q.accounts.iter().map(|a| ("project".to_owned(), a.clone())));
     params.extend(q.jobs.iter().map(|j| ("uuid".to_owned(), j.clone())));
-    params.extend(q.users.iter().map(|u| ("user".to_owned(), u.clone())));
+    // `--user=all`: an admin's every user.
+    let all = q.users.iter().any(|u| u == "all");
+    if !all {
+        params.extend(q.users.iter().map(|u| ("user".to_owned(), u.clone())));
+    }
     let admin = if q.users.is_empty() { "" } else { "/admin" };
     let header = [(settings.user_header.as_str(), caller)];
-    let units = data(
+    let mut units = data(
         "/api/v1/units",
         api.get(&format!("/api/v1/units{admin}"), &params, &header)?,
     )?;
+    if let Some(filter) = &q.account_filter {
+        units.retain(|u| filter.is_match(&text(&u["project"])));
+    }
     params.push(("field".into(), "username".into()));
     params.push(("field".into(), "num_units".into()));
     if tags.contains(&"elapsed") {
@@ -503,7 +775,23 @@ fn text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         Value::Null => String::new(),
-        other => other.to_string(),
+        other => go_json(other).to_string(),
+    }
+}
+
+/// A value as Go's encoder writes it: a whole float without its `.0` (`970588160`), keys
+/// sorted.
+fn go_json(v: &Value) -> Value {
+    match v {
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 1e15 => Value::from(f as i64),
+            _ => v.clone(),
+        },
+        Value::Array(list) => Value::Array(list.iter().map(go_json).collect()),
+        Value::Object(map) => {
+            Value::Object(map.iter().map(|(k, v)| (k.clone(), go_json(v))).collect())
+        }
+        other => other.clone(),
     }
 }
 
@@ -527,7 +815,14 @@ fn elapsed(seconds: i64) -> String {
 /// The table cacct prints: a row per unit (the columns no unit fills left out, one column per
 /// source of a per-source metric), a `Summary` row, and a footer row per account of the
 /// caller's (or listed users') current usage.
-pub fn table(units: &[Value], usages: &[Value], caller: &str, users: &[String]) -> Table {
+pub fn table(
+    units: &[Value],
+    usages: &[Value],
+    caller: &str,
+    users: &[String],
+    instant: &[SeriesQuery],
+    summary: bool,
+) -> Table {
     let mut t = Table::new(Style::Light);
     t.suppress_empty_columns();
     t.set_widths(
@@ -538,6 +833,11 @@ pub fn table(units: &[Value], usages: &[Value], caller: &str, users: &[String]) 
                 min: f.min,
                 max: f.max,
             })
+            .chain(instant.iter().map(|q| ColumnWidth {
+                name: q.title.clone(),
+                min: 5,
+                max: 10,
+            }))
             .collect(),
     );
     // The sources of each per-source metric, in the order units name them.
@@ -575,6 +875,10 @@ pub fn table(units: &[Value], usages: &[Value], caller: &str, users: &[String]) 
             }
         }
     }
+    for q in instant {
+        titles.push(q.title.clone());
+        subtitles.push(String::new());
+    }
     let width = titles.len();
     t.header(titles, true);
     t.header(subtitles, false);
@@ -590,6 +894,9 @@ pub fn table(units: &[Value], usages: &[Value], caller: &str, users: &[String]) 
             }
         }
     };
+    // By job id, as CEEMS v0.16's cacct lists them.
+    let mut units: Vec<&Value> = units.iter().collect();
+    units.sort_by_key(|u| text(&u["uuid"]));
     for u in units {
         let mut row: Vec<String> = FIELDS
             .iter()
@@ -597,7 +904,11 @@ pub fn table(units: &[Value], usages: &[Value], caller: &str, users: &[String]) 
             .map(|f| text(&u[f.tag]))
             .collect();
         metrics(u, &mut row);
+        row.extend(instant.iter().map(|q| text(&u[instant_key(q)])));
         t.row(row, false);
+    }
+    if !summary {
+        return t;
     }
     t.separator();
     let mut summary = vec!["Summary".to_owned()];
@@ -606,29 +917,26 @@ pub fn table(units: &[Value], usages: &[Value], caller: &str, users: &[String]) 
     t.separator();
     for usage in usages {
         let user = text(&usage["username"]);
-        if user != caller && !users.contains(&user) {
+        if user != caller && !users.contains(&user) && !users.iter().any(|u| u == "all") {
             continue;
         }
         let wall = usage["total_time_seconds"]["walltime"]
             .as_f64()
             .unwrap_or(0.0) as i64;
-        let mut row = vec![
-            usage["num_units"].as_i64().unwrap_or(0).to_string(),
-            String::new(),
-            text(&usage["project"]),
-            text(&usage["groupname"]),
-            user,
-            String::new(),
-            String::new(),
-            String::new(),
-            if wall > 0 {
-                elapsed(wall)
-            } else {
-                String::new()
-            },
-            String::new(),
-        ];
+        let mut row: Vec<String> = FIELDS
+            .iter()
+            .filter(|f| f.number.is_none())
+            .map(|f| match f.key {
+                "jobid" => usage["num_units"].as_i64().unwrap_or(0).to_string(),
+                "account" => text(&usage["project"]),
+                "group" => text(&usage["groupname"]),
+                "user" => user.clone(),
+                "elapsed" if wall > 0 => elapsed(wall),
+                _ => String::new(),
+            })
+            .collect();
         metrics(usage, &mut row);
+        row.extend(instant.iter().map(|_| String::new()));
         t.footer(row);
     }
     t
@@ -646,9 +954,74 @@ mod tests {
 
     #[test]
     fn an_unknown_field_is_named() {
-        let err = fields(&["jobid".into(), "bogus".into()]).unwrap_err();
+        let err = fields(&["jobid".into(), "bogus".into()], &[]).unwrap_err();
         assert!(err.to_string().contains("`bogus`"));
-        assert_eq!(fields(&["JobID".into()]).unwrap()[0].tag, "uuid");
+        assert_eq!(fields(&["JobID".into()], &[]).unwrap().0[0].tag, "uuid");
+    }
+
+    /// A site's v0.10-era file (queries as a map) still loads, and its log says so; v0.16's
+    /// loads with its list and its limits.
+    #[test]
+    fn both_generations_of_cacct_yml_load() {
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let old = load_settings(&[fixtures.join("ceems-api/cmd/cacct/testdata")]).unwrap();
+        assert!(old.old_queries_form);
+        assert_eq!(old.queries[0].key, "cpu_usage");
+        assert!(old.log.is_none());
+        let new = load_settings(&[fixtures.join("ceems-v0.16/cmd/cacct/testdata")]).unwrap();
+        assert!(!new.old_queries_form);
+        assert_eq!(new.max_units_for_range_queries, 2);
+        let keys: Vec<&str> = new.queries.iter().map(|q| q.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "cpuUsage",
+                "avgUsageSomethingVector",
+                "avgUsageSomethingScalar"
+            ]
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let text =
+            std::fs::read_to_string(fixtures.join("ceems-api/cmd/cacct/testdata/config.yml"))
+                .unwrap();
+        std::fs::write(
+            dir.path().join("config.yml"),
+            format!(
+                "{text}\nlogging:\n  enabled: true\n  format: json\n  directory: {}\n",
+                dir.path().display()
+            ),
+        )
+        .unwrap();
+        let logged = load_settings(&[dir.path().to_owned()]).unwrap();
+        let log = logged.log.unwrap();
+        log.write("warn", "old form", &[("user", "usr1")]);
+        log.write("debug", "below the level", &[]);
+        let lines = std::fs::read_to_string(dir.path().join("cacct.log")).unwrap();
+        assert_eq!(lines.lines().count(), 1, "{lines}");
+        let line: Value = serde_json::from_str(lines.trim()).unwrap();
+        assert_eq!(
+            (line["level"].as_str(), line["user"].as_str()),
+            (Some("warn"), Some("usr1"))
+        );
+        std::fs::write(
+            dir.path().join("config.yml"),
+            format!("{text}\nlogging:\n  enabled: true\n  format: xml\n  directory: /tmp\n"),
+        )
+        .unwrap();
+        let e = load_settings(&[dir.path().to_owned()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("logging.format"), "{e}");
+    }
+
+    #[test]
+    fn objects_are_written_as_go_writes_them() {
+        let v = serde_json::json!({"walltime": 2962.0, "mem": 343597383680.0, "ratio": 0.5});
+        assert_eq!(
+            text(&v),
+            r#"{"mem":343597383680,"ratio":0.5,"walltime":2962}"#
+        );
     }
 
     #[test]
@@ -657,7 +1030,7 @@ mod tests {
             serde_json::json!({"uuid": "1", "avg_cpu_usage": {"a": 1.0, "b": 2.0}}),
             serde_json::json!({"uuid": "2", "avg_cpu_usage": {"b": 3.0}}),
         ];
-        let out = table(&units, &[], "u", &[]).render_csv();
+        let out = table(&units, &[], "u", &[], &[], true).render_csv();
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines[1], ",a,b", "{out}");
         assert_eq!(lines[2], "1,1.00,2.00", "{out}");

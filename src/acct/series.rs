@@ -1,6 +1,7 @@
-//! `cacct --ts`: each unit's series from the TSDB, one CSV file per series named after its
-//! labels' fingerprint (Prometheus's), and `metadata.json` saying which labels each file holds,
-//! as CEEMS writes them, for pandas and friends.
+//! `cacct --ts.metrics`: each unit's series of the config's range queries from the TSDB, one
+//! CSV file per series named after its labels' fingerprint (Prometheus's), and
+//! `metadata.json` saying what each file holds (the query's help and title, the node, the
+//! job), as CEEMS v0.16 writes them, for pandas and friends.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::DirBuilderExt as _;
@@ -8,7 +9,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::{AcctError, Client};
+use super::{AcctError, Client, SeriesQuery};
 use crate::web::generate::write_private;
 
 /// Prometheus's fingerprint of a label set: FNV-1a 64 over the sorted names and values, each
@@ -49,10 +50,19 @@ fn go_time(seconds: f64) -> String {
     }
 }
 
-/// Prometheus answers at most 11,000 points a series.
-fn step_seconds(start_ms: i64, end_ms: i64) -> i64 {
+/// Prometheus answers at most 11,000 points a series; never finer than `min_step` seconds.
+fn step_seconds(start_ms: i64, end_ms: i64, min_step: i64) -> i64 {
     let span = (end_ms - start_ms).max(0) / 1000;
-    (span / 11_000 + 1).max(10)
+    (span / 11_000 + 1).max(min_step)
+}
+
+/// What the saving of series is bounded by.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Series one query of one job may give; more are not saved.
+    pub max_series: usize,
+    /// The least step, in seconds.
+    pub min_step: i64,
 }
 
 /// One saved series.
@@ -66,10 +76,11 @@ pub struct Saved {
 /// on standard error and the rest saved.
 pub fn save(
     tsdb: &Client,
-    queries: &BTreeMap<String, String>,
+    queries: &[&SeriesQuery],
     units: &[Value],
     dir: &Path,
     now_ms: i64,
+    limits: Limits,
 ) -> Result<Vec<Saved>, AcctError> {
     let failed = |reason: String| AcctError::Request {
         url: dir.display().to_string(),
@@ -95,15 +106,37 @@ pub fn save(
             e if e >= start => e,
             _ => now_ms,
         };
-        for query in queries.values() {
-            let promql = query.replacen("%s", uuid, 1);
-            match range(tsdb, &promql, start, end) {
+        for query in queries {
+            let promql = query.promql(&[uuid], (end - start) / 1000);
+            match range(tsdb, &promql, start, end, limits.min_step) {
                 Ok(series) => {
-                    for (labels, samples) in series {
+                    let total = series.len();
+                    for (labels, samples) in series.into_iter().take(limits.max_series) {
                         if !labels.contains_key("uuid") {
                             continue;
                         }
                         let fp = fingerprint(&labels);
+                        // What the file holds, in CEEMS's words: the query's help and title,
+                        // the node (its instance without the port) and the job.
+                        let node = labels
+                            .get("nodename")
+                            .or_else(|| labels.get("hostname"))
+                            .cloned()
+                            .or_else(|| {
+                                labels.get("instance").map(|i| {
+                                    i.rsplit_once(':').map_or(i.as_str(), |(h, _)| h).to_owned()
+                                })
+                            })
+                            .unwrap_or_default();
+                        let labels: BTreeMap<String, String> = [
+                            ("help", query.help.clone()),
+                            ("metric", query.title.clone()),
+                            ("nodename", node),
+                            ("uuid", labels.get("uuid").cloned().unwrap_or_default()),
+                        ]
+                        .into_iter()
+                        .map(|(k, v)| (k.to_owned(), v))
+                        .collect();
                         let mut csv = String::from("timestamp,value\n");
                         for (t, v) in samples {
                             csv.push_str(&format!("{},{}\n", go_time(t), go_float(v)));
@@ -120,6 +153,12 @@ pub fn save(
                             fingerprint: fp,
                             labels,
                         });
+                    }
+                    if total > limits.max_series {
+                        eprintln!(
+                            "query {} of job {uuid} gave {total} series: the first {} are saved (tsdb.query_max_series)",
+                            query.key, limits.max_series
+                        );
                     }
                 }
                 Err(e) => eprintln!("failed to fetch time series for query {promql} err: {e}"),
@@ -152,14 +191,20 @@ pub fn metadata(saved: &[Saved]) -> String {
 type Series = Vec<(BTreeMap<String, String>, Vec<(f64, f64)>)>;
 
 /// A range query's series.
-fn range(tsdb: &Client, promql: &str, start_ms: i64, end_ms: i64) -> Result<Series, String> {
+fn range(
+    tsdb: &Client,
+    promql: &str,
+    start_ms: i64,
+    end_ms: i64,
+    min_step: i64,
+) -> Result<Series, String> {
     let params = [
         ("query".to_owned(), promql.to_owned()),
         ("start".to_owned(), go_time(start_ms as f64 / 1000.0)),
         ("end".to_owned(), go_time(end_ms as f64 / 1000.0)),
         (
             "step".to_owned(),
-            format!("{}s", step_seconds(start_ms, end_ms)),
+            format!("{}s", step_seconds(start_ms, end_ms, min_step)),
         ),
     ];
     let (status, body) = tsdb
@@ -216,8 +261,9 @@ mod tests {
         assert_eq!(go_time(12345.5), "12345.5");
         assert_eq!(go_float(29.38529014), "29.38529014");
         assert_eq!(go_float(f64::INFINITY), "+Inf");
-        assert_eq!(step_seconds(0, 3_600_000), 10);
-        assert_eq!(step_seconds(0, 7 * 86_400_000), 55);
+        assert_eq!(step_seconds(0, 3_600_000, 10), 10);
+        assert_eq!(step_seconds(0, 7 * 86_400_000, 10), 55);
+        assert_eq!(step_seconds(0, 3_600_000, 30), 30);
     }
 
     #[test]

@@ -56,7 +56,26 @@ pub fn command() -> Command {
             "long",
             Box::leak(format!("Equivalent to specifying --format=\"{}\".", fields.join(",")).into_boxed_str()),
         ))
-        .arg(boolean("ts", "Time series data of jobs are saved in CSV format."))
+        .arg(text("ts.metrics", "Comma separated list of the config's time series (range queries, --helpformat lists them) whose data is saved in CSV format for each job."))
+        .arg(boolean("ts", "Deprecated: every time series of the config, as --ts.metrics naming them all.").hide(true))
+        .arg(
+            Arg::new("summary")
+                .long("summary")
+                .value_name("BOOL")
+                .num_args(0..=1)
+                .require_equals(true)
+                .default_value("true")
+                .default_missing_value("true")
+                .value_parser(clap::builder::BoolishValueParser::new())
+                .help("Print the summary of the usage by account and user (--summary=false: none)."),
+        )
+        .arg(
+            Arg::new("account-filter")
+                .long("account-filter")
+                .value_name("REGEXP")
+                .hide(true)
+                .help("Only jobs of accounts matching this regular expression."),
+        )
         .arg(
             Arg::new("ts.out-dir")
                 .long("ts.out-dir")
@@ -72,9 +91,9 @@ pub fn command() -> Command {
         .arg(Arg::new("config-path").long("config-path").hide(true).action(ArgAction::Set))
 }
 
-/// CEEMS's way of failing: `cacct: error: …` and status 1.
+/// CEEMS's way of failing (v0.16): `error: …` and status 1.
 fn fail(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("cacct: error: {message}");
+    eprintln!("error: {message}");
     ExitCode::FAILURE
 }
 
@@ -128,38 +147,6 @@ fn user_config_dir() -> Option<PathBuf> {
 
 pub fn run(m: &ArgMatches) -> anyhow::Result<ExitCode> {
     let flag = |name: &str| m.get_one::<bool>(name).copied().unwrap_or(false);
-    if flag("helpformat") {
-        print!("{}", acct::help_format());
-        return Ok(ExitCode::SUCCESS);
-    }
-    let mut names = list(m, "format");
-    if names.is_empty() || flag("long") {
-        names = match flag("long") {
-            true => acct::FIELDS.iter().map(|f| f.key.to_owned()).collect(),
-            false => acct::DEFAULT_FIELDS
-                .iter()
-                .map(|f| (*f).to_owned())
-                .collect(),
-        };
-    }
-    let fields = match acct::fields(&names) {
-        Ok(f) => f,
-        Err(e) => return Ok(fail(e)),
-    };
-    let jobs = list(m, "job");
-    if flag("ts") && jobs.is_empty() {
-        return Ok(fail(
-            "explicit job IDs must be passed using --job when --ts is enabled",
-        ));
-    }
-    let user = match caller(m) {
-        Ok(u) => u,
-        Err(e) => return Ok(fail(e)),
-    };
-    let mut users = list(m, "user");
-    if users.len() == 1 && users[0] == user {
-        users.clear();
-    }
     // Read with what the file grants (a setgid cacct), then give it up for good, before
     // anything reads the environment or the user's files.
     let mut dirs: Vec<PathBuf> = Vec::new();
@@ -180,17 +167,115 @@ pub fn run(m: &ArgMatches) -> anyhow::Result<ExitCode> {
         }
         other => other,
     };
+    if flag("helpformat") {
+        let series = settings
+            .as_ref()
+            .map(|s| s.queries.as_slice())
+            .unwrap_or(&[]);
+        print!("{}", acct::help_format(series));
+        return Ok(ExitCode::SUCCESS);
+    }
     let settings = match settings {
         Ok(s) => s,
         // What a parser says may quote the protected file: not for its callers' eyes.
         Err(acct::AcctError::Config { path, .. }) if set_id => {
             return Ok(fail(format!(
-                "failed to read config file {}: invalid (`ceems cacct` run by root says why)",
+                "unable to get cacct config: {} is invalid (`ceems cacct` run by root says why)",
                 path.display()
             )))
         }
-        Err(e) => return Ok(fail(format!("failed to read config file: {e}"))),
+        Err(e) => return Ok(fail(format!("unable to get cacct config: {e}"))),
     };
+    let user = match caller(m) {
+        Ok(u) => u,
+        Err(e) => return Ok(fail(e)),
+    };
+    let log = settings.log.clone();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args = args.join(" ");
+    if let Some(log) = &log {
+        if settings.old_queries_form {
+            log.write(
+                "warn",
+                "tsdb.queries is in CEEMS v0.10's form (name: query); v0.16's is a list of {name, title, help, query, kind}",
+                &[],
+            );
+        }
+    }
+    let status = run_with(m, &settings, &user);
+    if let Some(log) = &log {
+        let outcome = match &status {
+            Ok(code) if *code == ExitCode::SUCCESS => "ok",
+            _ => "failed",
+        };
+        log.write(
+            "info",
+            "cacct run",
+            &[("user", &user), ("args", &args), ("outcome", outcome)],
+        );
+    }
+    status
+}
+
+fn run_with(m: &ArgMatches, settings: &acct::Settings, user: &str) -> anyhow::Result<ExitCode> {
+    let flag = |name: &str| m.get_one::<bool>(name).copied().unwrap_or(false);
+    let mut names = list(m, "format");
+    if names.is_empty() || flag("long") {
+        names = match flag("long") {
+            true => acct::FIELDS
+                .iter()
+                .map(|f| f.key.to_owned())
+                .chain(
+                    settings
+                        .queries
+                        .iter()
+                        .filter(|q| q.kind == acct::queries::Kind::Instant)
+                        .map(|q| q.key.clone()),
+                )
+                .collect(),
+            false => acct::DEFAULT_FIELDS
+                .iter()
+                .map(|f| (*f).to_owned())
+                .collect(),
+        };
+    }
+    let (fields, instant) = match acct::fields(&names, &settings.queries) {
+        Ok(f) => f,
+        Err(e) => return Ok(fail(e)),
+    };
+    // The series to save: those named, or every one with the deprecated --ts.
+    let range: Vec<&acct::SeriesQuery> = settings
+        .queries
+        .iter()
+        .filter(|q| q.kind == acct::queries::Kind::Range)
+        .collect();
+    let mut ts_names = list(m, "ts.metrics");
+    if flag("ts") {
+        ts_names.extend(range.iter().map(|q| q.key.clone()));
+    }
+    let mut ts: Vec<&acct::SeriesQuery> = Vec::new();
+    for name in &ts_names {
+        match range.iter().find(|q| q.key.eq_ignore_ascii_case(name)) {
+            Some(q) if !ts.contains(q) => ts.push(q),
+            Some(_) => {}
+            None => {
+                return Ok(fail(format!(
+                    "unknown time series `{name}` in --ts.metrics (--helpformat lists them)"
+                )))
+            }
+        }
+    }
+    let account_filter = match m.get_one::<String>("account-filter") {
+        None => None,
+        Some(re) => match regex::Regex::new(&format!("^(?:{re})$")) {
+            Ok(r) => Some(r),
+            Err(e) => return Ok(fail(format!("invalid --account-filter: {e}"))),
+        },
+    };
+    let mut users = list(m, "user");
+    if users.len() == 1 && users[0] == user {
+        users.clear();
+    }
     let now = jiff::Timestamp::now();
     let midnight = now
         .to_zoned(jiff::tz::TimeZone::system())
@@ -214,9 +299,11 @@ pub fn run(m: &ArgMatches) -> anyhow::Result<ExitCode> {
         from: window[0].as_second(),
         to: window[1].as_second(),
         accounts: list(m, "account"),
-        jobs,
+        jobs: list(m, "job"),
         users,
         fields,
+        instant,
+        account_filter,
     };
     let timeout = Duration::from_secs(60);
     if flag("report") {
@@ -224,45 +311,64 @@ pub fn run(m: &ArgMatches) -> anyhow::Result<ExitCode> {
             return Ok(fail("--report needs one job: --job=ID"));
         };
         let text = acct::Client::new(&settings.api, settings.api_munge.clone(), timeout)
-            .and_then(|api| acct::report(&api, &settings, &user, job));
+            .and_then(|api| acct::report(&api, settings, user, job));
         return Ok(match text {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS
             }
-            Err(e @ acct::AcctError::Forbidden) => {
-                eprintln!("{e}");
-                ExitCode::FAILURE
-            }
             Err(e) => fail(e),
         });
     }
     let fetched = acct::Client::new(&settings.api, settings.api_munge.clone(), timeout)
-        .and_then(|api| acct::fetch(&api, &settings, &user, &query));
-    let (units, usage) = match fetched {
+        .and_then(|api| acct::fetch(&api, settings, user, &query));
+    let (mut units, usage) = match fetched {
         Ok(answer) => answer,
-        Err(e @ (acct::AcctError::Forbidden | acct::AcctError::Server)) => {
-            eprintln!("{e}");
-            return Ok(ExitCode::FAILURE);
-        }
+        Err(e @ (acct::AcctError::Forbidden | acct::AcctError::Server)) => return Ok(fail(e)),
         Err(e) => return Ok(fail(format!("failed to fetch jobs: {e}"))),
     };
-    if flag("ts") {
+    let tsdb = || {
+        acct::Client::new(
+            &settings.tsdb,
+            settings.tsdb_munge.clone(),
+            settings.query_timeout,
+        )
+    };
+    if !query.instant.is_empty() {
+        match tsdb() {
+            Ok(tsdb) => acct::fill_instant(&tsdb, &query.instant, &mut units, now.as_second()),
+            Err(e) => eprintln!("failed to query the TSDB: {e}"),
+        }
+    }
+    if !ts.is_empty() {
         let dir = PathBuf::from(m.get_one::<String>("ts.out-dir").map_or("out", |d| d));
-        if settings.queries.is_empty() {
-            eprintln!("time series data not available");
+        let max = settings.max_units_for_range_queries;
+        if units.len() > max {
+            eprintln!(
+                "too many jobs to fetch time series data. Please provide explicit job IDs (less than {max} at a time) using --job when --ts.metrics is set"
+            );
         } else {
-            let saved = acct::Client::new(&settings.tsdb, settings.tsdb_munge.clone(), timeout)
-                .and_then(|tsdb| {
-                    acct::series::save(&tsdb, &settings.queries, &units, &dir, now.as_millisecond())
-                });
+            let limits = acct::series::Limits {
+                max_series: settings.query_max_series,
+                min_step: settings.min_step_seconds,
+            };
+            let saved = tsdb().and_then(|tsdb| {
+                acct::series::save(&tsdb, &ts, &units, &dir, now.as_millisecond(), limits)
+            });
             match saved {
                 Ok(_) => eprintln!("time series data saved to directory {}", dir.display()),
                 Err(e) => eprintln!("failed to fetch time series data {e}"),
             }
         }
     }
-    let table = acct::table(&units, &usage, &user, &query.users);
+    let table = acct::table(
+        &units,
+        &usage,
+        user,
+        &query.users,
+        &query.instant,
+        flag("summary"),
+    );
     let text = match (flag("html"), flag("csv"), flag("markdown")) {
         (true, _, _) => table.render_html(),
         (_, true, _) => table.render_csv(),

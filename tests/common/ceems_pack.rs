@@ -15,11 +15,14 @@ pub fn fnv1a32(text: &str) -> u32 {
 
 /// The pack's mock Prometheus (`scripts/mock_servers`, mode `prom`): each queried unit's
 /// value made from its uuid, by the metric name before the selector; a range query gets four
-/// samples ten seconds apart. Like CEEMS's mock it serves only `/api/v1/`: no `/-/ready`.
+/// samples ten seconds apart. Like CEEMS's mock it serves only `/api/v1/`: no `/-/ready`. As
+/// v0.16's mock answers cacct's queries, the ids may be quoted with backticks and the metric
+/// is the first selector's, whatever functions wrap it.
 pub fn mock_prometheus() -> super::http::TestServer {
     use super::http::{Request, Response};
-    let uuids = regex::Regex::new(r#"(?:.+?)[^gpu]uuid=[~]{0,1}"([a-zA-Z0-9-|]+)"(?:.*)"#).unwrap();
-    let name = regex::Regex::new(r"^(.*)\{").unwrap();
+    let uuids =
+        regex::Regex::new(r#"(?:.+?)[^gpu]uuid=[~]{0,1}["`]([a-zA-Z0-9-|]+)["`](?:.*)"#).unwrap();
+    let name = regex::Regex::new(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{").unwrap();
     // Its configuration, as the pack's lb scenario shows it passed through.
     let config = std::fs::read(
         super::fixtures().join("ceems-api/pkg/lb/testdata/output/e2e-test-lb-server-tsdb-only.txt"),
