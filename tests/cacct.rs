@@ -40,23 +40,6 @@ fn cacct(link: &Path, dir: &Path, args: &[&str]) -> String {
     std::fs::read_to_string(out).unwrap()
 }
 
-/// The script's `waitport`: any answer of `curl -s http://localhost:PORT` within 5 s, then a
-/// second more.
-fn waitport(port: u16) {
-    let start = std::time::Instant::now();
-    while start.elapsed() < std::time::Duration::from_secs(5) {
-        let probe = Command::new("curl")
-            .args(["-s", "-o", "/dev/null", &format!("http://localhost:{port}")])
-            .status()
-            .unwrap();
-        if probe.success() {
-            return std::thread::sleep(std::time::Duration::from_secs(1));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    panic!("nothing answered on :{port} within 5 s, where CEEMS's script waits");
-}
-
 /// The API server as the cacct scenarios start it: v0.16's pack config, then the script's
 /// `waitport` and no wait for its first update.
 fn api_server(dir: &Path, mocks: &Mocks) -> common::Running {
@@ -81,7 +64,7 @@ fn api_server(dir: &Path, mocks: &Mocks) -> common::Running {
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("server.log")).unwrap());
     let child = common::KillOnDrop(command.spawn().unwrap());
-    waitport(port);
+    common::waitport(port);
     common::Running { child, port }
 }
 

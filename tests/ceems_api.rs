@@ -310,7 +310,7 @@ fn ceems_scenarios_of_every_cluster_answer_as_ceems_does() {
     // As the script: two seconds, then its waitport; then it asks, with no wait of ours for
     // the first update.
     std::thread::sleep(std::time::Duration::from_secs(2));
-    waitport(port);
+    common::waitport(port);
     if let Ok(Some(status)) = child.try_wait() {
         panic!(
             "ceems_api_server exited: {status}\n{}",
@@ -647,44 +647,15 @@ fn pyro_requestor(port: u16, user: &str, cluster: &str, uuid: &str, start: i64) 
     }
 }
 
-/// The script's `get` (`curl -k -s "$@"`), with the URL as its bash line hands it to curl
-/// (`\{`, raw `"`: curl unescapes the braces and sends the quotes as they are): the body,
-/// whatever the status.
-fn curl(args: &[&str]) -> String {
-    let out = Command::new("curl")
-        .args(["-k", "-s"])
-        .args(args)
-        .output()
-        .expect("curl");
-    String::from_utf8(out.stdout).unwrap()
-}
-
 /// The script's `get -H "X-Grafana-User: …" -H "X-Ceems-Cluster-Id: …" URL`.
 fn curl_as(user: &str, cluster: &str, url: &str) -> String {
-    curl(&[
+    common::get(&[
         "-H",
         &format!("X-Grafana-User: {user}"),
         "-H",
         &format!("X-Ceems-Cluster-Id: {cluster}"),
         url,
     ])
-}
-
-/// The script's `waitport`: `curl -s http://localhost:PORT` until it gets any answer, for
-/// at most 5 s, then a second more.
-fn waitport(port: u16) {
-    let start = std::time::Instant::now();
-    while start.elapsed() < std::time::Duration::from_secs(5) {
-        let probe = Command::new("curl")
-            .args(["-s", "-o", "/dev/null", &format!("http://localhost:{port}")])
-            .status()
-            .expect("curl");
-        if probe.success() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    std::thread::sleep(std::time::Duration::from_secs(1));
 }
 
 /// A `*-query-*` scenario's two requests: the query of `uuid`'s CPU usage at `time` on the
@@ -734,7 +705,7 @@ fn ceems_lb(config: &str, urls: &[(&str, String)], addresses: usize) -> CeemsLb 
         .stderr(std::fs::File::create(dir.path().join("lb.log")).unwrap());
     let mut child = common::KillOnDrop(command.spawn().unwrap());
     for port in &ports {
-        waitport(*port);
+        common::waitport(*port);
     }
     if let Ok(Some(status)) = child.try_wait() {
         panic!(
@@ -866,7 +837,7 @@ fn ceems_lb_scenarios_through_the_ceems_lb_link() {
             &expected_lb(&format!("e2e-test-{scenario}.txt")),
         );
     }
-    let out = curl(&[
+    let out = common::get(&[
         "-H",
         "X-Grafana-User: grafana",
         "-H",

@@ -52,33 +52,6 @@ fn with_ports(text: &str, targets: &[TestServer]) -> String {
         })
 }
 
-/// The script's `waitport`: any HTTP answer from `curl -s http://localhost:PORT` (for at most
-/// 5 s), then a second more.
-fn waitport(port: u16) {
-    let start = std::time::Instant::now();
-    while start.elapsed() < std::time::Duration::from_secs(5) {
-        let probe = Command::new("curl")
-            .args(["-s", "-o", "/dev/null", &format!("http://localhost:{port}")])
-            .status()
-            .expect("curl");
-        if probe.success() {
-            return std::thread::sleep(std::time::Duration::from_secs(1));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    panic!("nothing answered plain HTTP on :{port} within 5 s, where CEEMS's script waits");
-}
-
-/// The script's `get` (`curl -k -s "$@"`).
-fn get(args: &[&str]) -> String {
-    let out = Command::new("curl")
-        .args(["-k", "-s"])
-        .args(args)
-        .output()
-        .expect("curl");
-    String::from_utf8(out.stdout).unwrap()
-}
-
 struct Proxy {
     _child: common::KillOnDrop,
     port: u16,
@@ -120,7 +93,7 @@ fn redfish_proxy(config: Option<&str>, web_config: bool, targets: &[TestServer])
             std::fs::read_to_string(&log).unwrap_or_default()
         );
     }
-    waitport(port);
+    common::waitport(port);
     Proxy {
         _child: child,
         port,
@@ -133,9 +106,9 @@ fn redfish_proxy(config: Option<&str>, web_config: bool, targets: &[TestServer])
 fn each_node_then_named(base: &str, named: &str) -> String {
     let mut out = String::new();
     for i in 0..10 {
-        out += &get(&["-H", &format!("X-Real-IP: 192.168.1.{i}"), base]);
+        out += &common::get(&["-H", &format!("X-Real-IP: 192.168.1.{i}"), base]);
     }
-    out + &get(&["-H", &format!("X-Redfish-Url: {named}"), base])
+    out + &common::get(&["-H", &format!("X-Redfish-Url: {named}"), base])
 }
 
 /// The script's `diff -u fixture output`.
@@ -183,7 +156,7 @@ fn redfish_proxy_frontend_tls_backend_plain() {
     let named = with_ports("http://localhost:5000", &targets);
     let mut out = each_node_then_named(&tls_url(p.port, "admin:admin@"), &named);
     // Without the credentials: Unauthorized.
-    out += &get(&[
+    out += &common::get(&[
         "-H",
         &format!("X-Redfish-Url: {named}"),
         &tls_url(p.port, ""),
@@ -229,7 +202,7 @@ fn redfish_proxy_targetless_frontend_plain_backend_plain() {
     let targets = mock_targets(false);
     let p = redfish_proxy(None, false, &targets);
     let named = with_ports("http://localhost:5000", &targets);
-    let out = get(&[
+    let out = common::get(&[
         "-H",
         &format!("X-Redfish-Url: {named}"),
         &format!("http://{}", plain_url(p.port)),

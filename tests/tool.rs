@@ -14,23 +14,6 @@ fn ceems_tool(dir: &Path, args: &[&str]) -> (i32, String) {
     common::tool_pack::ceems_tool(dir, args, "")
 }
 
-/// The script's `waitport`: any answer of `curl -s http://localhost:PORT` (plain HTTP, to a
-/// TLS port here) within 5 s, then a second more.
-fn waitport(port: u16) {
-    let start = std::time::Instant::now();
-    while start.elapsed() < std::time::Duration::from_secs(5) {
-        let probe = Command::new("curl")
-            .args(["-s", "-o", "/dev/null", &format!("http://localhost:{port}")])
-            .status()
-            .unwrap();
-        if probe.success() {
-            return std::thread::sleep(std::time::Duration::from_secs(1));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    panic!("nothing answered plain HTTP on :{port} within 5 s, where CEEMS's script waits");
-}
-
 /// The script's `skip_re`: lines that change from run to run.
 fn kept(line: &str) -> bool {
     let skip = regex::Regex::new(
@@ -98,7 +81,7 @@ fn ceems_tool_web_config_scenario_and_checks() {
             .spawn()
             .unwrap(),
     );
-    waitport(port);
+    common::waitport(port);
     let out = Command::new("curl")
         .args(["-k", "-s"])
         .arg(format!("https://ceems:{secret}@127.0.0.1:{port}/metrics"))

@@ -20,17 +20,18 @@ pub fn command() -> Command {
     let text = |name: &'static str, help: &'static str| {
         Arg::new(name).long(name).value_name("LIST").help(help)
     };
-    let boolean = |name: &'static str, help: &'static str| {
+    let boolean_defaulting = |name: &'static str, default: &'static str, help: &'static str| {
         Arg::new(name)
             .long(name)
             .value_name("BOOL")
             .num_args(0..=1)
             .require_equals(true)
-            .default_value("false")
+            .default_value(default)
             .default_missing_value("true")
             .value_parser(clap::builder::BoolishValueParser::new())
             .help(help)
     };
+    let boolean = |name: &'static str, help: &'static str| boolean_defaulting(name, "false", help);
     let fields: Vec<&str> = acct::FIELDS.iter().map(|f| f.key).collect();
     Command::new("cacct")
         .about("Energy, emissions, usage and performance of your jobs, from the stats-server (CEEMS's cacct)")
@@ -58,17 +59,11 @@ pub fn command() -> Command {
         ))
         .arg(text("ts.metrics", "Comma separated list of the config's time series (range queries, --helpformat lists them) whose data is saved in CSV format for each job."))
         .arg(boolean("ts", "Deprecated: every time series of the config, as --ts.metrics naming them all.").hide(true))
-        .arg(
-            Arg::new("summary")
-                .long("summary")
-                .value_name("BOOL")
-                .num_args(0..=1)
-                .require_equals(true)
-                .default_value("true")
-                .default_missing_value("true")
-                .value_parser(clap::builder::BoolishValueParser::new())
-                .help("Print the summary of the usage by account and user (--summary=false: none)."),
-        )
+        .arg(boolean_defaulting(
+            "summary",
+            "true",
+            "Print the summary of the usage by account and user (--summary=false: none).",
+        ))
         .arg(
             Arg::new("account-filter")
                 .long("account-filter")

@@ -257,6 +257,34 @@ pub fn ensure_tools(present: impl Fn() -> bool, apt: &[&str], pip: &[&str]) -> R
 
 /// Whether a test whose tools may be missing runs: outside CI it is skipped with the reason,
 /// in CI a missing tool is a failure.
+/// CEEMS's e2e script's `get`: `curl -k -s ARGS`, the body whatever the status.
+pub fn get(args: &[&str]) -> String {
+    let out = Command::new("curl")
+        .args(["-k", "-s"])
+        .args(args)
+        .output()
+        .expect("curl");
+    String::from_utf8(out.stdout).expect("curl's output is text")
+}
+
+/// CEEMS's e2e script's `waitport`: `curl -s http://localhost:PORT` until any HTTP answer (a
+/// TLS port answers plain HTTP with Go's 400), for at most 5 s, then a second more. Panics
+/// when nothing answered, where the script would go on to a failing request.
+pub fn waitport(port: u16) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        let probe = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", &format!("http://localhost:{port}")])
+            .status()
+            .expect("curl");
+        if probe.success() {
+            return std::thread::sleep(Duration::from_secs(1));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("nothing answered plain HTTP on :{port} within 5 s, where CEEMS's script waits");
+}
+
 pub fn runnable(test: &str, tools: Result<(), String>) -> bool {
     match tools {
         Ok(()) => true,
