@@ -51,6 +51,12 @@ impl SeriesQuery {
     }
 }
 
+/// The queries of a YAML text holding only `tsdb.queries`'s value.
+pub fn parse_yaml(text: &str) -> Result<(Vec<SeriesQuery>, bool), String> {
+    let value: Value = serde_norway::from_str(text).map_err(|e| e.to_string())?;
+    parse(&value)
+}
+
 /// The queries of `tsdb.queries`, in either form; whether it was the old (map) form.
 pub fn parse(value: &Value) -> Result<(Vec<SeriesQuery>, bool), String> {
     match value {
