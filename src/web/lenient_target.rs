@@ -148,6 +148,16 @@ impl State {
     }
 }
 
+/// What hyper is given of the bytes `input` of a connection, read in pieces of `step` bytes.
+pub fn rewritten(input: &[u8], step: usize) -> Vec<u8> {
+    let mut state = State::Method(0);
+    let mut out = Vec::with_capacity(input.len());
+    for piece in input.chunks(step.max(1)) {
+        state.rewrite(piece, &mut out);
+    }
+    out
+}
+
 /// A server connection whose request targets are made acceptable to hyper (see the module).
 pub struct LenientTarget<S> {
     inner: S,
@@ -234,14 +244,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for LenientTarget<S> {
 mod tests {
     use super::*;
 
-    /// What hyper sees of `input`, fed in pieces of `step` bytes.
     fn seen(input: &[u8], step: usize) -> Vec<u8> {
-        let mut state = State::Method(0);
-        let mut out = Vec::new();
-        for piece in input.chunks(step.max(1)) {
-            state.rewrite(piece, &mut out);
-        }
-        out
+        rewritten(input, step)
     }
 
     #[test]
@@ -292,6 +296,34 @@ mod tests {
             seen(b"\r\nGET /<x> HTTP/1.1\r\n\r\n", 5),
             b"\r\nGET /%3Cx%3E HTTP/1.1\r\n\r\n"
         );
+    }
+
+    proptest::proptest! {
+        /// Any bytes, read in any pieces, give the same output, which is the input with only
+        /// target bytes expanded: never shorter, and unchanged without `"`, `<`, `>` or `` ` ``.
+        #[test]
+        fn any_bytes_in_any_pieces(input in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400), step in 1usize..40) {
+            let whole = rewritten(&input, input.len());
+            proptest::prop_assert_eq!(rewritten(&input, step), whole.clone());
+            proptest::prop_assert!(whole.len() >= input.len());
+            if !input.iter().any(|b| b"\"<>`".contains(b)) {
+                proptest::prop_assert_eq!(whole, input);
+            }
+        }
+
+        /// Requests made of request-ish pieces keep every header and body byte.
+        #[test]
+        fn requests_keep_their_heads_and_bodies(targets in proptest::collection::vec("[a-z/?=&{}\"<>`]{1,20}", 1..4), body in "[a-z\"<>]{0,30}", step in 1usize..17) {
+            let mut input = String::new();
+            for t in &targets {
+                input.push_str(&format!("POST /{t} HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len()));
+            }
+            let out = String::from_utf8(rewritten(input.as_bytes(), step)).unwrap();
+            proptest::prop_assert_eq!(out.matches(&format!("\r\n\r\n{body}")).count(), targets.len());
+            for line in out.split("\r\n").filter(|l| l.starts_with("POST ")) {
+                proptest::prop_assert!(!line.contains(['"', '<', '>', '`']), "{}", line);
+            }
+        }
     }
 
     #[tokio::test]
