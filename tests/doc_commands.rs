@@ -144,7 +144,16 @@ fn spawn(program: &Path, args: &[String], cwd: &Path) -> Result<Running, String>
             }
             return Err(err);
         }
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        // Started when it answers HTTP: a port that is bound but not served yet (the exporter
+        // binds, drops privileges, then builds its collectors) accepts a TCP connection even
+        // when the program is about to refuse its flags.
+        let answered = matches!(
+            ureq::get(&format!("http://127.0.0.1:{port}/"))
+                .timeout(Duration::from_millis(500))
+                .call(),
+            Ok(_) | Err(ureq::Error::Status(..))
+        );
+        if answered {
             // Keep reading its log so that it never blocks on a full pipe.
             if let Some(mut e) = child.0.stderr.take() {
                 std::thread::spawn(move || std::io::copy(&mut e, &mut std::io::sink()));
