@@ -266,6 +266,31 @@ fn instant_key(q: &SeriesQuery) -> String {
     format!("series:{}", q.key)
 }
 
+/// An instant query's answer as CEEMS prints it: `[{"labels":{…},"value":…}]`, the job's
+/// `uuid` left out; a scalar (`[time, "value"]`) is one sample without labels.
+fn instant_samples(data: &Value) -> Value {
+    let sample = |labels: serde_json::Map<String, Value>, value: &Value| {
+        let value = value
+            .as_str()
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(Value::Null, |v| go_json(&Value::from(v)));
+        serde_json::json!({"labels": labels, "value": value})
+    };
+    let samples = match (data["resultType"].as_str(), &data["result"]) {
+        (Some("scalar"), result) => vec![sample(Default::default(), &result[1])],
+        (_, Value::Array(list)) => list
+            .iter()
+            .map(|s| {
+                let mut labels = s["metric"].as_object().cloned().unwrap_or_default();
+                labels.remove("uuid");
+                sample(labels, &s["value"][1])
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    Value::Array(samples)
+}
+
 /// Each job's value of each instant query (over the job's life, at its end or now), kept in
 /// its record as CEEMS prints it: `[{"labels":{…},"value":…}]`, the job's `uuid` left out.
 pub fn fill_instant(tsdb: &Client, instant: &[SeriesQuery], units: &mut [Value], now: i64) {
@@ -305,24 +330,7 @@ pub fn fill_instant(tsdb: &Client, instant: &[SeriesQuery], units: &mut [Value],
                     continue;
                 }
             };
-            let samples: Vec<Value> = match &answer["data"]["result"] {
-                Value::Array(list) => list
-                    .iter()
-                    .map(|s| {
-                        let mut labels = s["metric"].as_object().cloned().unwrap_or_default();
-                        labels.remove("uuid");
-                        let value = s["value"][1]
-                            .as_str()
-                            .and_then(|v| v.parse::<f64>().ok())
-                            .map_or(Value::Null, Value::from);
-                        serde_json::json!({"labels": labels, "value": value})
-                    })
-                    .collect(),
-                // A scalar: [time, "value"].
-                Value::String(_) | Value::Number(_) => Vec::new(),
-                _ => Vec::new(),
-            };
-            unit[instant_key(q)] = Value::from(Value::Array(samples).to_string());
+            unit[instant_key(q)] = Value::from(instant_samples(&answer["data"]).to_string());
         }
     }
 }
@@ -675,6 +683,25 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("logging.format"), "{e}");
+    }
+
+    #[test]
+    fn instant_answers_are_written_as_ceems_writes_them() {
+        let vector = serde_json::json!({"resultType": "vector", "result": [
+            {"metric": {"uuid": "1", "instance": "n1:9010"}, "value": [12345, "21.5"]}]});
+        assert_eq!(
+            instant_samples(&vector).to_string(),
+            r#"[{"labels":{"instance":"n1:9010"},"value":21.5}]"#
+        );
+        let scalar = serde_json::json!({"resultType": "scalar", "result": [12345, "3"]});
+        assert_eq!(
+            instant_samples(&scalar).to_string(),
+            r#"[{"labels":{},"value":3}]"#
+        );
+        assert_eq!(
+            instant_samples(&serde_json::json!({"result": "x"})).to_string(),
+            "[]"
+        );
     }
 
     #[test]
