@@ -10,10 +10,11 @@ if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
   fi
 fi
 command -v python3 >/dev/null || { [ "$(id -u)" = 0 ] && apt-get install -y -qq python3 >/dev/null; } || true
-# The real IPMI tools, talking to a simulated BMC (tests/ipmi_tools.rs).
+# The real IPMI tools, talking to simulated BMCs (tests/ipmi_tools.rs).
 if [ "$(id -u)" = 0 ]; then
-  if ! command -v ipmitool >/dev/null || ! command -v ipmi-dcmi >/dev/null; then
-    ipmi_tools=(ipmitool freeipmi-tools)
+  if ! command -v ipmitool >/dev/null || ! command -v ipmi-dcmi >/dev/null || ! command -v ipmi_sim >/dev/null; then
+    # openipmi's ipmi_sim: a BMC with a sensor repository.
+    ipmi_tools=(ipmitool freeipmi-tools openipmi)
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${ipmi_tools[@]}" >/dev/null 2>&1 \
       || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${ipmi_tools[@]}" >/dev/null; }
   fi

@@ -421,7 +421,7 @@ impl Registry {
                         all.merge(out);
                         true
                     }
-                    Ok(Ok((Err(err @ CollectError::Stale(_)), out))) => {
+                    Ok(Ok((Err(err), out))) if err.keeps_output() => {
                         tracing::warn!(collector = name, error = %err, "collector failed");
                         all.merge(out);
                         false
@@ -515,7 +515,7 @@ fn start_or_join(entry: &Entry) -> Part {
         if tx.receiver_count() > 0 {
             let shared = match &result {
                 Ok(()) => Outcome::Served(Arc::new(out.clone())),
-                Err(CollectError::Stale(_)) => Outcome::Stale(Arc::new(out.clone())),
+                Err(e) if e.keeps_output() => Outcome::Stale(Arc::new(out.clone())),
                 Err(_) => Outcome::Failed,
             };
             let _ = tx.send(Some(shared));

@@ -1,5 +1,7 @@
 #![no_main]
-//! Fuzzes the ipmi-dcmi / ipmitool / ipmiutil output parser: a reading or an error, never a panic.
+//! Fuzzes the parsers of the IPMI tools' text: the DCMI power reading of ipmi-dcmi / ipmitool
+//! / ipmiutil, and the sensor listings of ipmitool and ipmi-sensors. A reading or an error,
+//! never a panic.
 
 use libfuzzer_sys::fuzz_target;
 
@@ -8,4 +10,5 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let _ = ceems::collect::ipmi::parse::text(text);
+    let _ = ceems::collect::ipmi::sensors::parse_listing(text);
 });

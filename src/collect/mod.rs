@@ -59,9 +59,18 @@ pub enum CollectError {
     /// while the collector reports success 0.
     #[error("{0} (serving the last good values)")]
     Stale(String),
+    /// Part of the source failed; what was read is served while the collector reports
+    /// success 0.
+    #[error("{0} (serving what was read)")]
+    Partial(String),
 }
 
 impl CollectError {
+    /// Whether the collector's output is served despite the failure.
+    pub fn keeps_output(&self) -> bool {
+        matches!(self, CollectError::Stale(_) | CollectError::Partial(_))
+    }
+
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> CollectError {
         CollectError::Io {
             path: path.into(),

@@ -23,6 +23,8 @@ pub enum CommandError {
         program: String,
         status: std::process::ExitStatus,
         stderr: String,
+        /// What it printed before failing: some tools list what they could and exit 1.
+        stdout: String,
     },
     #[error("{program} printed more than {limit} bytes")]
     TooMuchOutput { program: String, limit: u64 },
@@ -131,6 +133,7 @@ pub fn run_as(
             program: name,
             status,
             stderr: String::from_utf8_lossy(&stderr).trim().to_owned(),
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
         });
     }
     Ok(String::from_utf8_lossy(&stdout).into_owned())

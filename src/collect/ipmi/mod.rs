@@ -1,9 +1,11 @@
 //! `ipmi` (CEEMS v0.10's `ipmi_dcmi`): node power from the BMC's DCMI power reading, through
 //! FreeIPMI's `ipmi-dcmi`, `ipmitool`, `ipmiutil`, Cray's `capmc`, or natively through
-//! `/dev/ipmi0`.
+//! `/dev/ipmi0`; and, when asked, the BMC's sensors (CEEMS v0.16).
 
 pub mod native;
 pub mod parse;
+pub mod sdr;
+pub mod sensors;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -17,6 +19,7 @@ use crate::config::{Kind, Opt};
 use crate::host::command;
 use crate::metrics::{Labels, MetricSet};
 use parse::{Format, PowerReading};
+use sensors::{Selection, SensorSource};
 
 pub const SPEC: CollectorSpec = CollectorSpec {
     name: "ipmi",
@@ -76,6 +79,26 @@ fn options() -> Vec<Opt> {
         .hidden()
         .renamed_from("collector.ipmi_dcmi.device"),
         Opt::flag(
+            "collector.ipmi.power-energy-sensor-readings",
+            "Also export the BMC's power and energy sensors (those in watts or joules) as ceems_ipmi_sensor_reading_current",
+        ),
+        Opt::new(
+            "collector.ipmi.sensor-id",
+            Kind::List,
+            "Also export the BMC sensor of this number (repeatable; 48 or 0x30), as `ipmitool sdr elist` lists them",
+        ),
+        Opt::new(
+            "collector.ipmi.sensor.cmd",
+            Kind::Str,
+            "Command listing the BMC's sensors (default: `ipmitool ... sdr elist full` or `ipmi-sensors -v` beside the DCMI tool, with its arguments; the OpenIPMI device in native mode)",
+        )
+        .key("collector.ipmi.sensor-cmd"),
+        Opt::new(
+            "collector.ipmi.dev-num",
+            Kind::Int,
+            "Number of the OpenIPMI device for native mode: 0 is /dev/ipmi0",
+        ),
+        Opt::flag(
             "collector.ipmi.test-mode",
             "Skip the start-up probe (CEEMS's e2e test flag)",
         )
@@ -97,6 +120,13 @@ struct Settings {
     #[serde(default)]
     device: Option<PathBuf>,
     test_mode: bool,
+    power_energy_sensor_readings: bool,
+    #[serde(default)]
+    sensor_id: Vec<String>,
+    #[serde(default)]
+    sensor_cmd: Option<String>,
+    #[serde(default)]
+    dev_num: Option<u32>,
 }
 
 /// Where readings come from.
@@ -167,6 +197,9 @@ pub struct IpmiCollector {
     msgid: AtomicI64,
     /// Which generation's family names to export.
     pub names: MetricNames,
+    hostname: String,
+    /// The BMC's sensors, when asked for.
+    pub sensors: Option<sensors::SensorPart>,
 }
 
 /// The families of the current, minimum, maximum and average readings, today's and v0.10's
@@ -200,7 +233,8 @@ const POWER_NAMES: [(&str, &str, &str, &str); 4] = [
 
 fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
     let s: Settings = ctx.settings()?;
-    let devices: Vec<&Path> = match &s.device {
+    let numbered = s.dev_num.map(|n| PathBuf::from(format!("/dev/ipmi{n}")));
+    let devices: Vec<&Path> = match s.device.as_ref().or(numbered.as_ref()) {
         Some(d) => vec![d.as_path()],
         None => DEVICES.iter().map(Path::new).collect(),
     };
@@ -219,8 +253,36 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
         })?
     };
     tracing::info!(collector = "ipmi", source = ?source, "reading DCMI power");
+    let selection = Selection {
+        power_energy: s.power_energy_sensor_readings,
+        numbers: s
+            .sensor_id
+            .iter()
+            .flat_map(|l| l.split(','))
+            .filter(|n| !n.trim().is_empty())
+            .map(sensors::parse_sensor_number)
+            .collect::<Result<_, _>>()
+            .map_err(CollectError::Other)?,
+    };
+    let sensor_source = match s.sensor_cmd.as_deref().filter(|l| !l.trim().is_empty()) {
+        _ if selection.is_empty() => None,
+        Some(line) => {
+            let mut words = line.split_whitespace().map(str::to_owned);
+            let program = PathBuf::from(words.next().unwrap_or_default());
+            Some(SensorSource::Command { program, args: words.collect() })
+        }
+        None => Some(SensorSource::beside(&source).ok_or_else(|| {
+            CollectError::Other(format!(
+                "BMC sensors were asked for, but {source:?} lists none; set --collector.ipmi.sensor.cmd (e.g. `ipmitool sdr elist full`) or use --collector.ipmi.force-native-mode"
+            ))
+        })?),
+    };
     let mut collector = IpmiCollector::new(source, s.cmd_timeout, s.max_age, &ctx.hostname);
     collector.names = ctx.names;
+    if let Some(source) = sensor_source {
+        tracing::info!(collector = "ipmi", source = ?source, selection = ?selection, "reading BMC sensors");
+        collector.sensors = Some(sensors::SensorPart::new(source, selection));
+    }
     if !s.test_mode {
         // A probe so that a broken set-up shows in the start-up log, not only as success 0.
         if let Err(e) = collector.read() {
@@ -240,6 +302,8 @@ impl IpmiCollector {
             last_good: Mutex::new(None),
             msgid: AtomicI64::new(1),
             names: MetricNames::default(),
+            hostname: hostname.to_owned(),
+            sensors: None,
         }
     }
 
@@ -294,6 +358,42 @@ impl IpmiCollector {
 
 impl Collector for IpmiCollector {
     fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
+        let power = self.collect_power(out);
+        let Some(sensors) = &self.sensors else {
+            return power;
+        };
+        let devices = match &self.source {
+            Source::Native { devices } => devices.as_slice(),
+            Source::Command { .. } => &[],
+        };
+        let sensors = sensors.collect(
+            out,
+            &self.hostname,
+            devices,
+            self.timeout,
+            self.max_age,
+            &self.msgid,
+        );
+        // Either half failing leaves the other's series served, with success 0.
+        match (power, sensors) {
+            (Ok(()), Ok(())) => Ok(()),
+            (Err(e), Ok(())) | (Ok(()), Err(e)) if out.len_samples() == 0 => Err(e),
+            (Err(a), Err(b)) if out.len_samples() == 0 => {
+                Err(CollectError::Other(format!("{a}; {b}")))
+            }
+            (power, sensors) => {
+                let failed: Vec<String> = [power, sensors]
+                    .into_iter()
+                    .filter_map(|r| r.err().map(|e| e.to_string()))
+                    .collect();
+                Err(CollectError::Partial(failed.join("; ")))
+            }
+        }
+    }
+}
+
+impl IpmiCollector {
+    fn collect_power(&self, out: &mut MetricSet) -> Result<(), CollectError> {
         let result = self.read();
         let mut last = self.last_good.lock().unwrap_or_else(|p| p.into_inner());
         match result {
