@@ -271,7 +271,38 @@ fn a_booted_vm_is_a_unit_with_its_instance_uuid() {
     println!(
         "{name} ({uuid}): cpu {before:.3} s then {after:.3} s; memory exporter {scraped} / kernel {kernel}; context switches {first_switches:?} then {last_switches:?}; read {read} bytes"
     );
+    a_transient_vm_is_found_in_the_runtime_directory(&exporter, id);
     the_vm_as_a_clouds_server(exporter.port, &uuid);
+}
+
+/// A transient domain (`virsh create`, no `define`) has its XML only in libvirt's runtime
+/// directory, `/run/libvirt/qemu`, where the exporter looks first.
+fn a_transient_vm_is_found_in_the_runtime_directory(exporter: &common::Running, id: u32) {
+    let name = format!("instance-{:08x}", 0x00d0_0000 + (id & 0xffff));
+    let uuid = format!("5e0c7a41-2f6b-4d8e-a1c3-{:012x}", u64::from(id));
+    let xml = std::env::temp_dir().join(format!("{name}.xml"));
+    std::fs::write(&xml, domain_xml(&name, &uuid)).unwrap();
+    let _ = virsh(&["destroy", &name]);
+    virsh(&["create", &xml.to_string_lossy()]).unwrap_or_else(|e| panic!("create: {e}"));
+    let _vm = Vm { name: name.clone() };
+    assert!(
+        !Path::new(&format!("/etc/libvirt/qemu/{name}.xml")).exists(),
+        "{name} is not transient"
+    );
+    let start = Instant::now();
+    let mut text = String::new();
+    while start.elapsed() < Duration::from_secs(15) {
+        text = exporter.get("/metrics");
+        if parse_series(&text).keys().any(|k| {
+            name_of(k) == "ceems_compute_unit_memory_used_bytes"
+                && label_of(k, "uuid") == Some(uuid.as_str())
+        }) {
+            println!("transient {name} ({uuid}) is a unit");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    panic!("the transient VM {uuid} is not a unit:\n{text}");
 }
 
 /// Nova lists the VM as alice's server in physics; Keystone knows alice and bob.

@@ -33,6 +33,12 @@ struct DomainXml {
     devices: Option<DevicesXml>,
 }
 
+/// libvirt's runtime XML (`/run/libvirt/qemu/<name>.xml`): the live domain inside a status.
+#[derive(Deserialize)]
+struct DomstatusXml {
+    domain: DomainXml,
+}
+
 #[derive(Deserialize)]
 struct DevicesXml {
     #[serde(rename = "hostdev", default)]
@@ -70,8 +76,17 @@ struct AddressXml {
 /// Parses a domain XML. Host devices other than PCI and mdev (USB, SCSI) are left out; a
 /// PCI address that is not one is an error.
 pub fn parse(xml: &str) -> Result<Domain, ParseError> {
-    let d: DomainXml = quick_xml::de::from_str(xml)
-        .map_err(|e| ParseError::new(0, format!("not a libvirt domain: {e}")))?;
+    let root_is_status = xml
+        .split('<')
+        .map(str::trim_start)
+        .find(|tag| !tag.is_empty() && !tag.starts_with(['?', '!']))
+        .is_some_and(|tag| tag.starts_with("domstatus"));
+    let d: DomainXml = if root_is_status {
+        quick_xml::de::from_str::<DomstatusXml>(xml).map(|s| s.domain)
+    } else {
+        quick_xml::de::from_str(xml)
+    }
+    .map_err(|e| ParseError::new(0, format!("not a libvirt domain: {e}")))?;
     let uuid = d.uuid.trim();
     if uuid.is_empty() || !uuid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
         return Err(ParseError::new(

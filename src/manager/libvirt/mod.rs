@@ -67,9 +67,8 @@ fn options() -> Vec<Opt> {
         Opt::new(
             "collector.libvirt.xml-dir",
             Kind::Str,
-            "Directory of libvirt's domain XML files, which name each VM's UUID and GPUs",
-        )
-        .default("/etc/libvirt/qemu"),
+            "Directory of libvirt's domain XML files, which name each VM's UUID and GPUs (default: the runtime /run/libvirt/qemu, which holds transient domains too, then /etc/libvirt/qemu)",
+        ),
     ]
 }
 
@@ -79,8 +78,13 @@ struct Settings {
     swap_memory_metrics: bool,
     psi_metrics: bool,
     blkio_metrics: bool,
-    xml_dir: PathBuf,
+    #[serde(default)]
+    xml_dir: Option<PathBuf>,
 }
+
+/// Where libvirt keeps domain XML: the live domains' (running, transient ones included),
+/// then the defined ones'.
+pub const XML_DIRS: [&str; 2] = ["/run/libvirt/qemu", "/etc/libvirt/qemu"];
 
 /// A VM known from its domain XML; None when the XML could not be read (said once).
 type Known = Option<Domain>;
@@ -93,7 +97,8 @@ pub struct LibvirtManager {
     /// v1: the memory controller, where libvirt always places VMs, for a host where the active
     /// subsystem holds none (libvirt leaves a `cpuacct` mounted apart from `cpu` alone).
     fallback: Option<PathBuf>,
-    xml_dir: PathBuf,
+    /// Searched in order for `<name>.xml`.
+    xml_dirs: Vec<PathBuf>,
     /// VM cgroup directory → its domain, until the directory goes.
     domains: Mutex<HashMap<PathBuf, Known>>,
     populated: Mutex<Populated>,
@@ -114,11 +119,15 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
     let s: Settings = ctx.settings()?;
     let version = cgroup_version(ctx)?;
     let root = &ctx.paths.cgroupfs;
+    let xml_dirs: Vec<PathBuf> = match s.xml_dir.filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => vec![dir],
+        None => XML_DIRS.iter().map(PathBuf::from).collect(),
+    };
     let mut manager = LibvirtManager::new(
         root,
         version,
         &ctx.common.cgroups.active_subsystem,
-        &s.xml_dir,
+        &xml_dirs,
     );
     match gpu::discover(&ctx.common.gpu, &ctx.paths.sysfs) {
         Ok(devices) if !devices.is_empty() => {
@@ -134,7 +143,7 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
             tracing::error!(error = %e, "cannot list the node's GPUs; VMs get no GPU series")
         }
     }
-    tracing::info!(version = ?version, base = %manager.base.display(), xml_dir = %s.xml_dir.display(), "libvirt collector discovers VMs");
+    tracing::info!(version = ?version, base = %manager.base.display(), xml_dirs = ?manager.xml_dirs, "libvirt collector discovers VMs");
     let collector = UnitCollector::new(
         manager,
         root,
@@ -160,7 +169,7 @@ impl LibvirtManager {
         cgroupfs: &Path,
         version: CgroupVersion,
         active_subsystem: &str,
-        xml_dir: &Path,
+        xml_dirs: &[PathBuf],
     ) -> LibvirtManager {
         let (base, fallback) = match version {
             CgroupVersion::V1 => {
@@ -175,21 +184,38 @@ impl LibvirtManager {
             version,
             base,
             fallback,
-            xml_dir: xml_dir.to_owned(),
+            xml_dirs: xml_dirs.to_vec(),
             domains: Mutex::new(HashMap::new()),
             populated: Mutex::new(Populated::default()),
             gpus: None,
         }
     }
 
-    /// The domain of a VM named `name`, read as root would.
+    /// The domain of a VM named `name`, read as root would from the first directory that
+    /// holds its XML.
     fn read_domain(&self, name: &str) -> Result<Domain, String> {
-        let path = self.xml_dir.join(format!("{name}.xml"));
-        let shown = path.display().to_string();
-        let text =
-            crate::security::privileged(SPEC.capabilities, move || std::fs::read_to_string(&path))
-                .map_err(|e| format!("cannot read {shown}: {e}"))?;
-        domain::parse(&text).map_err(|e| format!("{shown}: {e}"))
+        let paths: Vec<PathBuf> = self
+            .xml_dirs
+            .iter()
+            .map(|d| d.join(format!("{name}.xml")))
+            .collect();
+        let shown: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        let found = crate::security::privileged(SPEC.capabilities, move || {
+            for path in paths {
+                match std::fs::read_to_string(&path) {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    read => return Some((path, read)),
+                }
+            }
+            None
+        });
+        match found {
+            Some((path, Ok(text))) => {
+                domain::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+            }
+            Some((path, Err(e))) => Err(format!("cannot read {}: {e}", path.display())),
+            None => Err(format!("no domain XML at {}", shown.join(" or "))),
+        }
     }
 
     /// Asks `nvidia-smi vgpu --query` again, when a GPU of the node is in vGPU mode.
@@ -391,14 +417,24 @@ mod tests {
         vm("machine/qemu-2-vm-b.libvirt-qemu", true);
         vm("machine/qemu-3-idle.libvirt-qemu", false);
         vm("machine/qemu-4-no-xml.libvirt-qemu", true);
-        for (name, uuid) in [("vm-a", "aaaa-1"), ("vm-b", "bbbb-2"), ("idle", "cccc-3")] {
+        // vm-a runs: libvirt's runtime directory holds its live domain in a status, and wins
+        // over the defined one (here with another UUID to tell them apart).
+        let run = tmp.path().join("run");
+        std::fs::create_dir_all(&run).unwrap();
+        std::fs::write(
+            run.join("vm-a.xml"),
+            "<!--\nWARNING: THIS IS AN AUTO-GENERATED FILE.\n-->\n<domstatus state='running' pid='42'>\n  <domain type='kvm' id='1'><name>vm-a</name><uuid>aaaa-1</uuid></domain>\n</domstatus>\n",
+        )
+        .unwrap();
+        for (name, uuid) in [("vm-a", "ffff-9"), ("vm-b", "bbbb-2"), ("idle", "cccc-3")] {
             std::fs::write(
                 xml.join(format!("{name}.xml")),
                 format!("<domain type='kvm'><name>{name}</name><uuid>{uuid}</uuid></domain>"),
             )
             .unwrap();
         }
-        let m = LibvirtManager::new(&root, CgroupVersion::V2, "cpuacct", &xml);
+        let dirs = [run, xml.clone()];
+        let m = LibvirtManager::new(&root, CgroupVersion::V2, "cpuacct", &dirs);
         let mut faults = Vec::new();
         let units = m.discover(&mut faults).unwrap();
         let got: Vec<_> = units
@@ -423,7 +459,7 @@ mod tests {
             2,
             "vm-a and the one without XML"
         );
-        let absent = LibvirtManager::new(&tmp.path().join("none"), CgroupVersion::V2, "", &xml);
+        let absent = LibvirtManager::new(&tmp.path().join("none"), CgroupVersion::V2, "", &dirs);
         assert!(matches!(
             absent.discover(&mut faults),
             Err(CollectError::Absent(_))
