@@ -164,27 +164,38 @@ fn ceems_tool_web_config_scenario_and_checks() {
 
 /// CEEMS's `tool-relabel-configs` scenario: a real Prometheus with the pack's config scraping
 /// the three GPU exporters' stand-ins, and `ceems_tool tsdb create-relabel-configs` printing
-/// CEEMS's expected output byte for byte.
+/// CEEMS's expected output byte for byte: v0.16's (AMD's device metrics exporter found by its
+/// `amd_gpu_` series, the note on rules), and v0.10.2's with `--compat.metric-names=v0.10`.
 #[test]
 fn ceems_tool_relabel_configs_scenario() {
+    use common::tool_pack::Pack;
     common::lab::prometheus_tools().expect("prometheus");
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    let (_prometheus, url, _exporters) = common::tool_pack::pack_prometheus(
-        dir,
-        &[],
-        "count by (job) ({__name__=~\"DCGM_FI_DEV_POWER_USAGE_INSTANT|amd_gpu_power|gpu_power_usage\"})",
-        4,
-    );
-    let (status, out) = ceems_tool(
-        dir,
-        &["tsdb", "create-relabel-configs", &format!("--url={url}")],
-    );
-    assert_eq!(status, 0, "{out}");
-    let want = std::fs::read_to_string(
-        common::fixtures()
-            .join("ceems-api/cmd/ceems_tool/testdata/output/e2e-test-relabel-config-output.txt"),
-    )
-    .unwrap();
-    assert_eq!(out, want);
+    for (pack, flags, expected) in [
+        (
+            Pack::V016,
+            &[][..],
+            "ceems-v0.16/cmd/ceems_tool/testdata/output/e2e-test-relabel-config-output.txt",
+        ),
+        (
+            Pack::V010,
+            &["--compat.metric-names=v0.10"][..],
+            "ceems-api/cmd/ceems_tool/testdata/output/e2e-test-relabel-config-output.txt",
+        ),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let (_prometheus, url, _exporters) = common::tool_pack::pack_prometheus(
+            pack,
+            dir,
+            &[],
+            "count by (job) ({__name__=~\"DCGM_FI_DEV_POWER_USAGE_INSTANT|amd_gpu_power|amd_gpu_package_power|gpu_power_usage\"})",
+            4,
+        );
+        let url = format!("--url={url}");
+        let args = [&["tsdb", "create-relabel-configs", &url][..], flags].concat();
+        let (status, out) = ceems_tool(dir, &args);
+        assert_eq!(status, 0, "{out}");
+        let want = std::fs::read_to_string(common::fixtures().join(expected)).unwrap();
+        assert_eq!(out, want, "{expected}");
+    }
 }

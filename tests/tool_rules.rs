@@ -235,8 +235,13 @@ fn ceems_tool_recording_rules_scenario() {
         .collect();
     let every_job = "count by (job) ({__name__=~\"ceems_compute_unit_cpu_user_seconds_total|ceems_emissions_gCo2_kWh|DCGM_FI_DEV_POWER_USAGE_INSTANT|amd_gpu_power|gpu_power_usage\"})";
     let scrape_start = now();
-    let (prometheus, url, gpu_exporters) =
-        common::tool_pack::pack_prometheus(dir, &targets, every_job, 11);
+    let (prometheus, url, gpu_exporters) = common::tool_pack::pack_prometheus(
+        common::tool_pack::Pack::V010,
+        dir,
+        &targets,
+        every_job,
+        11,
+    );
     // A few scrapes of every target, as the script's sleep gives.
     std::thread::sleep(std::time::Duration::from_secs(3));
 
@@ -332,6 +337,7 @@ fn ceems_tool_recording_rules_scenario() {
     );
     drop((prometheus, gpu_exporters));
     let (_prometheus, url, _gpu_exporters) = common::tool_pack::pack_prometheus(
+        common::tool_pack::Pack::V010,
         dir,
         &targets,
         "count by (__name__) ({__name__=~\"uuid:.*\"})",

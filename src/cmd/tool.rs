@@ -98,6 +98,15 @@ pub fn command() -> Command {
             Command::new("tsdb")
                 .about("What a Prometheus scrapes, and the configs that fit it")
                 .subcommand_required(true)
+                .arg(
+                    Arg::new("compat.metric-names")
+                        .long("compat.metric-names")
+                        .value_name("GENERATION")
+                        .global(true)
+                        .default_value("v0.11")
+                        .value_parser(crate::collect::MetricNames::VALUES.to_vec())
+                        .help("Rules and configs of this CEEMS generation: v0.11 (today's: the prof_* GPU rules, the IO and network rule groups, the relabel note) or v0.10 (for v0.10's dashboards)"),
+                )
                 .subcommand(
                     Command::new("create-recording-rules")
                         .about("Write recording rules for each scrape job of ceems exporters: the node power source it has (Cray, Redfish, IPMI DCMI or RAPL), the GPU exporter on its hosts, PUE and emission factor")
@@ -348,6 +357,17 @@ fn create_updater_queries(m: &ArgMatches) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `--compat.metric-names` of the `tsdb` commands.
+fn generation(m: &ArgMatches) -> crate::collect::MetricNames {
+    match m
+        .get_one::<String>("compat.metric-names")
+        .map(String::as_str)
+    {
+        Some("v0.10") => crate::collect::MetricNames::V010,
+        _ => crate::collect::MetricNames::Current,
+    }
+}
+
 fn create_relabel_configs(m: &ArgMatches) -> anyhow::Result<ExitCode> {
     let (prometheus, window) = prometheus_and_window(m)?;
     let series = prometheus
@@ -357,6 +377,9 @@ fn create_relabel_configs(m: &ArgMatches) -> anyhow::Result<ExitCode> {
     // CEEMS's lines, on standard error as it prints them.
     eprintln!("Merge the following scrape_configs with the current config.");
     eprintln!("{}", crate::tool::relabel::scrape_configs(&jobs));
+    if generation(m) == crate::collect::MetricNames::Current {
+        eprintln!("{}", crate::tool::relabel::RULES_RELABEL_NOTE);
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -8,7 +8,26 @@ use std::process::{Command, Stdio};
 /// NVIDIA's DCGM exporter (five devices, two of them MIG instances of one GPU, 200 W each),
 /// AMD's SMI exporter (four devices, 100 W each, in microwatts) or AMD's device metrics
 /// exporter (four devices).
-pub fn gpu_exporter(kind: &'static str) -> super::http::TestServer {
+/// Which generation of CEEMS's e2e material a scenario runs: its Prometheus config and its
+/// mock GPU exporters' series names.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Pack {
+    /// v0.10.2 (`ceems-api`).
+    V010,
+    /// v0.16 (`ceems-v0.16`): AMD's device metrics exporter names its series `amd_gpu_*`.
+    V016,
+}
+
+impl Pack {
+    fn dir(self) -> &'static str {
+        match self {
+            Pack::V010 => "ceems-api",
+            Pack::V016 => "ceems-v0.16",
+        }
+    }
+}
+
+pub fn gpu_exporter(kind: &'static str, pack: Pack) -> super::http::TestServer {
     use super::http::{Request, Response};
     let mut body = String::new();
     match kind {
@@ -50,6 +69,20 @@ pub fn gpu_exporter(kind: &'static str) -> super::http::TestServer {
                 }
             }
         }
+        _ if pack == Pack::V016 => {
+            for i in 0..4 {
+                for (name, value) in [
+                    ("amd_gpu_gfx_activity", 50.0),
+                    ("amd_gpu_total_vram", 25_769_803_776.0),
+                    ("amd_gpu_used_vram", 12_884_901_888.0),
+                    ("amd_gpu_package_power", 100.0),
+                ] {
+                    body.push_str(&format!(
+                        "{name}{{gpu_id=\"{i}\",gpu_partition_id=\"0\",serial_number=\"2017000080{i}c\"}} {value}\n"
+                    ));
+                }
+            }
+        }
         _ => {
             for i in 0..4 {
                 for (name, value) in [
@@ -75,18 +108,21 @@ pub fn gpu_exporter(kind: &'static str) -> super::http::TestServer {
 /// pack's address, ours), once `ready` (a PromQL query) answers `count` series; killed when
 /// dropped.
 pub fn pack_prometheus(
+    pack: Pack,
     dir: &Path,
     extra: &[(&str, String)],
     ready: &str,
     count: usize,
 ) -> (super::KillOnDrop, String, Vec<super::http::TestServer>) {
     let exporters = vec![
-        ("localhost:9400", gpu_exporter("dcgm")),
-        ("localhost:9500", gpu_exporter("amd-smi")),
-        ("localhost:9600", gpu_exporter("amd-device-metrics")),
+        ("localhost:9400", gpu_exporter("dcgm", pack)),
+        ("localhost:9500", gpu_exporter("amd-smi", pack)),
+        ("localhost:9600", gpu_exporter("amd-device-metrics", pack)),
     ];
     let mut config = std::fs::read_to_string(
-        super::fixtures().join("ceems-api/cmd/ceems_tool/testdata/prometheus.yml"),
+        super::fixtures()
+            .join(pack.dir())
+            .join("cmd/ceems_tool/testdata/prometheus.yml"),
     )
     .unwrap();
     let ours = exporters
