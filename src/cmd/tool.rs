@@ -353,7 +353,10 @@ fn create_updater_queries(m: &ArgMatches) -> anyhow::Result<ExitCode> {
         .label_values("provider", &[crate::tool::updater::PROVIDER_SERIES], window)
         .context("error fetching emission factor providers")?;
     eprintln!("Queries for TSDB updater:");
-    eprintln!("{}", crate::tool::updater::queries(&found, &providers));
+    eprintln!(
+        "{}",
+        crate::tool::updater::queries(&found, &providers, generation(m))
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -426,6 +429,7 @@ fn create_recording_rules(m: &ArgMatches) -> anyhow::Result<ExitCode> {
         disable_providers: m.get_flag("disable-providers"),
         owid_factor: owid,
         country,
+        generation: generation(m),
     };
     let found = rules::discover::discover(&prometheus, window, &settings, &mut choose_chassis)
         .context("cannot tell what Prometheus scrapes")?;

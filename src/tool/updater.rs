@@ -3,6 +3,8 @@
 //! CEEMS's tool prints them. `{{.UUIDs}}`, `{{.Range}}` and the scrape interval's placeholders
 //! are the updater's, left as they are.
 
+use crate::collect::MetricNames;
+
 /// How one aggregate of one metric is computed from a recorded series (`%s`).
 struct UpdaterQuery {
     metric: &'static str,
@@ -17,6 +19,8 @@ const ENERGY: &str = r#"sum_over_time(sum by (uuid) (%s{uuid=~"{{.UUIDs}}"} > 0 
 const RTE: &str = r#"sum_over_time(sum by (uuid) (%s{uuid=~"{{.UUIDs}}",provider="rte"} > 0 < inf)[{{.Range}}:{{.ScrapeInterval}}]) * {{.ScrapeIntervalMilli}} / 1e3"#;
 const EMAPS: &str = r#"sum_over_time(sum by (uuid) (%s{uuid=~"{{.UUIDs}}",provider="emaps"} > 0 < inf)[{{.Range}}:{{.ScrapeInterval}}]) * {{.ScrapeIntervalMilli}} / 1e3"#;
 const OWID: &str = r#"sum_over_time(sum by (uuid) (%s{uuid=~"{{.UUIDs}}",provider="owid"} > 0 < inf)[{{.Range}}:{{.ScrapeInterval}}]) * {{.ScrapeIntervalMilli}} / 1e3"#;
+/// WattTime's factors (CEEMS v0.12+).
+const WT: &str = r#"sum_over_time(sum by (uuid) (%s{uuid=~"{{.UUIDs}}",provider="wt"} > 0 < inf)[{{.Range}}:{{.ScrapeInterval}}]) * {{.ScrapeIntervalMilli}} / 1e3"#;
 
 const fn q(
     metric: &'static str,
@@ -77,6 +81,12 @@ const QUERIES: &[UpdaterQuery] = &[
         RTE,
     ),
     q(
+        "total_cpu_emissions_gms",
+        "wt_total",
+        "uuid:ceems_host_emissions_g_s:pue",
+        WT,
+    ),
+    q(
         "total_cpu_energy_usage_kwh",
         "total",
         "uuid:ceems_host_power_watts:pue",
@@ -101,6 +111,12 @@ const QUERIES: &[UpdaterQuery] = &[
         RTE,
     ),
     q(
+        "total_gpu_emissions_gms",
+        "wt_total",
+        "uuid:ceems_gpu_emissions_g_s:pue",
+        WT,
+    ),
+    q(
         "total_gpu_energy_usage_kwh",
         "total",
         "uuid:ceems_gpu_power_watts:pue",
@@ -120,11 +136,15 @@ pub fn series() -> Vec<&'static str> {
 pub const PROVIDER_SERIES: &str = "uuid:ceems_host_emissions_g_s:pue";
 
 /// The `queries` section for the series found and the providers found (`owid`, …), in the
-/// layout CEEMS's template gives it (its blank lines included).
-pub fn queries(found: &[String], providers: &[String]) -> String {
+/// layout CEEMS's template gives it (its blank lines included). Today's CEEMS writes PromQL
+/// strings in backticks and has WattTime's factors; v0.10 wrote double quotes.
+pub fn queries(found: &[String], providers: &[String], names: MetricNames) -> String {
     let mut out = String::from("---\n\nqueries:");
     let mut metric = "";
     for query in QUERIES {
+        if names == MetricNames::V010 && query.key == "wt_total" {
+            continue;
+        }
         if query.metric != metric {
             if !metric.is_empty() {
                 out.push('\n');
@@ -136,11 +156,9 @@ pub fn queries(found: &[String], providers: &[String]) -> String {
         let has_provider = !query.series.contains("emissions")
             || providers.iter().any(|p| format!("{p}_total") == query.key);
         if has_series && has_provider {
-            out.push_str(&format!(
-                "\n    {}: {}",
-                query.key,
-                query.query.replacen("%s", query.series, 1)
-            ));
+            let text = query.query.replacen("%s", query.series, 1);
+            let text = names.pick(text.replace('"', "`"), text);
+            out.push_str(&format!("\n    {}: {}", query.key, text));
         }
         out.push('\n');
     }
@@ -159,8 +177,10 @@ mod tests {
                 "uuid:ceems_host_emissions_g_s:pue".into(),
                 "uuid:ceems_cpu_usage:ratio_irate".into(),
             ],
-            &["owid".into()],
+            &["owid".into(), "wt".into()],
+            MetricNames::V010,
         );
+        assert!(!text.contains("wt_total"), "v0.10 had no WattTime: {text}");
         assert!(text.contains("\n    owid_total: sum_over_time(sum by (uuid) (uuid:ceems_host_emissions_g_s:pue{uuid=~\"{{.UUIDs}}\",provider=\"owid\"}"));
         assert!(!text.contains("rte_total:"));
         assert!(text.contains(
@@ -168,5 +188,14 @@ mod tests {
         ));
         assert!(!text.contains("ratio{uuid"), "{text}");
         assert_eq!(series().len(), 8);
+        let today = queries(
+            &["uuid:ceems_host_emissions_g_s:pue".into()],
+            &["wt".into()],
+            MetricNames::Current,
+        );
+        assert!(
+            today.contains("\n    wt_total: sum_over_time(sum by (uuid) (uuid:ceems_host_emissions_g_s:pue{uuid=~`{{.UUIDs}}`,provider=`wt`} > 0 < inf)"),
+            "{today}"
+        );
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::exprs::{GpuExporter, AMD_DEVICE_METRICS, AMD_SMI, DCGM};
 use super::{Emissions, GpuRules, JobRules, PowerSource};
+use crate::collect::MetricNames;
 use crate::tool::{go_duration, Jobs, Prometheus, ToolError};
 
 /// The series asked for: CEEMS's tool's list, with today's BMC names beside v0.10's (CEEMS's
@@ -58,6 +59,8 @@ pub struct Settings {
     pub disable_providers: bool,
     /// OWID's factor for `country`, used when no factor series is found.
     pub owid_factor: Option<f64>,
+    /// Which CEEMS generation's rules are written.
+    pub generation: MetricNames,
 }
 
 /// Picks, for a scrape job, the Redfish chassis that reports its nodes' power.
@@ -125,6 +128,7 @@ pub fn discover(
             eval: eval.clone(),
             pue: settings.pue,
             source,
+            generation: settings.generation,
         };
         if let Some(gpu_job) = gpu_jobs.get(job) {
             let mut gpu = gpu_rules(&jobs, gpu_job);
@@ -215,7 +219,24 @@ fn emissions(
         .label_values("provider", &[&matcher], window)
         .unwrap_or_default();
     if !providers.is_empty() && !settings.disable_providers {
-        return Emissions::Providers { providers, country };
+        // Today's CEEMS reads one emissions target's factors, so that several targets (a
+        // node's exporter and a dedicated one) do not give each unit several series.
+        let instance = match settings.generation {
+            MetricNames::V010 => None,
+            MetricNames::Current => prometheus
+                .label_values("instance", &[&matcher], window)
+                .unwrap_or_default()
+                .into_iter()
+                .min(),
+        };
+        if let Some(i) = &instance {
+            notes.push(format!("emission factors of target {i} will be used"));
+        }
+        return Emissions::Providers {
+            providers,
+            country,
+            instance,
+        };
     }
     match settings.owid_factor {
         Some(factor) if factor > 0.0 => {

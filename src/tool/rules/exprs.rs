@@ -142,7 +142,7 @@ pub const NODES_MEMORY_USAGE: &str = r#"avg by (job) (
 /// Emissions (g/s) of `energy_rate` (a recorded power over 3.6e+06, in kWh/s) with a
 /// provider's factor series; `common_label` is what CEEMS's GPU rules join on.
 pub fn emissions_by_provider(energy_rate: &str, common_label: bool) -> String {
-    let factor = r#"ceems_emissions_gCo2_kWh{country_code="%CC%",provider="%V%"}"#;
+    let factor = r#"ceems_emissions_gCo2_kWh{country_code="%CC%",provider="%V%"%EI%}"#;
     let factor = match common_label {
         true => format!(r#"label_replace({factor}, "common_label", "mock", "instance", "(.*)")"#),
         false => factor.to_owned(),
@@ -165,7 +165,7 @@ pub fn job_emissions_by_provider(what: &str) -> String {
   (
       job:ceems_{what}_power_watts:pue{{job="%J%"}} / 3.6e+06
     * on (job) group_right ()
-      label_replace(ceems_emissions_gCo2_kWh, "job", "%J%", "instance", "(.*)")
+      label_replace(ceems_emissions_gCo2_kWh%EI%, "job", "%J%", "instance", "(.*)")
   )
 )"#
     )
@@ -283,5 +283,36 @@ pub fn gpu_unit_power(exporter: &GpuExporter, by_activity: bool) -> String {
             "{share}\n* on ({device}) group_right () {}{{job=\"%G%\"}}",
             exporter.device_power_record
         ),
+    )
+}
+
+/// Today's per-unit IO and network rates (eBPF's counters), and the scrape job's totals:
+/// (record suffix, counter). The per-unit rules rate over the job's window; the totals, as
+/// CEEMS writes them, over a minute of every target's counters.
+pub const IO_RATES: [(&str, &str); 6] = [
+    ("read_bytes", "read_bytes_total"),
+    ("read_requests", "read_requests_total"),
+    ("read_errors", "read_errors_total"),
+    ("write_bytes", "write_bytes_total"),
+    ("write_requests", "write_requests_total"),
+    ("write_errors", "write_errors_total"),
+];
+pub const NET_RATES: [(&str, &str); 4] = [
+    ("ingress_bytes", "ingress_bytes_total"),
+    ("ingress_packets", "ingress_packets_total"),
+    ("egress_bytes", "egress_bytes_total"),
+    ("egress_packets", "egress_packets_total"),
+];
+
+/// A unit's rate of eBPF counter `ceems_ebpf_COUNTER`.
+pub fn unit_rate(counter: &str) -> String {
+    format!(r#"irate(ceems_ebpf_{counter}{{job="%J%"}}[%R%])"#)
+}
+
+/// The total rate of eBPF counter `ceems_ebpf_COUNTER` by `labels` (`mountpoint`, or
+/// `family, proto`).
+pub fn total_rate(counter: &str, labels: &str) -> String {
+    format!(
+        "sum by (job, {labels}) (\n  sum by (job, {labels}, instance) (irate(ceems_ebpf_{counter}[1m]))\n)"
     )
 }

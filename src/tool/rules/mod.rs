@@ -7,6 +7,7 @@
 pub mod discover;
 pub mod exprs;
 
+use crate::collect::MetricNames;
 use exprs::GpuExporter;
 
 /// Where a scrape job's node power comes from.
@@ -40,10 +41,12 @@ pub struct GpuRules {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Emissions {
     None,
-    /// The factor series of these providers for `country`.
+    /// The factor series of these providers for `country`, from one target's `instance`
+    /// (today's CEEMS) or from every target (v0.10).
     Providers {
         providers: Vec<String>,
         country: String,
+        instance: Option<String>,
     },
     /// A fixed factor (g/kWh) under a provider's name.
     Static {
@@ -66,6 +69,8 @@ pub struct JobRules {
     /// Evaluation interval of the per-unit groups.
     pub eval: String,
     pub pue: f64,
+    /// Which CEEMS generation's rules: today's add the IO and network groups.
+    pub generation: MetricNames,
 }
 
 /// `text` as a PromQL string's inside.
@@ -214,14 +219,22 @@ fn emission_rules(
 ) -> Vec<Rule> {
     match e {
         Emissions::None => Vec::new(),
-        Emissions::Providers { providers, country } => providers
+        Emissions::Providers {
+            providers,
+            country,
+            instance,
+        } => providers
             .iter()
             .map(|p| Rule {
                 comment,
                 record: record.into(),
                 expr: fill(
                     by_provider,
-                    &[("V", &promql_string(p)), ("CC", &promql_string(country))],
+                    &[
+                        ("V", &promql_string(p)),
+                        ("CC", &promql_string(country)),
+                        ("EI", &instance_matcher(instance.as_deref(), true)),
+                    ],
                 ),
             })
             .collect(),
@@ -244,14 +257,26 @@ fn emission_rules(
     }
 }
 
+/// `,instance="..."` (after other matchers) or `{instance="..."}` (alone), or nothing.
+fn instance_matcher(instance: Option<&str>, after_others: bool) -> String {
+    match (instance, after_others) {
+        (None, _) => String::new(),
+        (Some(i), true) => format!(",instance=\"{}\"", promql_string(i)),
+        (Some(i), false) => format!("{{instance=\"{}\"}}", promql_string(i)),
+    }
+}
+
 fn job_emission_rules(e: &Emissions, what: &str) -> Vec<Rule> {
     let record = format!("job:ceems_{what}_emissions_g_s:pue");
     match e {
         // The factor series carry the country and provider labels themselves.
-        Emissions::Providers { .. } => vec![Rule {
+        Emissions::Providers { instance, .. } => vec![Rule {
             comment: "Emissions (g/s) of the scrape job's power, by provider",
             record,
-            expr: exprs::job_emissions_by_provider(what),
+            expr: fill(
+                &exprs::job_emissions_by_provider(what),
+                &[("EI", &instance_matcher(instance.as_deref(), false))],
+            ),
         }],
         _ => emission_rules(
             e,
@@ -382,15 +407,61 @@ pub fn host_rules(r: &JobRules, e: &Emissions) -> String {
         "Recording rules for the compute units of scrape job {}, written by\n`ceems tool tsdb create-recording-rules`. Review them: the splits are estimates.\n{header}",
         r.job
     );
-    yaml(
-        &header,
-        &two_groups(
-            r,
-            ("compute-unit-rules", units),
-            ("host-agg-rules", nodes),
-            &r.job,
+    let mut groups = Vec::from(two_groups(
+        r,
+        ("compute-unit-rules", units),
+        ("host-agg-rules", nodes),
+        &r.job,
+    ));
+    if r.generation == MetricNames::Current {
+        groups.extend(io_and_network_groups(r, &v));
+    }
+    yaml(&header, &groups)
+}
+
+/// Today's IO and network groups of a scrape job: each unit's rates of eBPF's counters, and
+/// the job's totals by mount point and by protocol, all at the units' interval.
+fn io_and_network_groups(r: &JobRules, v: &[(&str, &str)]) -> Vec<Group> {
+    let unit_rules = |kind: &str, rates: &[(&str, &str)]| -> Vec<Rule> {
+        rates
+            .iter()
+            .map(|(what, counter)| Rule {
+                comment: "",
+                record: format!("uuid:ceems_{kind}_{what}:irate"),
+                expr: fill(&exprs::unit_rate(counter), v),
+            })
+            .collect()
+    };
+    let total_rules = |kind: &str, rates: &[(&str, &str)], labels: &str| -> Vec<Rule> {
+        rates
+            .iter()
+            .map(|(what, counter)| Rule {
+                comment: "",
+                record: format!("job:ceems_{kind}_{what}:sum_irate"),
+                expr: exprs::total_rate(counter, labels),
+            })
+            .collect()
+    };
+    let group = |name: &str, rules: Vec<Rule>| Group {
+        name: format!("{name}-{}", r.job),
+        interval: r.eval.clone(),
+        rules,
+    };
+    vec![
+        group("compute-unit-io-rules", unit_rules("io", &exprs::IO_RATES)),
+        group(
+            "host-agg-io-rules",
+            total_rules("io", &exprs::IO_RATES, "mountpoint"),
         ),
-    )
+        group(
+            "compute-unit-network-rules",
+            unit_rules("net", &exprs::NET_RATES),
+        ),
+        group(
+            "host-agg-network-rules",
+            total_rules("net", &exprs::NET_RATES, "family, proto"),
+        ),
+    ]
 }
 
 /// The GPU rules of a scrape job's GPUs (`GPUJOB-gpu.rules`).
@@ -509,6 +580,7 @@ mod tests {
             rate: "2m0s".into(),
             eval: "30s".into(),
             pue: 1.5,
+            generation: MetricNames::V010,
         }
     }
 
@@ -549,11 +621,31 @@ mod tests {
         let two = Emissions::Providers {
             providers: vec!["owid".into(), "rte".into()],
             country: "FR".into(),
+            instance: None,
         };
         let by_provider = records(&two);
         // One per provider for the units, one for the nodes (the series carry the provider).
         assert_eq!(by_provider.len(), 3, "{by_provider:?}");
-        assert!(by_provider[1].contains(r#"provider="rte""#));
+        assert!(by_provider[1].contains(r#"provider="rte"}"#));
+        assert!(by_provider[2].contains("label_replace(ceems_emissions_gCo2_kWh, \"job\""));
+        // Today's: one target's factors, whichever other targets have.
+        let one_target = Emissions::Providers {
+            providers: vec!["owid".into()],
+            country: "FR".into(),
+            instance: Some("emissions:9011".into()),
+        };
+        let by_target = records(&one_target);
+        assert!(
+            by_target[0]
+                .contains(r#"{country_code="FR",provider="owid",instance="emissions:9011"}"#),
+            "{by_target:?}"
+        );
+        assert!(
+            by_target[1].contains(
+                r#"label_replace(ceems_emissions_gCo2_kWh{instance="emissions:9011"}, "job""#
+            ),
+            "{by_target:?}"
+        );
         let fixed = Emissions::Static {
             provider: "custom".into(),
             factor: 50.0,
@@ -563,6 +655,39 @@ mod tests {
         assert_eq!(fixed.len(), 2);
         assert!(fixed[0].trim_end().ends_with("* 50"), "{}", fixed[0]);
         assert!(fixed[1].contains(r#""country_code", "DE""#), "{}", fixed[1]);
+    }
+
+    #[test]
+    fn todays_rules_add_the_io_and_network_groups() {
+        let mut job = bmc_job("hosts");
+        let names = |job: &JobRules| {
+            let parsed: serde_json::Value =
+                serde_norway::from_str(&host_rules(job, &Emissions::None)).unwrap();
+            parsed["groups"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|g| g["name"].as_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&job).len(), 2);
+        job.generation = MetricNames::Current;
+        assert_eq!(
+            names(&job),
+            [
+                "compute-unit-rules-hosts",
+                "host-agg-rules-hosts",
+                "compute-unit-io-rules-hosts",
+                "host-agg-io-rules-hosts",
+                "compute-unit-network-rules-hosts",
+                "host-agg-network-rules-hosts"
+            ]
+        );
+        let text = host_rules(&job, &Emissions::None);
+        assert!(
+            text.contains("expr: irate(ceems_ebpf_read_bytes_total{job=\"hosts\"}[2m0s])\n"),
+            "{text}"
+        );
     }
 
     #[test]
