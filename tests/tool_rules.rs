@@ -360,6 +360,126 @@ fn ceems_tool_recording_rules_scenario() {
     assert_eq!(out, queries_part);
 }
 
+/// CEEMS v0.16's `tool-recording-rules-multiple-emissions` scenario as its script runs it:
+/// one exporter of ours with IPMI, RAPL and emissions, one with emissions only, Prometheus
+/// with the pack's `prometheus-emissions.yml`, and the tool run three times (the factor
+/// series, OWID's static factor, a factor given). Every file passes `promtool check rules`
+/// and equals CEEMS's expected rules (today's: the IO and network groups, and the factors of
+/// one emissions target although two have them).
+#[test]
+fn ceems_tool_recording_rules_multiple_emissions_scenario() {
+    common::lab::prometheus_tools().expect("prometheus");
+    let pack = common::fixtures().join("compat");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let ipmi_dcmi = common::stub(
+        &dir.join("stubs"),
+        "ipmi-dcmi",
+        &pack.join("fixtures/ipmi/freeipmi/ipmi-dcmi_--get-system-power-statistics.txt"),
+    );
+    let ipmi_flag = format!("--collector.ipmi.dcmi.cmd={}", ipmi_dcmi.display());
+    let node = common::start_exporter(
+        &pack,
+        &[
+            "--path.sysfs=sys",
+            "--path.cgroupfs=sys/fs/cgroup",
+            "--path.procfs=proc",
+            "--collector.cgroups.force-version=v1",
+            "--collector.slurm",
+            "--collector.gpu.type=nogpu",
+            "--collector.ipmi",
+            "--collector.ipmi.test-mode",
+            &ipmi_flag,
+            "--collector.rapl",
+            "--collector.emissions",
+            "--collector.force-hostname=testhost-1",
+            "--web.disable-exporter-metrics",
+        ],
+    );
+    let emissions = common::start_exporter(
+        &pack,
+        &[
+            "--collector.disable-defaults",
+            "--collector.emissions",
+            "--collector.emissions.provider=owid",
+            "--collector.force-hostname=testhost-1",
+            "--web.disable-exporter-metrics",
+        ],
+    );
+    let targets = [
+        ("localhost:9010", node.url("")),
+        ("localhost:9011", emissions.url("")),
+    ];
+    let (_prometheus, url, _gpus) = common::tool_pack::pack_prometheus_with(
+        common::tool_pack::Pack::V016,
+        "prometheus-emissions.yml",
+        dir,
+        &targets,
+        "count by (job) ({__name__=~\"ceems_compute_unit_cpu_user_seconds_total|ceems_emissions_gCo2_kWh\"})",
+        2,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let rules = dir.join("rules");
+    let url_flag = format!("--url={url}");
+    let out_flag = format!("--output-dir={}", rules.display());
+    let mut written: Vec<(String, String)> = Vec::new();
+    for flags in [
+        &["--country-code=FR"][..],
+        &["--country-code=FR", "--disable-providers"],
+        &["--emission-factor=50"],
+    ] {
+        let args = [
+            &["tsdb", "create-recording-rules", &url_flag, &out_flag][..],
+            flags,
+        ]
+        .concat();
+        let (status, log) = ceems_tool(dir, &args, "");
+        assert_eq!(status, 0, "{log}");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&rules)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        for file in files {
+            let check = Command::new("promtool")
+                .args(["check", "rules"])
+                .arg(&file)
+                .output()
+                .unwrap();
+            assert!(check.status.success(), "{}", file.display());
+            written.push((
+                file.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read_to_string(&file).unwrap(),
+            ));
+        }
+    }
+    let fixture = std::fs::read_to_string(common::fixtures().join(
+        "ceems-v0.16/cmd/ceems_tool/testdata/output/e2e-test-recording-rules-multiple-emissions-output.txt",
+    ))
+    .unwrap();
+    assert_same_rules(&written, &expected_files(&fixture));
+}
+
+/// Each file as Prometheus reads it: the same groups, intervals, records and expressions.
+fn assert_same_rules(written: &[(String, String)], want: &[(String, String)]) {
+    let names =
+        |files: &[(String, String)]| files.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(names(written), names(want));
+    for ((name, ours), (_, theirs)) in written.iter().zip(want) {
+        let (ours, theirs) = (groups(ours), groups(theirs));
+        let group_names = |g: &[Group]| g.iter().map(|g| g.0.clone()).collect::<Vec<_>>();
+        assert_eq!(group_names(&ours), group_names(&theirs), "{name}");
+        for (g_ours, g_theirs) in ours.iter().zip(&theirs) {
+            assert_eq!(g_ours.1, g_theirs.1, "{name}: {}", g_ours.0);
+            let records = |g: &Group| g.2.iter().map(|r| r.0.clone()).collect::<Vec<_>>();
+            assert_eq!(records(g_ours), records(g_theirs), "{name}: {}", g_ours.0);
+            for (r_ours, r_theirs) in g_ours.2.iter().zip(&g_theirs.2) {
+                assert_eq!(r_ours.1, r_theirs.1, "{name}: {}", r_ours.0);
+            }
+        }
+    }
+}
+
 fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

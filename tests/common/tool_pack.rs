@@ -114,6 +114,18 @@ pub fn pack_prometheus(
     ready: &str,
     count: usize,
 ) -> (super::KillOnDrop, String, Vec<super::http::TestServer>) {
+    pack_prometheus_with(pack, "prometheus.yml", dir, extra, ready, count)
+}
+
+/// As [`pack_prometheus`], with another of the pack's Prometheus configs.
+pub fn pack_prometheus_with(
+    pack: Pack,
+    config_name: &str,
+    dir: &Path,
+    extra: &[(&str, String)],
+    ready: &str,
+    count: usize,
+) -> (super::KillOnDrop, String, Vec<super::http::TestServer>) {
     let exporters = vec![
         ("localhost:9400", gpu_exporter("dcgm", pack)),
         ("localhost:9500", gpu_exporter("amd-smi", pack)),
@@ -122,7 +134,8 @@ pub fn pack_prometheus(
     let mut config = std::fs::read_to_string(
         super::fixtures()
             .join(pack.dir())
-            .join("cmd/ceems_tool/testdata/prometheus.yml"),
+            .join("cmd/ceems_tool/testdata")
+            .join(config_name),
     )
     .unwrap();
     let ours = exporters
