@@ -460,6 +460,103 @@ fn ceems_tool_recording_rules_multiple_emissions_scenario() {
     assert_same_rules(&written, &expected_files(&fixture));
 }
 
+/// Today's GPU rules relabel DCGM's series themselves: with the v0.16 pack's Prometheus
+/// config (no relabel configs), one exporter of ours with IPMI and NVIDIA GPUs and the DCGM
+/// exporter's stand-in on the same host, the rules the tool writes are loaded by Prometheus
+/// and record each unit's GPU usage and power.
+#[test]
+fn todays_gpu_rules_need_no_relabel_configs() {
+    common::lab::prometheus_tools().expect("prometheus");
+    let pack = common::fixtures().join("compat");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let stubs = dir.join("stubs");
+    let capture = |p: &str| pack.join("fixtures").join(p);
+    let ipmitool = common::stub(
+        &stubs,
+        "ipmitool",
+        &capture("ipmi/openipmi/ipmitool_dcmi_power_reading.txt"),
+    );
+    let nvidia_smi = common::stub(
+        &stubs,
+        "nvidia-smi",
+        &capture("nvidia-smi/nvidia-smi_--query_--xml-format.xml"),
+    );
+    let ipmi_flag = format!("--collector.ipmi.dcmi.cmd={}", ipmitool.display());
+    let nvidia_flag = format!("--collector.gpu.nvidia-smi-path={}", nvidia_smi.display());
+    let exporter = common::start_exporter(
+        &pack,
+        &[
+            "--path.sysfs=sys",
+            "--path.cgroupfs=sys/fs/cgroup",
+            "--path.procfs=proc",
+            "--collector.cgroups.force-version=v1",
+            "--collector.slurm",
+            "--collector.gpu.type=nvidia",
+            &nvidia_flag,
+            "--collector.ipmi",
+            "--collector.ipmi.test-mode",
+            &ipmi_flag,
+            "--collector.force-hostname=testhost-1",
+            "--web.disable-exporter-metrics",
+        ],
+    );
+    let (prometheus, url, _gpus) = common::tool_pack::pack_prometheus(
+        common::tool_pack::Pack::V016,
+        dir,
+        &[("localhost:9016", exporter.url(""))],
+        "count by (job) ({__name__=~\"ceems_compute_unit_gpu_index_flag|DCGM_FI_DEV_POWER_USAGE_INSTANT\",job=~\"cpu-ipmi-nvidia-gpu|ipmi-nvidia-gpu\"})",
+        2,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let rules = dir.join("rules");
+    let (status, log) = ceems_tool(
+        dir,
+        &[
+            "tsdb",
+            "create-recording-rules",
+            &format!("--url={url}"),
+            &format!("--output-dir={}", rules.display()),
+            "--emission-factor=50",
+        ],
+        "",
+    );
+    assert_eq!(status, 0, "{log}");
+    let gpu_file = rules.join("ipmi-nvidia-gpu-gpu.rules");
+    let text = std::fs::read_to_string(&gpu_file).unwrap_or_else(|e| panic!("{e}: {log}"));
+    assert!(
+        text.contains("uuid:ceems_gpu_prof_sm_active:ratio"),
+        "{text}"
+    );
+    // Prometheus reads the rules files of its config again on SIGHUP.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(prometheus.0.id() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    let units = |record: &str| -> usize {
+        let answer: serde_json::Value = ureq::get(&format!("{url}/api/v1/query"))
+            .query("query", &format!("count({record}) by (uuid)"))
+            .call()
+            .ok()
+            .and_then(|r| r.into_string().ok())
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        answer["data"]["result"].as_array().map_or(0, |r| r.len())
+    };
+    let start = std::time::Instant::now();
+    while units("uuid:ceems_gpu_power_watts:pue") == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no unit's GPU power was recorded from {}",
+            gpu_file.display()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(units("uuid:ceems_gpu_usage:ratio") > 0);
+    assert!(units("uuid:ceems_gpu_prof_sm_active:ratio") > 0);
+}
+
 /// Each file as Prometheus reads it: the same groups, intervals, records and expressions.
 fn assert_same_rules(written: &[(String, String)], want: &[(String, String)]) {
     let names =

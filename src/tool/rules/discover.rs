@@ -12,7 +12,7 @@ use crate::tool::{go_duration, Jobs, Prometheus, ToolError};
 
 /// The series asked for: CEEMS's tool's list, with today's BMC names beside v0.10's (CEEMS's
 /// tool knows only v0.10's, so today's exporters get no BMC rules from it).
-const SERIES: [&str; 15] = [
+const SERIES: [&str; 17] = [
     "ceems_compute_unit_cpu_user_seconds_total",
     "ceems_compute_unit_memory_used_bytes",
     "ceems_rapl_package_joules_total",
@@ -26,6 +26,8 @@ const SERIES: [&str; 15] = [
     "DCGM_FI_DEV_POWER_USAGE_INSTANT",
     "amd_gpu_power",
     "gpu_power_usage",
+    "amd_gpu_package_power",
+    "gpu_package_power",
     "ceems_compute_unit_gpu_index_flag",
     "ceems_compute_unit_gpu_sm_count",
 ];
@@ -86,7 +88,13 @@ pub fn discover(
     let job_intervals = job_scrape_intervals(prometheus)?;
     let mut notes = Vec::new();
     let emissions = emissions(prometheus, window, settings, &mut notes);
-    let names: Vec<&str> = SERIES.iter().chain(PROFILING.iter()).copied().collect();
+    let amd_profiling = amd_profiling_series();
+    let names: Vec<&str> = SERIES
+        .iter()
+        .chain(PROFILING.iter())
+        .copied()
+        .chain(amd_profiling.iter().map(String::as_str))
+        .collect();
     let series = prometheus.series(&names, window)?;
     let jobs = Jobs::of(&series);
     let gpu_jobs = gpu_jobs(&jobs, &series);
@@ -282,9 +290,19 @@ fn gpu_jobs(jobs: &Jobs, series: &[BTreeMap<String, String>]) -> BTreeMap<String
     {
         let cpu_hosts = hosts(cpu_job);
         for exporter in [&DCGM, &AMD_SMI, &AMD_DEVICE_METRICS] {
-            for gpu_job in by_name.get(exporter.power_series).into_iter().flatten() {
-                if hosts(gpu_job).iter().any(|h| cpu_hosts.contains(h)) {
-                    map.insert(cpu_job.to_string(), gpu_job.to_string());
+            let names = std::iter::once(exporter.power_series).chain(
+                match exporter.power_series == AMD_DEVICE_METRICS.power_series {
+                    true => &DEVICE_METRICS_POWER[..],
+                    false => &[],
+                }
+                .iter()
+                .copied(),
+            );
+            for name in names {
+                for gpu_job in by_name.get(name).into_iter().flatten() {
+                    if hosts(gpu_job).iter().any(|h| cpu_hosts.contains(h)) {
+                        map.insert(cpu_job.to_string(), gpu_job.to_string());
+                    }
                 }
             }
         }
@@ -293,27 +311,71 @@ fn gpu_jobs(jobs: &Jobs, series: &[BTreeMap<String, String>]) -> BTreeMap<String
 }
 
 fn gpu_rules(jobs: &Jobs, gpu_job: &str) -> GpuRules {
+    let device_metrics = std::iter::once(AMD_DEVICE_METRICS.power_series)
+        .chain(DEVICE_METRICS_POWER)
+        .any(|n| jobs.has(gpu_job, n));
     let exporter: &'static GpuExporter = if jobs.has(gpu_job, DCGM.power_series) {
         &DCGM
-    } else if jobs.has(gpu_job, AMD_DEVICE_METRICS.power_series) {
+    } else if device_metrics {
         &AMD_DEVICE_METRICS
     } else {
         &AMD_SMI
     };
-    let profiling = match exporter.power_series == DCGM.power_series {
-        true => PROFILING
+    // AMD's device metrics exporter names its series `amd_gpu_*` since its 1.3.
+    let metric_prefix = match jobs.has(gpu_job, DEVICE_METRICS_POWER[0]) {
+        true => "amd_",
+        false => "",
+    };
+    let profiling = if exporter.power_series == DCGM.power_series {
+        PROFILING
             .iter()
             .filter(|p| jobs.has(gpu_job, p))
             .map(|p| p.to_string())
-            .collect(),
-        false => Vec::new(),
+            .collect()
+    } else if device_metrics {
+        AMD_PROFILING
+            .iter()
+            .map(|p| format!("{metric_prefix}gpu_{p}"))
+            .filter(|p| jobs.has(gpu_job, p))
+            .collect()
+    } else {
+        Vec::new()
     };
     GpuRules {
         exporter,
         job: gpu_job.to_owned(),
         power_in_host: false,
         profiling,
+        metric_prefix,
     }
+}
+
+/// AMD's device metrics exporter's package power, today's name and the one before it.
+const DEVICE_METRICS_POWER: [&str; 2] = ["amd_gpu_package_power", "gpu_package_power"];
+
+/// AMD's device metrics profiling series (after `amd_gpu_` or `gpu_`), in the order CEEMS
+/// writes their rules.
+pub const AMD_PROFILING: [&str; 8] = [
+    "prof_sm_active",
+    "prof_tensor_active_percent",
+    "prof_occupancy_percent",
+    "prof_total_16_ops",
+    "prof_total_32_ops",
+    "prof_total_64_ops",
+    "prof_write_size",
+    "prof_fetch_size",
+];
+
+/// Every name of AMD's profiling series, with and without the `amd_` prefix.
+fn amd_profiling_series() -> Vec<String> {
+    ["amd_", ""]
+        .iter()
+        .flat_map(|prefix| {
+            AMD_PROFILING
+                .iter()
+                .map(move |p| format!("{prefix}gpu_{p}"))
+        })
+        .collect()
 }
 
 /// The Redfish chassis that reports the node's power: the only one, or the operator's pick.

@@ -6,6 +6,7 @@
 
 pub mod discover;
 pub mod exprs;
+mod today;
 
 use crate::collect::MetricNames;
 use exprs::GpuExporter;
@@ -33,8 +34,10 @@ pub struct GpuRules {
     pub job: String,
     /// The BMC's node power counts the GPUs in (seen in the data): the rules take them out.
     pub power_in_host: bool,
-    /// DCGM's profiling series the exporter has, in CEEMS's order.
+    /// The profiling series the exporter has (DCGM's, AMD device metrics'), in CEEMS's order.
     pub profiling: Vec<String>,
+    /// AMD device metrics: `amd_` when it names its series `amd_gpu_*`, else empty.
+    pub metric_prefix: &'static str,
 }
 
 /// The emission factor the rules multiply power by.
@@ -105,6 +108,8 @@ fn fill(template: &str, values: &[(&str, &str)]) -> String {
 struct Rule {
     comment: &'static str,
     record: String,
+    /// Labels the rule adds (AMD's memory `type`).
+    labels: Vec<(&'static str, &'static str)>,
     expr: String,
 }
 
@@ -113,6 +118,7 @@ impl Rule {
         Rule {
             comment,
             record: record.to_owned(),
+            labels: Vec::new(),
             expr: fill(expr, values),
         }
     }
@@ -184,6 +190,12 @@ fn yaml(header: &str, groups: &[Group]) -> String {
                 out += &format!("      # {}\n", r.comment);
             }
             out += &format!("      - record: {}\n", scalar(&r.record));
+            if !r.labels.is_empty() {
+                out += "        labels:\n";
+                for (k, v) in &r.labels {
+                    out += &format!("          {k}: {}\n", scalar(v));
+                }
+            }
             if r.expr.contains('\n') || scalar(&r.expr) != r.expr {
                 out += "        expr: |\n";
                 for line in r.expr.lines() {
@@ -228,6 +240,7 @@ fn emission_rules(
             .map(|p| Rule {
                 comment,
                 record: record.into(),
+                labels: Vec::new(),
                 expr: fill(
                     by_provider,
                     &[
@@ -245,6 +258,7 @@ fn emission_rules(
         } => vec![Rule {
             comment,
             record: record.into(),
+            labels: Vec::new(),
             expr: fill(
                 fixed,
                 &[
@@ -273,6 +287,7 @@ fn job_emission_rules(e: &Emissions, what: &str) -> Vec<Rule> {
         Emissions::Providers { instance, .. } => vec![Rule {
             comment: "Emissions (g/s) of the scrape job's power, by provider",
             record,
+            labels: Vec::new(),
             expr: fill(
                 &exprs::job_emissions_by_provider(what),
                 &[("EI", &instance_matcher(instance.as_deref(), false))],
@@ -414,58 +429,16 @@ pub fn host_rules(r: &JobRules, e: &Emissions) -> String {
         &r.job,
     ));
     if r.generation == MetricNames::Current {
-        groups.extend(io_and_network_groups(r, &v));
+        groups.extend(today::io_and_network_groups(r, &v));
     }
     yaml(&header, &groups)
 }
 
-/// Today's IO and network groups of a scrape job: each unit's rates of eBPF's counters, and
-/// the job's totals by mount point and by protocol, all at the units' interval.
-fn io_and_network_groups(r: &JobRules, v: &[(&str, &str)]) -> Vec<Group> {
-    let unit_rules = |kind: &str, rates: &[(&str, &str)]| -> Vec<Rule> {
-        rates
-            .iter()
-            .map(|(what, counter)| Rule {
-                comment: "",
-                record: format!("uuid:ceems_{kind}_{what}:irate"),
-                expr: fill(&exprs::unit_rate(counter), v),
-            })
-            .collect()
-    };
-    let total_rules = |kind: &str, rates: &[(&str, &str)], labels: &str| -> Vec<Rule> {
-        rates
-            .iter()
-            .map(|(what, counter)| Rule {
-                comment: "",
-                record: format!("job:ceems_{kind}_{what}:sum_irate"),
-                expr: exprs::total_rate(counter, labels),
-            })
-            .collect()
-    };
-    let group = |name: &str, rules: Vec<Rule>| Group {
-        name: format!("{name}-{}", r.job),
-        interval: r.eval.clone(),
-        rules,
-    };
-    vec![
-        group("compute-unit-io-rules", unit_rules("io", &exprs::IO_RATES)),
-        group(
-            "host-agg-io-rules",
-            total_rules("io", &exprs::IO_RATES, "mountpoint"),
-        ),
-        group(
-            "compute-unit-network-rules",
-            unit_rules("net", &exprs::NET_RATES),
-        ),
-        group(
-            "host-agg-network-rules",
-            total_rules("net", &exprs::NET_RATES, "family, proto"),
-        ),
-    ]
-}
-
 /// The GPU rules of a scrape job's GPUs (`GPUJOB-gpu.rules`).
 pub fn gpu_rules(r: &JobRules, gpu: &GpuRules, e: &Emissions) -> String {
+    if r.generation == MetricNames::Current {
+        return today::gpu_rules(r, gpu, e);
+    }
     let pue = r.pue.to_string();
     let escaped = [
         promql_string(&r.job),
@@ -698,6 +671,7 @@ mod tests {
             job: "amd".into(),
             power_in_host: true,
             profiling: Vec::new(),
+            metric_prefix: "",
         });
         let text = host_rules(&job, &Emissions::None);
         assert!(
