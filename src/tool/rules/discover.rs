@@ -12,7 +12,7 @@ use crate::tool::{go_duration, Jobs, Prometheus, ToolError};
 
 /// The series asked for: CEEMS's tool's list, with today's BMC names beside v0.10's (CEEMS's
 /// tool knows only v0.10's, so today's exporters get no BMC rules from it).
-const SERIES: [&str; 17] = [
+const SERIES: [&str; 18] = [
     "ceems_compute_unit_cpu_user_seconds_total",
     "ceems_compute_unit_memory_used_bytes",
     "ceems_rapl_package_joules_total",
@@ -22,6 +22,7 @@ const SERIES: [&str; 17] = [
     "ceems_redfish_current_watts",
     "ceems_redfish_power_current_watts",
     "ceems_cray_pm_counters_power_watts",
+    "ceems_hwmon_power_current_watts",
     "ceems_emissions_gCo2_kWh",
     "DCGM_FI_DEV_POWER_USAGE_INSTANT",
     "amd_gpu_power",
@@ -98,6 +99,18 @@ pub fn discover(
     let series = prometheus.series(&names, window)?;
     let jobs = Jobs::of(&series);
     let gpu_jobs = gpu_jobs(&jobs, &series);
+    // Today's rules read hwmon's socket power where a job's nodes have it.
+    let hwmon_jobs: Vec<String> = match settings.generation {
+        MetricNames::V010 => Vec::new(),
+        MetricNames::Current => prometheus
+            .series(
+                &["ceems_hwmon_power_current_watts{chip=\"socket\"}"],
+                window,
+            )?
+            .into_iter()
+            .filter_map(|s| s.get("job").cloned())
+            .collect(),
+    };
     let eval = go_duration(settings.eval.unwrap_or(evaluation_interval));
     let mut found = Vec::new();
     for job in &jobs.order {
@@ -122,6 +135,8 @@ pub fn discover(
                 series: series.to_owned(),
                 chassis: None,
             }
+        } else if hwmon_jobs.contains(job) {
+            PowerSource::Hwmon
         } else if has("ceems_rapl_package_joules_total") {
             PowerSource::Rapl
         } else {
@@ -140,6 +155,8 @@ pub fn discover(
         };
         if let Some(gpu_job) = gpu_jobs.get(job) {
             let mut gpu = gpu_rules(&jobs, gpu_job);
+            // An APU's socket power counts its GPU in.
+            gpu.power_in_host = rules.source == PowerSource::Hwmon;
             if let PowerSource::Bmc { .. } = rules.source {
                 match gpus_counted_in(prometheus, window, &rules, &gpu) {
                     Ok(counted) => gpu.power_in_host = counted,

@@ -63,6 +63,29 @@ pub fn bmc_power_less_gpus(gpu_power: &str, scaler: i64) -> String {
 /// The node power of a BMC (IPMI DCMI or Redfish) as read.
 pub const BMC_POWER: &str = r#"%S%{job="%J%"%CL%}"#;
 
+/// hwmon's power series, and the node power it gives: its sockets' sensors summed.
+pub const HWMON_SERIES: &str = "ceems_hwmon_power_current_watts";
+pub const HWMON_POWER: &str =
+    r#"sum without (sensor) (ceems_hwmon_power_current_watts{job="%J%",chip="socket"})"#;
+
+/// Today's node power less the GPUs' of the same host (joined on `hostname`): DCGM's (a MIG
+/// GPU counted once) or AMD device metrics'. `None` for AMD SMI, whose series name no host.
+pub fn node_power_less_gpus(node: &str, gpu: &super::GpuRules) -> Option<String> {
+    let gpus = if gpu.exporter.power_series == DCGM.power_series {
+        r#"avg by (hostname,device) (label_replace(DCGM_FI_DEV_POWER_USAGE_INSTANT{job="%G%"}, "hostname", "$1", "Hostname","(.*)"))"#.to_owned()
+    } else if gpu.exporter.power_series == AMD_DEVICE_METRICS.power_series {
+        format!(
+            r#"sum by (hostname,serial_number) ({}gpu_package_power{{job="%G%"}})"#,
+            gpu.metric_prefix
+        )
+    } else {
+        return None;
+    };
+    Some(format!(
+        "({node} - on (hostname) group_left () sum by (hostname) ({gpus}))"
+    ))
+}
+
 /// A job's power from its node's BMC power: 90% split by CPU time (and, with RAPL, between
 /// packages and DRAM by their RAPL power, DRAM by memory), 10% equally between the jobs.
 pub fn bmc_job_power(rapl: bool) -> String {

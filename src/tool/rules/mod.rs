@@ -24,6 +24,8 @@ pub enum PowerSource {
     },
     /// RAPL counters only (packages and DRAM).
     Rapl,
+    /// hwmon's socket power (today's rules: AMD's APUs, whose socket power counts the GPU in).
+    Hwmon,
 }
 
 /// The GPUs of a scrape job's nodes, as another scrape job exports them.
@@ -327,6 +329,7 @@ pub fn host_rules(r: &JobRules, e: &Emissions) -> String {
         PowerSource::Bmc { series, .. } => series.clone(),
         PowerSource::Cray => "ceems_cray_pm_counters_power_watts".into(),
         PowerSource::Rapl => String::new(),
+        PowerSource::Hwmon => exprs::HWMON_SERIES.into(),
     };
     v.push(("S", &series));
     let rule = |comment, record: &str, expr: &str| Rule::filled(comment, record, expr, &v);
@@ -343,40 +346,52 @@ pub fn host_rules(r: &JobRules, e: &Emissions) -> String {
         ),
     ];
     // The node power series with the PUE, the unit's share of it, the nodes' power.
-    let (header, source_rules, unit_power, nodes_power): (_, Vec<(String, String)>, _, _) = match &r
-        .source
-    {
-        PowerSource::Cray => (
-            "Node power: HPE Cray pm_counters, by domain (CPU, memory, the rest).",
-            vec![pue_times("ceems_cray_pm_counters_power_watts")],
-            exprs::cray_job_power(),
-            exprs::CRAY_NODES_POWER.to_owned(),
-        ),
-        PowerSource::Rapl => (
-            "Node power: RAPL packages and DRAM (a lower bound of the node's).",
-            vec![
-                pue_times("ceems_rapl_package_joules_total"),
-                pue_times("ceems_rapl_dram_joules_total"),
-            ],
-            exprs::rapl_job_power(),
-            exprs::RAPL_NODES_POWER.to_owned(),
-        ),
-        PowerSource::Bmc { .. } => {
-            let node = match &r.gpu {
-                Some(g) if g.power_in_host => format!(
-                    "{} > 0",
-                    exprs::bmc_power_less_gpus(g.exporter.power_series, g.exporter.power_scaler)
-                ),
-                _ => exprs::BMC_POWER.to_owned(),
-            };
-            (
-                "Node power: the BMC's (less the GPUs' where it counts them in).",
-                vec![(format!("instance:{series}:pue"), format!("%P% * {node}"))],
-                exprs::bmc_job_power(r.rapl),
-                format!("sum by (job) (%P% * {node})"),
-            )
-        }
-    };
+    let (header, source_rules, unit_power, nodes_power): (_, Vec<(String, String)>, _, _) =
+        match &r.source {
+            PowerSource::Cray => (
+                "Node power: HPE Cray pm_counters, by domain (CPU, memory, the rest).",
+                vec![pue_times("ceems_cray_pm_counters_power_watts")],
+                exprs::cray_job_power(),
+                exprs::CRAY_NODES_POWER.to_owned(),
+            ),
+            PowerSource::Rapl => (
+                "Node power: RAPL packages and DRAM (a lower bound of the node's).",
+                vec![
+                    pue_times("ceems_rapl_package_joules_total"),
+                    pue_times("ceems_rapl_dram_joules_total"),
+                ],
+                exprs::rapl_job_power(),
+                exprs::RAPL_NODES_POWER.to_owned(),
+            ),
+            PowerSource::Bmc { .. } | PowerSource::Hwmon => {
+                let read = match r.source {
+                    PowerSource::Hwmon => exprs::HWMON_POWER,
+                    _ => exprs::BMC_POWER,
+                };
+                let today = r.generation == MetricNames::Current;
+                let node = match &r.gpu {
+                    Some(g) if g.power_in_host => {
+                        match exprs::node_power_less_gpus(read, g).filter(|_| today) {
+                            Some(less) => less,
+                            None => format!(
+                                "{} > 0",
+                                exprs::bmc_power_less_gpus(
+                                    g.exporter.power_series,
+                                    g.exporter.power_scaler
+                                )
+                            ),
+                        }
+                    }
+                    _ => read.to_owned(),
+                };
+                (
+                    "Node power: the BMC's (less the GPUs' where it counts them in).",
+                    vec![(format!("instance:{series}:pue"), format!("%P% * {node}"))],
+                    exprs::bmc_job_power(r.rapl),
+                    format!("sum by (job) (%P% * {node})"),
+                )
+            }
+        };
     for (record, expr) in &source_rules {
         units.push(rule(
             "Node power with the facility's overhead (PUE)",

@@ -449,10 +449,10 @@ mod tests {
             .collect()
     }
 
-    /// CEEMS v0.16's GPU files of its `tool-recording-rules` scenario (first run), by name.
+    /// CEEMS v0.16's files of its `tool-recording-rules` scenario (first run), by name.
     fn expected(name: &str) -> String {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(
-            "tests/fixtures/ceems-v0.16/cmd/ceems_tool/testdata/output/e2e-test-recording-rules-output-gpu-excerpt.txt",
+            "tests/fixtures/ceems-v0.16/cmd/ceems_tool/testdata/output/e2e-test-recording-rules-output-excerpt.txt",
         );
         let text = std::fs::read_to_string(path).unwrap();
         let start = text.find(&format!("{name}\n")).unwrap() + name.len() + 1;
@@ -478,7 +478,7 @@ mod tests {
     }
 
     #[test]
-    fn gpu_rules_as_ceems_v016_writes_them() {
+    fn rules_as_ceems_v016_writes_them() {
         let emissions = Emissions::Providers {
             providers: vec!["owid".into()],
             country: "FR".into(),
@@ -522,15 +522,57 @@ mod tests {
         for (cpu_job, gpu) in cases {
             let ours = gpu_rules(&job(cpu_job), &gpu, &emissions);
             let theirs = expected(&format!("{}-gpu.rules", gpu.job));
-            let (ours, theirs) = (read(&ours), read(&theirs));
-            assert_eq!(ours.len(), theirs.len(), "{}", gpu.job);
-            for (g_ours, g_theirs) in ours.iter().zip(&theirs) {
-                assert_eq!((&g_ours.0, &g_ours.1), (&g_theirs.0, &g_theirs.1));
-                let records = |g: &[ReadRule]| g.iter().map(|r| r.0.clone()).collect::<Vec<_>>();
-                assert_eq!(records(&g_ours.2), records(&g_theirs.2), "{}", g_ours.0);
-                for (r_ours, r_theirs) in g_ours.2.iter().zip(&g_theirs.2) {
-                    assert_eq!(r_ours, r_theirs, "{}", g_ours.0);
-                }
+            assert_same(&ours, &theirs, &gpu.job);
+        }
+        // The nodes' rules where the node power counts the GPUs in: an APU's hwmon socket
+        // power, a BMC's with NVIDIA GPUs.
+        let mut hwmon = job("cpu-hwmon-amd-gpu");
+        hwmon.source = PowerSource::Hwmon;
+        hwmon.gpu = Some(GpuRules {
+            exporter: &exprs::AMD_DEVICE_METRICS,
+            job: "amd-device-metrics-gpu".into(),
+            power_in_host: true,
+            profiling: Vec::new(),
+            metric_prefix: "amd_",
+        });
+        let mut ipmi = job("cpu-ipmi-nvidia-gpu");
+        ipmi.source = PowerSource::Bmc {
+            series: "ceems_ipmi_dcmi_power_current_watts".into(),
+            chassis: None,
+        };
+        ipmi.rapl = false;
+        ipmi.gpu = Some(GpuRules {
+            exporter: &exprs::DCGM,
+            job: "ipmi-nvidia-gpu".into(),
+            power_in_host: true,
+            profiling: Vec::new(),
+            metric_prefix: "",
+        });
+        for r in [hwmon, ipmi] {
+            let ours = crate::tool::rules::host_rules(&r, &emissions);
+            assert_same(&ours, &expected(&format!("{}.rules", r.job)), &r.job);
+        }
+    }
+
+    /// Two rules files read alike: groups, intervals, records, labels and expressions.
+    fn assert_same(ours: &str, theirs: &str, name: &str) {
+        let (ours, theirs) = (read(ours), read(theirs));
+        let groups = |f: &[(String, String, Vec<ReadRule>)]| {
+            f.iter()
+                .map(|g| (g.0.clone(), g.1.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(groups(&ours), groups(&theirs), "{name}");
+        for (g_ours, g_theirs) in ours.iter().zip(&theirs) {
+            let records = |g: &[ReadRule]| g.iter().map(|r| r.0.clone()).collect::<Vec<_>>();
+            assert_eq!(
+                records(&g_ours.2),
+                records(&g_theirs.2),
+                "{name}: {}",
+                g_ours.0
+            );
+            for (r_ours, r_theirs) in g_ours.2.iter().zip(&g_theirs.2) {
+                assert_eq!(r_ours, r_theirs, "{name}: {}", g_ours.0);
             }
         }
     }
