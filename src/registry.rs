@@ -111,6 +111,30 @@ struct Entry {
     /// without (the two Prometheus servers of an HA pair, scraping within the same second,
     /// would see the collector's series vanish from one of them).
     running: RunningSlot,
+    /// What the collector last failed with, so that an operator reads a failure once when it
+    /// starts or changes, and once when it ends, not at every scrape.
+    last_failure: Mutex<Option<String>>,
+}
+
+impl Entry {
+    /// Logs a failure at warning level when it is new or differs from the last one.
+    fn failed(&self, error: &str) {
+        let mut last = self.last_failure.lock().unwrap_or_else(|p| p.into_inner());
+        if last.as_deref() == Some(error) {
+            tracing::debug!(collector = self.name, error, "collector still failing");
+            return;
+        }
+        tracing::warn!(collector = self.name, error, "collector failed");
+        *last = Some(error.to_owned());
+    }
+
+    /// Logs the end of a failure.
+    fn succeeded(&self) {
+        let mut last = self.last_failure.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(error) = last.take() {
+            tracing::info!(collector = self.name, previous_error = %error, "collector recovered");
+        }
+    }
 }
 
 /// What a collect produced, for the scrapes that waited on it.
@@ -369,6 +393,7 @@ impl Registry {
                 name,
                 collector: Arc::from(collector),
                 running: RunningSlot::default(),
+                last_failure: Mutex::new(None),
             });
         }
         Ok(Registry {
@@ -386,6 +411,7 @@ impl Registry {
                     name,
                     collector: Arc::from(c),
                     running: RunningSlot::default(),
+                    last_failure: Mutex::new(None),
                 })
                 .collect(),
             timeout: Duration::from_secs(10),
@@ -414,25 +440,20 @@ impl Registry {
 
         let mut all = MetricSet::new();
         let mut status = MetricSet::new();
-        for (name, started, part) in running {
+        for ((name, started, part), entry) in running.into_iter().zip(&self.entries) {
             let ok = match part {
                 Part::Started(h) => match tokio::time::timeout_at(deadline, h).await {
                     Ok(Ok((Ok(()), out))) => {
+                        entry.succeeded();
                         all.merge(out);
                         true
                     }
-                    Ok(Ok((Err(err), out))) if err.keeps_output() => {
-                        tracing::warn!(collector = name, error = %err, "collector failed");
-                        all.merge(out);
-                        false
-                    }
                     Ok(Ok((Err(err), out))) => {
-                        // Partial output of a failed collector is dropped, as in CEEMS.
-                        drop(out);
-                        if err.is_absence() {
-                            tracing::debug!(collector = name, error = %err, "collector failed");
-                        } else {
-                            tracing::warn!(collector = name, error = %err, "collector failed");
+                        entry.failed(&err.to_string());
+                        // Partial output of a failed collector is dropped, as in CEEMS,
+                        // unless the collector says it is served (stale or partial).
+                        if err.keeps_output() {
+                            all.merge(out);
                         }
                         false
                     }
@@ -441,11 +462,10 @@ impl Registry {
                         false
                     }
                     Err(_) => {
-                        tracing::warn!(
-                            collector = name,
-                            timeout_seconds = timeout.as_secs_f64(),
-                            "collector timed out"
-                        );
+                        entry.failed(&format!(
+                            "timed out after {}s (--collector.timeout)",
+                            timeout.as_secs_f64()
+                        ));
                         false
                     }
                 },
@@ -612,6 +632,75 @@ mod tests {
                 assert!(needed.contains(cap), "{args:?}: {needed:?}");
             }
         }
+    }
+
+    /// Fails with the errors a test sets, or succeeds when none is set.
+    struct Scripted(Arc<Mutex<Option<String>>>);
+    impl Collector for Scripted {
+        fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError> {
+            match self.0.lock().unwrap().clone() {
+                Some(e) if e.starts_with("no ") => Err(CollectError::Absent(e)),
+                Some(e) => Err(CollectError::Other(e)),
+                None => {
+                    out.gauge("fine", "Test.", Labels::empty(), 1.0);
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// What a log writer was given.
+    #[derive(Clone, Default)]
+    struct Logged(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Logged {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_failure_is_logged_when_it_starts_changes_and_ends() {
+        let logged = Logged::default();
+        let writer = logged.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let error = Arc::new(Mutex::new(None));
+        let reg = Registry::from_collectors(vec![("rapl", Box::new(Scripted(Arc::clone(&error))))]);
+        let scrape = || reg.scrape(Duration::from_secs(5));
+        // An absence (no powercap on this host) is said too: the operator turned it on.
+        *error.lock().unwrap() = Some("no powercap tree at /sys/class/powercap".into());
+        for _ in 0..3 {
+            scrape().await;
+        }
+        *error.lock().unwrap() = Some("cannot read energy_uj: permission denied".into());
+        scrape().await;
+        scrape().await;
+        *error.lock().unwrap() = None;
+        scrape().await;
+        scrape().await;
+        let text = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(
+            lines[0].contains("WARN") && lines[0].contains("no powercap tree"),
+            "{text}"
+        );
+        assert!(
+            lines[1].contains("WARN") && lines[1].contains("permission denied"),
+            "{text}"
+        );
+        assert!(
+            lines[2].contains("INFO") && lines[2].contains("collector recovered"),
+            "{text}"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

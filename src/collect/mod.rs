@@ -38,7 +38,8 @@ pub trait Collector: Send + Sync + 'static {
     fn collect(&self, out: &mut MetricSet) -> Result<(), CollectError>;
 }
 
-/// What a collector failed at. Expected absences (no such hardware) log at debug level.
+/// What a collector failed at. The registry logs a failure at warning level when it starts or
+/// changes, and when it ends.
 #[derive(Debug, thiserror::Error)]
 pub enum CollectError {
     #[error("cannot read {path}: {source}")]
@@ -90,11 +91,6 @@ impl CollectError {
                 CollectError::io(dir, e)
             }
         })
-    }
-
-    /// An expected absence (no such hardware): logged at debug level, not as a warning.
-    pub fn is_absence(&self) -> bool {
-        matches!(self, CollectError::Absent(_))
     }
 }
 
