@@ -615,3 +615,23 @@ fn example_config_documents_every_key_and_loads() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("invalid listen address"), "{err}");
 }
+
+/// A Prometheus URL without a scheme is refused at start, naming the fix, instead of
+/// starting and failing at each update.
+#[test]
+fn a_prometheus_url_without_scheme_is_refused_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["stats-server", "--prometheus.url=localhost:9090"])
+        .arg(format!("--storage.data.path={}", tmp.path().display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{}", free_port()))
+        .arg("--security.drop-privileges=false")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--prometheus.url") && err.contains("write it as http://localhost:9090"),
+        "{err}"
+    );
+}

@@ -78,6 +78,23 @@ pub struct HttpPrometheus {
 }
 
 impl HttpPrometheus {
+    /// Whether `url` can be a Prometheus base URL: `http` or `https`, with a host.
+    pub fn check_url(url: &str) -> Result<(), String> {
+        let uri: hyper::Uri = url
+            .parse()
+            .map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+        match (uri.scheme_str(), uri.host()) {
+            (Some("http" | "https"), Some(host)) if !host.is_empty() => Ok(()),
+            (None, _) | (Some(_), None) => Err(format!(
+                "`{url}` has no scheme and host; write it as http://{}",
+                url.trim_start_matches('/')
+            )),
+            (Some(scheme), _) => Err(format!(
+                "`{url}`: scheme `{scheme}` is not http or https"
+            )),
+        }
+    }
+
     pub fn new(url: &str, timeout: Duration) -> HttpPrometheus {
         HttpPrometheus {
             url: url.trim_end_matches('/').to_owned(),
@@ -213,6 +230,17 @@ pub fn parse_matrix(body: &str) -> Result<Vec<(f64, f64)>, PromError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn base_urls_need_a_scheme_and_a_host() {
+        assert!(HttpPrometheus::check_url("http://localhost:9090").is_ok());
+        assert!(HttpPrometheus::check_url("https://tsdb.example.org/prom/").is_ok());
+        let err = HttpPrometheus::check_url("localhost:9090").unwrap_err();
+        assert!(err.contains("write it as http://localhost:9090"), "{err}");
+        assert!(HttpPrometheus::check_url("ftp://host").is_err());
+        assert!(HttpPrometheus::check_url("http://").is_err());
+        assert!(HttpPrometheus::check_url("not a url").is_err());
+    }
 
     #[test]
     fn a_prometheus_answer_is_read_and_a_bad_one_is_an_error() {

@@ -365,6 +365,28 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         );
     }
 
+    // A Prometheus URL that cannot work is refused at start, not warned about at each update;
+    // a cluster without one gets no usage figures, which is said once here.
+    let mut without = Vec::new();
+    for c in &cluster_list {
+        match c.prometheus_url.as_deref().unwrap_or(&prom.url) {
+            "" => without.push(c.id.as_str()),
+            url => HttpPrometheus::check_url(url).map_err(|e| {
+                let key = match c.prometheus_url {
+                    Some(_) => format!("clusters: `{}`: prometheus-url", c.id),
+                    None => "--prometheus.url".to_owned(),
+                };
+                anyhow::anyhow!("{key}: {e}")
+            })?,
+        }
+    }
+    if !without.is_empty() {
+        tracing::warn!(
+            clusters = ?without,
+            "no Prometheus URL (--prometheus.url, or a cluster's prometheus-url): these clusters' units get no CPU, memory, energy or emissions figures"
+        );
+    }
+
     let notify: NotifySettings = settings.get("notify")?;
     let external: String = settings.get("web.external-url")?;
     let notifier = notify
