@@ -635,3 +635,23 @@ fn a_prometheus_url_without_scheme_is_refused_at_start() {
         "{err}"
     );
 }
+
+/// A Slurm run-as user named on purpose that the host lacks is refused at start: sacct would
+/// otherwise run as this process's user and list only its jobs, with an info line to say so.
+#[test]
+fn an_unknown_slurm_run_as_user_is_refused_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["stats-server", "--slurm.run-as-user=nosuchuser-ceems"])
+        .arg(format!("--storage.data.path={}", tmp.path().display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{}", free_port()))
+        .arg("--security.drop-privileges=false")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("no user `nosuchuser-ceems` on this host"),
+        "{err}"
+    );
+}

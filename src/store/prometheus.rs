@@ -89,9 +89,7 @@ impl HttpPrometheus {
                 "`{url}` has no scheme and host; write it as http://{}",
                 url.trim_start_matches('/')
             )),
-            (Some(scheme), _) => Err(format!(
-                "`{url}`: scheme `{scheme}` is not http or https"
-            )),
+            (Some(scheme), _) => Err(format!("`{url}`: scheme `{scheme}` is not http or https")),
         }
     }
 

@@ -146,16 +146,31 @@ pub fn needed_capabilities(
     })
 }
 
-/// Decides how Slurm commands run, and logs the choice and why.
-pub fn run_mode(run_as_user: &str, probe: &std::path::Path) -> RunMode {
+/// Decides how Slurm commands run, and logs the choice and why. A user named on purpose
+/// (`explicit`) that this host does not have is refused; the default one missing is a
+/// warning, since sacct then shows only this process's user's jobs.
+pub fn run_mode(
+    run_as_user: &str,
+    explicit: bool,
+    probe: &std::path::Path,
+) -> Result<RunMode, String> {
     if run_as_user.is_empty() {
         tracing::info!("Slurm commands run as this process's user (--slurm.run-as-user is empty)");
-        return RunMode::Native;
+        return Ok(RunMode::Native);
     }
     let facts = runner::Facts::of_process(run_as_user);
+    if facts.slurm_user.is_none() {
+        let problem = format!("--slurm.run-as-user: no user `{run_as_user}` on this host");
+        if explicit {
+            return Err(format!(
+                "{problem}; name the user Slurm's commands run as (SlurmUser), or set it empty to run them as this process's user"
+            ));
+        }
+        tracing::warn!("{problem}: sacct may list only this process's user's jobs");
+    }
     let (mode, why) = runner::choose(&facts, |sudo| runner::sudo_allows(sudo, probe));
     tracing::info!(mode = %mode, reasons = %why.join("; "), "how sacct and sacctmgr run");
-    mode
+    Ok(mode)
 }
 
 fn build(entry: &ClusterEntry<'_>) -> Result<Arc<dyn Accounting>, SetupError> {
@@ -173,7 +188,8 @@ fn build(entry: &ClusterEntry<'_>) -> Result<Arc<dyn Accounting>, SetupError> {
         }));
     }
     let sacct = c.sacct_path.unwrap_or_else(|| slurm.sacct.path.clone());
-    let mode = run_mode(&slurm.run_as_user, &sacct);
+    let explicit = entry.settings.explicit("slurm.run-as-user");
+    let mode = run_mode(&slurm.run_as_user, explicit, &sacct).map_err(|e| entry.error(e))?;
     let command = |path: PathBuf| SlurmCommand {
         path,
         mode: mode.clone(),
