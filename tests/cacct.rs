@@ -494,3 +494,54 @@ setpriv --reuid=alice --regid=alice --init-groups {cacct} --starttime=2022-02-20
         "{out}"
     );
 }
+
+/// The example config's empty `cluster_id` asks every cluster (no `cluster_id=` sent), and an
+/// answer with no jobs says so on standard error instead of a bare header alone.
+#[test]
+fn an_empty_cluster_id_asks_every_cluster_and_no_jobs_is_said() {
+    use common::http::{Response, TestServer};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let asked: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let seen = std::sync::Arc::clone(&asked);
+    let api = TestServer::start(
+        false,
+        std::sync::Arc::new(move |req: &common::http::Request| {
+            seen.lock().unwrap().push(req.target.clone());
+            Response::json(200, serde_json::json!({"status": "success", "data": []}))
+        }),
+    );
+    std::fs::write(
+        dir.join("config.yml"),
+        format!(
+            "ceems_api_server:\n  cluster_id: ''\n  web:\n    url: {}\n",
+            api.url()
+        ),
+    )
+    .unwrap();
+    let link = dir.join("cacct");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ceems"), &link).unwrap();
+    let out = cacct(
+        &link,
+        dir,
+        &[
+            "--current-user=usr1",
+            &format!("--config-path={}", dir.display()),
+            "--starttime=2022-02-20",
+            "--endtime=2022-03-20",
+        ],
+    );
+    let asked = asked.lock().unwrap();
+    assert!(
+        asked.iter().any(|t| t.starts_with("/api/v1/units")),
+        "{asked:?}"
+    );
+    assert!(
+        asked.iter().all(|t| !t.contains("cluster_id=")),
+        "{asked:?}"
+    );
+    assert!(
+        out.contains("no jobs of usr1 between 2022-02-20T00:00 and 2022-03-20T"),
+        "{out}"
+    );
+}

@@ -343,10 +343,13 @@ pub fn fetch(
     q: &Query,
 ) -> Result<(Vec<Value>, Vec<Value>), AcctError> {
     let mut params: Vec<(String, String)> = vec![
-        ("cluster_id".into(), settings.cluster_id.clone()),
         ("from".into(), q.from.to_string()),
         ("to".into(), q.to.to_string()),
     ];
+    // An empty cluster id (the example config's) means every cluster, not a cluster named "".
+    if !settings.cluster_id.is_empty() {
+        params.insert(0, ("cluster_id".into(), settings.cluster_id.clone()));
+    }
     let mut tags: Vec<&str> = q.fields.iter().map(|f| f.tag).collect();
     // The times the series are asked for.
     tags.extend(["started_at_ts", "ended_at_ts"]);

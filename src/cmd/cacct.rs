@@ -322,6 +322,33 @@ fn run_with(m: &ArgMatches, settings: &acct::Settings, user: &str) -> anyhow::Re
         Err(e @ (acct::AcctError::Forbidden | acct::AcctError::Server)) => return Ok(fail(e)),
         Err(e) => return Ok(fail(format!("failed to fetch jobs: {e}"))),
     };
+    if units.is_empty() {
+        // Said on standard error: standard output stays the table CEEMS's cacct prints.
+        let zone = jiff::tz::TimeZone::system();
+        let day = |t: i64| {
+            jiff::Timestamp::from_second(t)
+                .map(|t| {
+                    t.to_zoned(zone.clone())
+                        .strftime("%Y-%m-%dT%H:%M")
+                        .to_string()
+                })
+                .unwrap_or_else(|_| t.to_string())
+        };
+        let whose = match query.users.as_slice() {
+            [] => format!(" of {user}"),
+            users if users.iter().any(|u| u == "all") => String::new(),
+            users => format!(" of {}", users.join(", ")),
+        };
+        let cluster = match settings.cluster_id.as_str() {
+            "" => String::new(),
+            c => format!(" on cluster {c}"),
+        };
+        eprintln!(
+            "no jobs{whose}{cluster} between {} and {}",
+            day(query.from),
+            day(query.to)
+        );
+    }
     let tsdb = || {
         acct::Client::new(
             &settings.tsdb,
