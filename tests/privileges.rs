@@ -686,3 +686,58 @@ fn check_privileges_reads_pbs_s_accounting_log_as_the_stats_server_s_user() {
         "{error}"
     );
 }
+
+/// On a node where the exporter already runs, its port is taken by it: check-privileges
+/// says so and passes; a port taken by another program fails, naming it.
+#[test]
+fn a_port_held_by_the_running_daemon_is_not_a_failure() {
+    let fixtures = common::fixtures().join("compat");
+    let running = common::start_exporter(
+        &fixtures,
+        &[
+            "--collector.disable-defaults",
+            "--collector.meminfo",
+            "--path.procfs=proc",
+        ],
+    );
+    let listen = format!("--web.listen-address=127.0.0.1:{}", running.port);
+    let (code, report) = check_privileges(
+        &[],
+        &[
+            "--collector.disable-defaults",
+            "--collector.meminfo",
+            &listen,
+        ],
+    );
+    let listener = part(&report, "listener");
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(listener["test"]["outcome"], "ok", "{listener:#}");
+    assert!(
+        listener["test"]["operation"]
+            .as_str()
+            .unwrap()
+            .contains("held by the running ceems exporter"),
+        "{listener:#}"
+    );
+
+    // Another program's port.
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = other.local_addr().unwrap().port();
+    let listen = format!("--web.listen-address=127.0.0.1:{port}");
+    let (code, report) = check_privileges(
+        &[],
+        &[
+            "--collector.disable-defaults",
+            "--collector.meminfo",
+            &listen,
+        ],
+    );
+    let listener = part(&report, "listener");
+    assert_ne!(code, 0, "{report:#}");
+    assert_eq!(listener["test"]["outcome"], "error", "{listener:#}");
+    let error = listener["test"]["error"].as_str().unwrap();
+    assert!(
+        error.contains("held by") && error.contains("privileges-"),
+        "{error}"
+    );
+}

@@ -3,7 +3,7 @@
 //! operation gives when done as the daemon does it, and the lines that fix what is missing.
 //! Exit 0: all present; 1: something is missing; 2: bad usage.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
@@ -47,7 +47,7 @@ pub fn command() -> Command {
 /// The listeners of a daemon (the lb has two when it relays Pyroscope too): binding below 1024
 /// needs CAP_NET_BIND_SERVICE unless root. The daemon binds before it drops privileges, and
 /// so does this test.
-fn listener_parts(settings: &Layered) -> anyhow::Result<Vec<PartCheck>> {
+fn listener_parts(settings: &Layered, sub: &str) -> anyhow::Result<Vec<PartCheck>> {
     let addresses: Vec<String> = match settings.get::<toml::Value>("web.listen-address")? {
         toml::Value::Array(list) => list
             .iter()
@@ -59,7 +59,7 @@ fn listener_parts(settings: &Layered) -> anyhow::Result<Vec<PartCheck>> {
     addresses
         .into_iter()
         .map(|listen| {
-            let mut part = listener_part(&listen)?;
+            let mut part = listener_part(&listen, sub)?;
             if several {
                 part.part = format!("listener {listen}");
             }
@@ -68,7 +68,17 @@ fn listener_parts(settings: &Layered) -> anyhow::Result<Vec<PartCheck>> {
         .collect()
 }
 
-fn listener_part(listen: &str) -> anyhow::Result<PartCheck> {
+/// CEEMS's program name of a subcommand, as a link to `ceems` is named.
+fn link_name(sub: &str) -> &'static str {
+    match sub {
+        "exporter" => "ceems_exporter",
+        "stats-server" => "ceems_api_server",
+        "lb" => "ceems_lb",
+        _ => "redfish_proxy",
+    }
+}
+
+fn listener_part(listen: &str, sub: &str) -> anyhow::Result<PartCheck> {
     let port: u16 = listen
         .rsplit(':')
         .next()
@@ -93,6 +103,25 @@ fn listener_part(listen: &str) -> anyhow::Result<PartCheck> {
             };
             if source.kind() == std::io::ErrorKind::PermissionDenied {
                 t.outcome = TestOutcome::Denied;
+            }
+            // On a node where the daemon already runs, its own port is in use by it.
+            if source.kind() == std::io::ErrorKind::AddrInUse {
+                let holders = crate::host::listeners::holders(Path::new("/proc"), port);
+                match holders.iter().find(|h| h.is_ceems(sub, link_name(sub))) {
+                    Some(running) => {
+                        t.outcome = TestOutcome::Ok;
+                        t.operation = format!(
+                            "listen on {listen} (held by the running ceems {sub}, {})",
+                            running.describe()
+                        );
+                        t.error = None;
+                    }
+                    None if !holders.is_empty() => {
+                        let who: Vec<String> = holders.iter().map(|h| h.describe()).collect();
+                        t.error = Some(format!("{source}: held by {}", who.join(", ")));
+                    }
+                    None => {}
+                }
             }
             t
         }
@@ -125,7 +154,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let binary = std::env::current_exe().context("locating this binary")?;
     let file_caps = security::file_caps(&binary).unwrap_or(None);
 
-    let mut parts = listener_parts(&settings)?;
+    let mut parts = listener_parts(&settings, sub)?;
     let listeners = parts.len();
     let mut collectors = Vec::new();
     let mut sudo_commands = Vec::new();
