@@ -655,3 +655,34 @@ fn an_unknown_slurm_run_as_user_is_refused_at_start() {
         "{err}"
     );
 }
+
+/// One stats-server per SQLite directory: a second one refuses, naming the first's PID.
+#[test]
+fn a_second_stats_server_on_one_sqlite_directory_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = format!("--storage.data.path={}", tmp.path().display());
+    let args = [
+        data.as_str(),
+        "--security.drop-privileges=false",
+        "--slurm.sacctmgr.path=",
+        "--slurm.run-as-user=",
+    ];
+    let first = common::start_subcommand("stats-server", tmp.path(), &args, &[]);
+    let out = Command::new(BIN)
+        .arg("stats-server")
+        .args(args)
+        .arg(format!("--web.listen-address=127.0.0.1:{}", free_port()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let pid = first.child.0.id();
+    assert!(
+        err.contains(&format!("another stats-server (pid {pid}) uses")),
+        "{err}"
+    );
+    // Once the first is gone, the directory is free again: a new server starts and answers.
+    drop(first);
+    let again = common::start_subcommand("stats-server", tmp.path(), &args, &[]);
+    assert_eq!(again.get("/health").trim(), "OK");
+}

@@ -29,6 +29,7 @@ use crate::web;
 
 mod loops;
 mod settings;
+mod startup;
 
 /// The longest a report waits for its job to be pulled and aggregated on demand.
 const REFRESH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -365,27 +366,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         );
     }
 
-    // A Prometheus URL that cannot work is refused at start, not warned about at each update;
-    // a cluster without one gets no usage figures, which is said once here.
-    let mut without = Vec::new();
-    for c in &cluster_list {
-        match c.prometheus_url.as_deref().unwrap_or(&prom.url) {
-            "" => without.push(c.id.as_str()),
-            url => HttpPrometheus::check_url(url).map_err(|e| {
-                let key = match c.prometheus_url {
-                    Some(_) => format!("clusters: `{}`: prometheus-url", c.id),
-                    None => "--prometheus.url".to_owned(),
-                };
-                anyhow::anyhow!("{key}: {e}")
-            })?,
-        }
-    }
-    if !without.is_empty() {
-        tracing::warn!(
-            clusters = ?without,
-            "no Prometheus URL (--prometheus.url, or a cluster's prometheus-url): these clusters' units get no CPU, memory, energy or emissions figures"
-        );
-    }
+    startup::check_prometheus_urls(&cluster_list, &prom.url)?;
 
     let notify: NotifySettings = settings.get("notify")?;
     let external: String = settings.get("web.external-url")?;
@@ -449,9 +430,15 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             db::describe_postgres_url(database_url),
         ),
         false => {
-            check_data_dir(&storage.data.path)?;
+            startup::check_data_dir(&storage.data.path)?;
             (db_path.display().to_string(), db_path.display().to_string())
         }
+    };
+    // One server per SQLite directory: a second would double every ingestion and update.
+    // Held until this function returns; PostgreSQL serves several.
+    let _one_server = match postgres {
+        true => None,
+        false => Some(startup::lock_data_dir(&storage.data.path)?),
     };
     let limits = Limits {
         cutoff: prom.cutoff,
@@ -646,27 +633,4 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// The SQLite database's directory, created as the user the server runs as (so the file is
-/// theirs) and writable by them.
-fn check_data_dir(dir: &std::path::Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| {
-        format!(
-            "cannot create {} as uid {}",
-            dir.display(),
-            nix::unistd::getuid()
-        )
-    })?;
-    if let Err(e) = nix::unistd::access(
-        dir,
-        nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
-    ) {
-        anyhow::bail!(
-            "{} is not writable by uid {} ({e}): give it to that user, or set --security.run-as-user",
-            dir.display(),
-            nix::unistd::getuid()
-        );
-    }
-    Ok(())
 }
