@@ -616,20 +616,28 @@ fn example_config_documents_every_key_and_loads() {
     assert!(err.contains("invalid listen address"), "{err}");
 }
 
-/// A Prometheus URL without a scheme is refused at start, naming the fix, instead of
-/// starting and failing at each update.
-#[test]
-fn a_prometheus_url_without_scheme_is_refused_at_start() {
+/// Starts a stats-server with `args` on a fresh data directory, which must refuse to start;
+/// returns what it said.
+fn refused_stats_server(args: &[&str]) -> String {
     let tmp = tempfile::tempdir().unwrap();
     let out = Command::new(BIN)
-        .args(["stats-server", "--prometheus.url=localhost:9090"])
+        .arg("stats-server")
+        .args(args)
         .arg(format!("--storage.data.path={}", tmp.path().display()))
         .arg(format!("--web.listen-address=127.0.0.1:{}", free_port()))
         .arg("--security.drop-privileges=false")
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "{err}");
+    err
+}
+
+/// A Prometheus URL without a scheme is refused at start, naming the fix, instead of
+/// starting and failing at each update.
+#[test]
+fn a_prometheus_url_without_scheme_is_refused_at_start() {
+    let err = refused_stats_server(&["--prometheus.url=localhost:9090"]);
     assert!(
         err.contains("--prometheus.url") && err.contains("write it as http://localhost:9090"),
         "{err}"
@@ -640,16 +648,7 @@ fn a_prometheus_url_without_scheme_is_refused_at_start() {
 /// otherwise run as this process's user and list only its jobs, with an info line to say so.
 #[test]
 fn an_unknown_slurm_run_as_user_is_refused_at_start() {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
-        .args(["stats-server", "--slurm.run-as-user=nosuchuser-ceems"])
-        .arg(format!("--storage.data.path={}", tmp.path().display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{}", free_port()))
-        .arg("--security.drop-privileges=false")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let err = refused_stats_server(&["--slurm.run-as-user=nosuchuser-ceems"]);
     assert!(
         err.contains("no user `nosuchuser-ceems` on this host"),
         "{err}"

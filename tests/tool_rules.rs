@@ -263,30 +263,7 @@ fn ceems_tool_recording_rules_scenario() {
             flags,
         ]
         .concat();
-        let (status, log) = ceems_tool(dir, &args, input);
-        assert_eq!(status, 0, "{log}");
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&rules)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .collect();
-        files.sort();
-        for file in files {
-            let check = Command::new("promtool")
-                .args(["check", "rules"])
-                .arg(&file)
-                .output()
-                .unwrap();
-            assert!(
-                check.status.success(),
-                "{}: {}",
-                file.display(),
-                String::from_utf8_lossy(&check.stdout) + String::from_utf8_lossy(&check.stderr)
-            );
-            written.push((
-                file.file_name().unwrap().to_string_lossy().into_owned(),
-                std::fs::read_to_string(&file).unwrap(),
-            ));
-        }
+        written.extend(write_rules(dir, &args, input, &rules));
     }
     // A job with two chassis and an answer that names neither: refused, and said why.
     let args = ["tsdb", "create-recording-rules", &url_flag, &out_flag, V010];
@@ -303,23 +280,7 @@ fn ceems_tool_recording_rules_scenario() {
     .unwrap();
     let (rules_part, queries_part) =
         fixture.split_at(fixture.find("Queries for TSDB updater:").unwrap());
-    let want = expected_files(rules_part);
-    let names =
-        |files: &[(String, String)]| files.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
-    assert_eq!(names(&written), names(&want));
-    for ((name, ours), (_, theirs)) in written.iter().zip(&want) {
-        let (ours, theirs) = (groups(ours), groups(theirs));
-        for (g_ours, g_theirs) in ours.iter().zip(&theirs) {
-            assert_eq!(g_ours.0, g_theirs.0, "{name}");
-            assert_eq!(g_ours.1, g_theirs.1, "{name}: {}", g_ours.0);
-            let records = |g: &Group| g.2.iter().map(|r| r.0.clone()).collect::<Vec<_>>();
-            assert_eq!(records(g_ours), records(g_theirs), "{name}: {}", g_ours.0);
-            for (r_ours, r_theirs) in g_ours.2.iter().zip(&g_theirs.2) {
-                assert_eq!(r_ours.1, r_theirs.1, "{name}: {}", r_ours.0);
-            }
-        }
-        assert_eq!(ours.len(), theirs.len(), "{name}");
-    }
+    assert_same_rules(&written, &expected_files(rules_part));
 
     // The script's backfill of one job's rules, Prometheus restarted on the same TSDB, and
     // the updater queries for what it then records.
@@ -433,25 +394,7 @@ fn ceems_tool_recording_rules_multiple_emissions_scenario() {
             flags,
         ]
         .concat();
-        let (status, log) = ceems_tool(dir, &args, "");
-        assert_eq!(status, 0, "{log}");
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&rules)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .collect();
-        files.sort();
-        for file in files {
-            let check = Command::new("promtool")
-                .args(["check", "rules"])
-                .arg(&file)
-                .output()
-                .unwrap();
-            assert!(check.status.success(), "{}", file.display());
-            written.push((
-                file.file_name().unwrap().to_string_lossy().into_owned(),
-                std::fs::read_to_string(&file).unwrap(),
-            ));
-        }
+        written.extend(write_rules(dir, &args, "", &rules));
     }
     let fixture = std::fs::read_to_string(common::fixtures().join(
         "ceems-v0.16/cmd/ceems_tool/testdata/output/e2e-test-recording-rules-multiple-emissions-output.txt",
@@ -555,6 +498,38 @@ fn todays_gpu_rules_need_no_relabel_configs() {
     }
     assert!(units("uuid:ceems_gpu_usage:ratio") > 0);
     assert!(units("uuid:ceems_gpu_prof_sm_active:ratio") > 0);
+}
+
+/// Runs the tool with `args` (and `input` for its prompt), checks every file it wrote in
+/// `rules` with `promtool check rules`, and returns the files, by name, in name order.
+fn write_rules(dir: &Path, args: &[&str], input: &str, rules: &Path) -> Vec<(String, String)> {
+    let (status, log) = ceems_tool(dir, args, input);
+    assert_eq!(status, 0, "{log}");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(rules)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|file| {
+            let check = Command::new("promtool")
+                .args(["check", "rules"])
+                .arg(&file)
+                .output()
+                .unwrap();
+            assert!(
+                check.status.success(),
+                "{}: {}",
+                file.display(),
+                String::from_utf8_lossy(&check.stdout) + String::from_utf8_lossy(&check.stderr)
+            );
+            (
+                file.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read_to_string(&file).unwrap(),
+            )
+        })
+        .collect()
 }
 
 /// Each file as Prometheus reads it: the same groups, intervals, records and expressions.

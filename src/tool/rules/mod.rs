@@ -516,7 +516,7 @@ pub fn gpu_rules(r: &JobRules, gpu: &GpuRules, e: &Emissions) -> String {
             &exprs::per_unit(x, &format!("{p}{{job=\"%G%\"}} * 100")),
         ));
     }
-    let mut nodes = vec![
+    let nodes = vec![
         rule(
             "Average GPU use (%) of the scrape job's GPUs",
             "job:ceems_gpu_usage:avg",
@@ -533,14 +533,28 @@ pub fn gpu_rules(r: &JobRules, gpu: &GpuRules, e: &Emissions) -> String {
             x.jobs_power,
         ),
     ];
-    // The scrape job of these series is the GPU exporter's.
-    v[0].1 = escaped[1].as_str();
+    gpu_file(r, gpu, e, (units, nodes), &v, "")
+}
+
+/// A GPU rules file from its unit and node rules: the scrape job's emission rules added (its
+/// series are the GPU exporter's job's), then the header and the two groups.
+fn gpu_file(
+    r: &JobRules,
+    gpu: &GpuRules,
+    e: &Emissions,
+    (units, mut nodes): (Vec<Rule>, Vec<Rule>),
+    v: &[(&str, &str)],
+    note: &str,
+) -> String {
+    let gpu_job = promql_string(&gpu.job);
+    let mut v = v.to_vec();
+    v[0].1 = &gpu_job;
     for mut rule in job_emission_rules(e, "gpu") {
         rule.expr = fill(&rule.expr, &v);
         nodes.push(rule);
     }
     let header = format!(
-        "Recording rules for the GPUs that scrape job {} exports, for the compute units of\nscrape job {}, written by `ceems tool tsdb create-recording-rules`.",
+        "Recording rules for the GPUs that scrape job {} exports, for the compute units of\nscrape job {}, written by `ceems tool tsdb create-recording-rules`.{note}",
         gpu.job, r.job
     );
     let groups = two_groups(

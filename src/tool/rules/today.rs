@@ -52,10 +52,7 @@ pub(super) fn io_and_network_groups(r: &JobRules, v: &[(&str, &str)]) -> Vec<Gro
     ]
 }
 
-use super::{
-    emission_rules, job_emission_rules, promql_string, two_groups, values, yaml, Emissions,
-    GpuRules,
-};
+use super::{emission_rules, gpu_file, promql_string, values, Emissions, GpuRules};
 
 /// The GPU index flag of the job's units.
 const FLAG: &str = r#"ceems_compute_unit_gpu_index_flag{job="%J%"}"#;
@@ -184,32 +181,35 @@ fn nvidia(gpu: &GpuRules) -> ExporterRules {
             )
         })
         .collect();
-    let x = &exprs::DCGM;
     ExporterRules {
         units,
         profiling,
-        nodes: vec![
-            rule(
-                "job:ceems_gpu_usage:avg".into(),
-                vec![],
-                x.jobs_usage.into(),
-            ),
-            rule(
-                "job:ceems_gpu_memory_usage:avg_ratio".into(),
-                vec![],
-                x.jobs_memory_usage.into(),
-            ),
-            rule(
-                "job:ceems_gpu_power_watts:pue".into(),
-                vec![],
-                x.jobs_power.into(),
-            ),
-        ],
+        nodes: node_rules(&exprs::DCGM),
     }
 }
 
+/// The scrape job's GPU usage, memory use and power, as v0.10 wrote them too.
+fn node_rules(x: &exprs::GpuExporter) -> Vec<Rule> {
+    vec![
+        rule(
+            "job:ceems_gpu_usage:avg".into(),
+            vec![],
+            x.jobs_usage.into(),
+        ),
+        rule(
+            "job:ceems_gpu_memory_usage:avg_ratio".into(),
+            vec![],
+            x.jobs_memory_usage.into(),
+        ),
+        rule(
+            "job:ceems_gpu_power_watts:pue".into(),
+            vec![],
+            x.jobs_power.into(),
+        ),
+    ]
+}
+
 fn amd_smi() -> ExporterRules {
-    let x = &exprs::AMD_SMI;
     ExporterRules {
         units: vec![
             rule(
@@ -241,23 +241,7 @@ fn amd_smi() -> ExporterRules {
             ),
         ],
         profiling: Vec::new(),
-        nodes: vec![
-            rule(
-                "job:ceems_gpu_usage:avg".into(),
-                vec![],
-                x.jobs_usage.into(),
-            ),
-            rule(
-                "job:ceems_gpu_memory_usage:avg_ratio".into(),
-                vec![],
-                x.jobs_memory_usage.into(),
-            ),
-            rule(
-                "job:ceems_gpu_power_watts:pue".into(),
-                vec![],
-                x.jobs_power.into(),
-            ),
-        ],
+        nodes: node_rules(&exprs::AMD_SMI),
     }
 }
 
@@ -391,25 +375,15 @@ pub(super) fn gpu_rules(r: &JobRules, gpu: &GpuRules, e: &Emissions) -> String {
         &exprs::emissions_static(&fixed),
     ));
     units.extend(filled(rules.profiling, &v));
-    let mut nodes = filled(rules.nodes, &v);
-    // The scrape job of these series is the GPU exporter's.
-    let mut v = v;
-    v[0].1 = escaped[1].as_str();
-    for mut rule in job_emission_rules(e, "gpu") {
-        rule.expr = fill(&rule.expr, &v);
-        nodes.push(rule);
-    }
-    let header = format!(
-        "Recording rules for the GPUs that scrape job {} exports, for the compute units of\nscrape job {}, written by `ceems tool tsdb create-recording-rules`. They give the\nGPU exporter's series ceems's GPU labels: no relabel config is needed.",
-        gpu.job, r.job
-    );
-    let groups = two_groups(
+    let nodes = filled(rules.nodes, &v);
+    gpu_file(
         r,
-        ("compute-unit-gpu-rules", units),
-        ("host-agg-gpu-rules", nodes),
-        &gpu.job,
-    );
-    yaml(&header, &groups)
+        gpu,
+        e,
+        (units, nodes),
+        &v,
+        " They give the\nGPU exporter's series ceems's GPU labels: no relabel config is needed.",
+    )
 }
 
 #[cfg(test)]
