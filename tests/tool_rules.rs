@@ -92,34 +92,36 @@ fn exporter(
     common::start_exporter_env(pack, &args, env)
 }
 
+/// Stand-ins of `ipmi-dcmi`, `ipmitool`, `nvidia-smi` and `rocm-smi` in `dir/stubs`, printing
+/// the v0.10 pack's captures of them.
+fn pack_tools(dir: &Path) -> [PathBuf; 4] {
+    let capture = common::fixtures().join("compat/fixtures");
+    [
+        (
+            "ipmi-dcmi",
+            "ipmi/freeipmi/ipmi-dcmi_--get-system-power-statistics.txt",
+        ),
+        ("ipmitool", "ipmi/openipmi/ipmitool_dcmi_power_reading.txt"),
+        (
+            "nvidia-smi",
+            "nvidia-smi/nvidia-smi_--query_--xml-format.xml",
+        ),
+        (
+            "rocm-smi",
+            "rocm-smi/rocm-smi_--showproductname_--showserial_--showbus_--csv.txt",
+        ),
+    ]
+    .map(|(name, file)| common::stub(&dir.join("stubs"), name, &capture.join(file)))
+}
+
 #[test]
 fn ceems_tool_recording_rules_scenario() {
     common::lab::prometheus_tools().expect("prometheus");
     let pack = common::fixtures().join("compat");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let stubs = dir.join("stubs");
     let capture = |p: &str| pack.join("fixtures").join(p);
-    let ipmi_dcmi = common::stub(
-        &stubs,
-        "ipmi-dcmi",
-        &capture("ipmi/freeipmi/ipmi-dcmi_--get-system-power-statistics.txt"),
-    );
-    let ipmitool = common::stub(
-        &stubs,
-        "ipmitool",
-        &capture("ipmi/openipmi/ipmitool_dcmi_power_reading.txt"),
-    );
-    let nvidia_smi = common::stub(
-        &stubs,
-        "nvidia-smi",
-        &capture("nvidia-smi/nvidia-smi_--query_--xml-format.xml"),
-    );
-    let rocm_smi = common::stub(
-        &stubs,
-        "rocm-smi",
-        &capture("rocm-smi/rocm-smi_--showproductname_--showserial_--showbus_--csv.txt"),
-    );
+    let [ipmi_dcmi, ipmitool, nvidia_smi, rocm_smi] = pack_tools(dir);
     // The Redfish mock, its config reading host and port from the environment as the
     // script's does.
     let bmc = StandinBmc::start(Flavor::CeemsMock(capture("mock-servers/redfish")), false);
@@ -333,11 +335,7 @@ fn ceems_tool_recording_rules_multiple_emissions_scenario() {
     let pack = common::fixtures().join("compat");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let ipmi_dcmi = common::stub(
-        &dir.join("stubs"),
-        "ipmi-dcmi",
-        &pack.join("fixtures/ipmi/freeipmi/ipmi-dcmi_--get-system-power-statistics.txt"),
-    );
+    let [ipmi_dcmi, ..] = pack_tools(dir);
     let ipmi_flag = format!("--collector.ipmi.dcmi.cmd={}", ipmi_dcmi.display());
     let node = common::start_exporter(
         &pack,
@@ -413,18 +411,7 @@ fn todays_gpu_rules_need_no_relabel_configs() {
     let pack = common::fixtures().join("compat");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let stubs = dir.join("stubs");
-    let capture = |p: &str| pack.join("fixtures").join(p);
-    let ipmitool = common::stub(
-        &stubs,
-        "ipmitool",
-        &capture("ipmi/openipmi/ipmitool_dcmi_power_reading.txt"),
-    );
-    let nvidia_smi = common::stub(
-        &stubs,
-        "nvidia-smi",
-        &capture("nvidia-smi/nvidia-smi_--query_--xml-format.xml"),
-    );
+    let [_, ipmitool, nvidia_smi, _] = pack_tools(dir);
     let ipmi_flag = format!("--collector.ipmi.dcmi.cmd={}", ipmitool.display());
     let nvidia_flag = format!("--collector.gpu.nvidia-smi-path={}", nvidia_smi.display());
     let exporter = common::start_exporter(
