@@ -685,3 +685,21 @@ fn a_second_stats_server_on_one_sqlite_directory_is_refused() {
     let again = common::start_subcommand("stats-server", tmp.path(), &args, &[]);
     assert_eq!(again.get("/health").trim(), "OK");
 }
+
+/// A data path that is a file is named as such, and each OS error is said once.
+#[test]
+fn a_data_path_that_is_a_file_is_named_as_such() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("not-a-dir");
+    std::fs::write(&file, "").unwrap();
+    let out = Command::new(BIN)
+        .arg("stats-server")
+        .arg(format!("--storage.data.path={}", file.display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{}", free_port()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("not-a-dir is not a directory"), "{err}");
+    assert!(!err.contains("File exists"), "{err}");
+}

@@ -134,8 +134,46 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             // The logger may not be up yet (bad config): print the whole chain to stderr.
-            eprintln!("ceems: error: {err:#}");
+            eprintln!("ceems: error: {}", error_chain(&err));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// An error and its causes, each said once: a cause whose words its parent's message already
+/// holds (an OS error the parent names) is not repeated.
+pub fn error_chain(err: &anyhow::Error) -> String {
+    let mut text = err.to_string();
+    for cause in err.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let os = std::io::Error::from_raw_os_error(17);
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot create /srv/x: {source}")]
+        struct Create {
+            source: std::io::Error,
+        }
+        let err = anyhow::Error::new(Create { source: os }).context("starting");
+        let text = error_chain(&err);
+        assert_eq!(text.matches("File exists").count(), 1, "{text}");
+        assert!(
+            text.starts_with("starting: cannot create /srv/x: File exists"),
+            "{text}"
+        );
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_chain(&plain), "outer: inner");
     }
 }

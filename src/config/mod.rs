@@ -120,6 +120,9 @@ pub struct Layered {
     /// One line per renamed spelling this run used (a flag, variable or file key), for the
     /// subcommand to log once logging is set up.
     pub deprecated: Vec<String>,
+    /// The dotted path of this table in the subcommand's (empty at the top), so that an error
+    /// names the whole key (`collector.timeout`, not `timeout`).
+    scope: String,
 }
 
 impl Layered {
@@ -137,8 +140,10 @@ impl Layered {
             let key = join_key(path, if inner == "." { "" } else { &inner });
             ConfigError::Invalid {
                 origin: self.origin_of(&key),
-                key,
-                message: err.into_inner().to_string(),
+                key: join_key(&self.scope, &key),
+                // The key is named already: toml's own "in `key`" line would name it again,
+                // shorter.
+                message: strip_key_line(&err.into_inner().to_string()),
             }
         })
     }
@@ -163,6 +168,7 @@ impl Layered {
             from_file: strip(&self.from_file),
             from_cli: strip(&self.from_cli),
             deprecated: Vec::new(),
+            scope: join_key(&self.scope, path),
         }
     }
 
@@ -193,6 +199,17 @@ impl Layered {
         } else {
             "configuration".to_owned()
         }
+    }
+}
+
+/// `message` without a last line `in `…``.
+fn strip_key_line(message: &str) -> String {
+    let trimmed = message.trim_end();
+    match trimmed.rsplit_once('\n') {
+        Some((head, last)) if last.starts_with("in `") && last.ends_with('`') => {
+            head.trim_end().to_owned()
+        }
+        _ => trimmed.to_owned(),
     }
 }
 
@@ -540,6 +557,7 @@ pub fn load(subcommand: &str, opts: &[Opt], matches: &ArgMatches) -> Result<Laye
         from_file,
         from_cli,
         deprecated,
+        scope: String::new(),
     })
 }
 
@@ -605,6 +623,21 @@ mod tests {
         let cmd = build_command(Command::new("exporter"), &opts());
         let m = cmd.try_get_matches_from(argv).unwrap();
         load("exporter", &opts(), &m)
+    }
+
+    #[test]
+    fn an_error_in_a_scoped_table_names_the_whole_key_once() {
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct Max {
+            #[serde(rename = "max-requests", deserialize_with = "de_duration")]
+            max_requests: Duration,
+        }
+        let l = parse(&["--web.max-requests=12"], None).unwrap();
+        let web = l.scoped("web", l.get::<Table>("web").unwrap());
+        let err = web.get::<Max>("").unwrap_err().to_string();
+        assert!(err.contains("key `web.max-requests`"), "{err}");
+        assert!(!err.contains("in `"), "the key is named twice: {err}");
     }
 
     #[test]

@@ -392,6 +392,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     if !storage.data.backup.path.is_empty() {
         own_dirs.push(&backup_dir);
     }
+    startup::refuse_files(&own_dirs)?;
     for dir in crate::security::create_dirs_for_run_as_user(&security, &own_dirs)? {
         tracing::info!(dir = %dir.display(), "created for the user the server runs as");
     }

@@ -94,3 +94,17 @@ pub(super) fn check_data_dir(dir: &std::path::Path) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The server's own directories must be directories: a file in the way is named as such,
+/// not as "File exists" from an attempt to create it.
+pub(super) fn refuse_files(dirs: &[&std::path::Path]) -> anyhow::Result<()> {
+    for dir in dirs {
+        if dir.exists() && !dir.is_dir() {
+            anyhow::bail!(
+                "{} is not a directory (--storage.data.path and --storage.data.backup.path name directories)",
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
