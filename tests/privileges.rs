@@ -700,16 +700,20 @@ fn a_port_held_by_the_running_daemon_is_not_a_failure() {
             "--path.procfs=proc",
         ],
     );
-    let listen = format!("--web.listen-address=127.0.0.1:{}", running.port);
-    let (code, report) = check_privileges(
-        &[],
-        &[
-            "--collector.disable-defaults",
-            "--collector.meminfo",
-            &listen,
-        ],
-    );
-    let listener = part(&report, "listener");
+    // check-privileges of an exporter listening on `port`: its exit code and listener part.
+    let check = |port: u16| {
+        let listen = format!("--web.listen-address=127.0.0.1:{port}");
+        let (code, report) = check_privileges(
+            &[],
+            &[
+                "--collector.disable-defaults",
+                "--collector.meminfo",
+                &listen,
+            ],
+        );
+        (code, part(&report, "listener"), report)
+    };
+    let (code, listener, report) = check(running.port);
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(listener["test"]["outcome"], "ok", "{listener:#}");
     assert!(
@@ -722,17 +726,7 @@ fn a_port_held_by_the_running_daemon_is_not_a_failure() {
 
     // Another program's port.
     let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = other.local_addr().unwrap().port();
-    let listen = format!("--web.listen-address=127.0.0.1:{port}");
-    let (code, report) = check_privileges(
-        &[],
-        &[
-            "--collector.disable-defaults",
-            "--collector.meminfo",
-            &listen,
-        ],
-    );
-    let listener = part(&report, "listener");
+    let (code, listener, report) = check(other.local_addr().unwrap().port());
     assert_ne!(code, 0, "{report:#}");
     assert_eq!(listener["test"]["outcome"], "error", "{listener:#}");
     let error = listener["test"]["error"].as_str().unwrap();

@@ -92,6 +92,24 @@ fn exporter(
     common::start_exporter_env(pack, &args, env)
 }
 
+/// An exporter of today's names on the v0.10 pack's trees, as CEEMS v0.16's script starts
+/// its IPMI nodes (`--collector.ipmi.test-mode`, a forced hostname), with `flags` besides.
+fn todays_exporter(pack: &Path, flags: &[&str]) -> common::Running {
+    let mut args = vec![
+        "--path.sysfs=sys",
+        "--path.cgroupfs=sys/fs/cgroup",
+        "--path.procfs=proc",
+        "--collector.cgroups.force-version=v1",
+        "--collector.slurm",
+        "--collector.ipmi",
+        "--collector.ipmi.test-mode",
+        "--collector.force-hostname=testhost-1",
+        "--web.disable-exporter-metrics",
+    ];
+    args.extend_from_slice(flags);
+    common::start_exporter(pack, &args)
+}
+
 /// Stand-ins of `ipmi-dcmi`, `ipmitool`, `nvidia-smi` and `rocm-smi` in `dir/stubs`, printing
 /// the v0.10 pack's captures of them.
 fn pack_tools(dir: &Path) -> [PathBuf; 4] {
@@ -337,22 +355,13 @@ fn ceems_tool_recording_rules_multiple_emissions_scenario() {
     let dir = tmp.path();
     let [ipmi_dcmi, ..] = pack_tools(dir);
     let ipmi_flag = format!("--collector.ipmi.dcmi.cmd={}", ipmi_dcmi.display());
-    let node = common::start_exporter(
+    let node = todays_exporter(
         &pack,
         &[
-            "--path.sysfs=sys",
-            "--path.cgroupfs=sys/fs/cgroup",
-            "--path.procfs=proc",
-            "--collector.cgroups.force-version=v1",
-            "--collector.slurm",
             "--collector.gpu.type=nogpu",
-            "--collector.ipmi",
-            "--collector.ipmi.test-mode",
             &ipmi_flag,
             "--collector.rapl",
             "--collector.emissions",
-            "--collector.force-hostname=testhost-1",
-            "--web.disable-exporter-metrics",
         ],
     );
     let emissions = common::start_exporter(
@@ -414,22 +423,9 @@ fn todays_gpu_rules_need_no_relabel_configs() {
     let [_, ipmitool, nvidia_smi, _] = pack_tools(dir);
     let ipmi_flag = format!("--collector.ipmi.dcmi.cmd={}", ipmitool.display());
     let nvidia_flag = format!("--collector.gpu.nvidia-smi-path={}", nvidia_smi.display());
-    let exporter = common::start_exporter(
+    let exporter = todays_exporter(
         &pack,
-        &[
-            "--path.sysfs=sys",
-            "--path.cgroupfs=sys/fs/cgroup",
-            "--path.procfs=proc",
-            "--collector.cgroups.force-version=v1",
-            "--collector.slurm",
-            "--collector.gpu.type=nvidia",
-            &nvidia_flag,
-            "--collector.ipmi",
-            "--collector.ipmi.test-mode",
-            &ipmi_flag,
-            "--collector.force-hostname=testhost-1",
-            "--web.disable-exporter-metrics",
-        ],
+        &["--collector.gpu.type=nvidia", &nvidia_flag, &ipmi_flag],
     );
     let (prometheus, url, _gpus) = common::tool_pack::pack_prometheus(
         common::tool_pack::Pack::V016,
