@@ -292,6 +292,27 @@ fn build(ctx: &Context) -> Result<Box<dyn Collector>, CollectError> {
     Ok(Box::new(collector))
 }
 
+/// Opens the first of `devices` that exists (the modules may be loaded after the exporter
+/// starts), with the capability it needs.
+fn open_device(devices: &[PathBuf]) -> Result<(native::OpenIpmiDevice, &PathBuf), String> {
+    let Some(device) = devices.iter().find(|d| d.exists()) else {
+        return Err(format!(
+            "native mode: no OpenIPMI device at {}; load the ipmi_devintf and ipmi_si modules",
+            devices
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    };
+    let path = device.clone();
+    let dev = crate::security::privileged(SPEC.capabilities, move || {
+        native::OpenIpmiDevice::open(&path)
+    })
+    .map_err(|e| format!("cannot open {}: {e}", device.display()))?;
+    Ok((dev, device))
+}
+
 impl IpmiCollector {
     pub fn new(source: Source, timeout: Duration, max_age: Duration, hostname: &str) -> Self {
         IpmiCollector {
@@ -323,21 +344,7 @@ impl IpmiCollector {
                     .map_err(|e| format!("cannot parse output of {}: {e}", program.display()))
             }
             Source::Native { devices } => {
-                let Some(device) = devices.iter().find(|d| d.exists()) else {
-                    return Err(format!(
-                        "native mode: no OpenIPMI device at {}; load the ipmi_devintf and ipmi_si modules",
-                        devices
-                            .iter()
-                            .map(|d| d.display().to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ));
-                };
-                let path = device.clone();
-                let mut dev = crate::security::privileged(SPEC.capabilities, move || {
-                    native::OpenIpmiDevice::open(&path)
-                })
-                .map_err(|e| format!("cannot open {}: {e}", device.display()))?;
+                let (mut dev, device) = open_device(devices)?;
                 let id = self.msgid.fetch_add(1, Ordering::Relaxed);
                 native::read_power(&mut dev, id as std::os::raw::c_long, self.timeout)
                     .map_err(|e| format!("{}: {e}", device.display()))

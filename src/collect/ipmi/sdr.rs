@@ -281,7 +281,13 @@ impl Session<'_> {
         record.truncate(HEADER_LEN);
         while record.len() < total {
             let want = (total - record.len()).min(usize::from(CHUNK)) as u8;
-            let (_, part) = self.get_sdr(reservation, id, record.len() as u8, want)?;
+            // Get SDR's offset is one byte: a record longer than that cannot be read whole.
+            let offset = u8::try_from(record.len()).map_err(|_| {
+                NativeError::Malformed(format!(
+                    "SDR {id:#06x}: {total} bytes, more than one offset reaches"
+                ))
+            })?;
+            let (_, part) = self.get_sdr(reservation, id, offset, want)?;
             if part.is_empty() {
                 return Err(NativeError::Malformed(format!(
                     "SDR {id:#06x}: no bytes at offset {}",

@@ -2,12 +2,12 @@
 //! (by unit, or by sensor number), where from (a tool's sensor listing, or natively), and
 //! the parsers of the listings of `ipmitool` and FreeIPMI's `ipmi-sensors`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::native::{NativeError, OpenIpmiDevice};
+use super::native::NativeError;
 use super::parse::Format;
 use super::sdr::{SensorRecord, Session};
 use super::Source;
@@ -377,12 +377,7 @@ impl SensorSource {
                 })
             }
             "ipmi-dcmi" => {
-                let sibling = program.with_file_name("ipmi-sensors");
-                let program = if program.parent().is_some_and(|p| p != Path::new("")) {
-                    sibling
-                } else {
-                    PathBuf::from("ipmi-sensors")
-                };
+                let program = program.with_file_name("ipmi-sensors");
                 let connection = args
                     .iter()
                     .filter(|a| *a != "--get-system-power-statistics")
@@ -435,13 +430,18 @@ impl SensorPart {
                     });
                 let listing = match out {
                     Ok(out) => parse_listing(&out),
-                    // ipmi-sensors lists every sensor and exits 1 when one could not be read.
-                    Err(command::CommandError::Failed { stdout, .. })
-                        if !parse_listing(&stdout).readings.is_empty() =>
-                    {
-                        parse_listing(&stdout)
+                    Err(e) => {
+                        // ipmi-sensors lists every sensor and exits 1 when one could not be
+                        // read: what it listed is used.
+                        let listed = match &e {
+                            command::CommandError::Failed { stdout, .. } => parse_listing(stdout),
+                            _ => Listing::default(),
+                        };
+                        if listed.readings.is_empty() {
+                            return Err(e.to_string());
+                        }
+                        listed
                     }
-                    Err(e) => return Err(e.to_string()),
                 };
                 let errors = listing
                     .errors
@@ -453,16 +453,7 @@ impl SensorPart {
                 Ok((self.selection.pick(listing.readings)?, errors))
             }
             SensorSource::Native => {
-                let device = devices
-                    .iter()
-                    .find(|d| d.exists())
-                    .ok_or_else(|| "native mode: no OpenIPMI device for the sensors".to_owned())?
-                    .clone();
-                let path = device.clone();
-                let mut dev = crate::security::privileged(super::SPEC.capabilities, move || {
-                    OpenIpmiDevice::open(&path)
-                })
-                .map_err(|e| format!("cannot open {}: {e}", device.display()))?;
+                let (mut dev, device) = super::open_device(devices)?;
                 let first = msgid.fetch_add(1, Ordering::Relaxed);
                 let mut session = Session {
                     driver: &mut dev,
@@ -558,6 +549,7 @@ const SENSOR_HELP: &str = "Current reading of IPMI sensor";
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn fixture(name: &str) -> String {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ipmi");

@@ -307,15 +307,7 @@ fn gpu_jobs(jobs: &Jobs, series: &[BTreeMap<String, String>]) -> BTreeMap<String
     {
         let cpu_hosts = hosts(cpu_job);
         for exporter in [&DCGM, &AMD_SMI, &AMD_DEVICE_METRICS] {
-            let names = std::iter::once(exporter.power_series).chain(
-                match exporter.power_series == AMD_DEVICE_METRICS.power_series {
-                    true => &DEVICE_METRICS_POWER[..],
-                    false => &[],
-                }
-                .iter()
-                .copied(),
-            );
-            for name in names {
+            for name in power_names(exporter) {
                 for gpu_job in by_name.get(name).into_iter().flatten() {
                     if hosts(gpu_job).iter().any(|h| cpu_hosts.contains(h)) {
                         map.insert(cpu_job.to_string(), gpu_job.to_string());
@@ -328,8 +320,8 @@ fn gpu_jobs(jobs: &Jobs, series: &[BTreeMap<String, String>]) -> BTreeMap<String
 }
 
 fn gpu_rules(jobs: &Jobs, gpu_job: &str) -> GpuRules {
-    let device_metrics = std::iter::once(AMD_DEVICE_METRICS.power_series)
-        .chain(DEVICE_METRICS_POWER)
+    let device_metrics = power_names(&AMD_DEVICE_METRICS)
+        .iter()
         .any(|n| jobs.has(gpu_job, n));
     let exporter: &'static GpuExporter = if jobs.has(gpu_job, DCGM.power_series) {
         &DCGM
@@ -338,8 +330,8 @@ fn gpu_rules(jobs: &Jobs, gpu_job: &str) -> GpuRules {
     } else {
         &AMD_SMI
     };
-    // AMD's device metrics exporter names its series `amd_gpu_*` since its 1.3.
-    let metric_prefix = match jobs.has(gpu_job, DEVICE_METRICS_POWER[0]) {
+    // AMD's device metrics exporter of today names its series `amd_gpu_*`.
+    let metric_prefix = match jobs.has(gpu_job, "amd_gpu_package_power") {
         true => "amd_",
         false => "",
     };
@@ -367,8 +359,19 @@ fn gpu_rules(jobs: &Jobs, gpu_job: &str) -> GpuRules {
     }
 }
 
-/// AMD's device metrics exporter's package power, today's name and the one before it.
-const DEVICE_METRICS_POWER: [&str; 2] = ["amd_gpu_package_power", "gpu_package_power"];
+/// The power series a GPU exporter is known by: AMD's device metrics exporter has had three
+/// names for it (v0.10's, today's, and today's without the `amd_` prefix).
+fn power_names(exporter: &'static GpuExporter) -> &'static [&'static str] {
+    const DEVICE_METRICS: [&str; 3] = [
+        AMD_DEVICE_METRICS.power_series,
+        "amd_gpu_package_power",
+        "gpu_package_power",
+    ];
+    match exporter.power_series == AMD_DEVICE_METRICS.power_series {
+        true => &DEVICE_METRICS,
+        false => std::slice::from_ref(&exporter.power_series),
+    }
+}
 
 /// AMD's device metrics profiling series (after `amd_gpu_` or `gpu_`), in the order CEEMS
 /// writes their rules.

@@ -84,14 +84,11 @@ fn per_unit(what: &str, on: &str) -> String {
 }
 
 /// A unit's GPU power: its share of the GPU's SMs (`by`: the device label) times the
-/// device's power record `device`.
-fn sm_share_power(by: &str, device: &str, join: &str) -> String {
+/// device's power record `device` (joined on `join`), given to the units' flags (joined on
+/// `to_units`).
+fn sm_share_power(by: &str, device: &str, join: &str, to_units: &str) -> String {
     format!(
-        "(\n    {SM_COUNT}\n  / on ({by}) group_left ()\n    (sum by ({by}) ({SM_COUNT}) > 0)\n)\n  * on ({join}) group_left ()\n    {device}\n* on ({}) group_right ()\n  {FLAG}",
-        match by {
-            "index" => "index",
-            _ => "gpuuuid,gpuiid,uuid",
-        }
+        "(\n    {SM_COUNT}\n  / on ({by}) group_left ()\n    (sum by ({by}) ({SM_COUNT}) > 0)\n)\n  * on ({join}) group_left ()\n    {device}\n* on ({to_units}) group_right ()\n  {FLAG}"
     )
 }
 
@@ -138,6 +135,7 @@ fn nvidia(gpu: &GpuRules) -> ExporterRules {
             "gpuuuid",
             r#"dev:DCGM_FI_DEV_POWER_USAGE_INSTANT:pue{job="%G%"}"#,
             on,
+            "gpuuuid,gpuiid,uuid",
         ),
     };
     let units = vec![
@@ -237,6 +235,7 @@ fn amd_smi() -> ExporterRules {
                     "index",
                     r#"dev:amd_gpu_power_watts:pue{job="%G%"}"#,
                     "index",
+                    "index",
                 ),
             ),
         ],
@@ -293,6 +292,7 @@ fn amd_device_metrics(gpu: &GpuRules) -> ExporterRules {
             "gpuuuid",
             r#"dev:gpu_power_usage_watts:pue{job="%G%",gpuiid="0"}"#,
             "gpuuuid",
+            "gpuuuid,gpuiid,uuid",
         ),
     ));
     let profiling = gpu
