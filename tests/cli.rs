@@ -468,6 +468,8 @@ fn a_slurmrestd_source_that_cannot_work_stops_start_up_saying_why() {
                 &data,
             ])
             .args(args)
+            // No slurm.conf: the cluster is `slurm-0`, whatever this host runs.
+            .env("SLURM_CONF", "/nonexistent/slurm.conf")
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

@@ -145,3 +145,61 @@ async fn killed_mid_ingestion_and_restarted_the_database_holds_every_job_once() 
         (JOBS as i64, JOBS as i64, "ok")
     );
 }
+
+/// A stats-server told no cluster id names its Slurm cluster as slurm.conf does (what sacct,
+/// the lb's config and cacct use), and says so; without a ClusterName it falls back to
+/// `slurm-0` with a warning.
+#[test]
+fn the_cluster_id_defaults_to_slurm_conf_s_cluster_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let sacct = dir.path().join("sacct");
+    std::fs::write(&sacct, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&sacct, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let conf = dir.path().join("slurm.conf");
+    for (text, id, said) in [
+        (
+            "ClusterName=JeanZay\nSlurmUser=slurm\n",
+            "jeanzay",
+            "ClusterName",
+        ),
+        ("SlurmUser=slurm\n", "slurm-0", "sets no ClusterName"),
+    ] {
+        std::fs::write(&conf, text).unwrap();
+        let log = dir.path().join("log");
+        let data = dir.path().join(id);
+        let port = free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_ceems"))
+            .env("SLURM_CONF", &conf)
+            .args([
+                "stats-server",
+                &format!("--web.listen-address=127.0.0.1:{port}"),
+                &format!("--storage.data.path={}", data.display()),
+                &format!("--slurm.sacct.path={}", sacct.display()),
+                "--slurm.sacctmgr.path=",
+                "--slurm.run-as-user=",
+                "--web.admin-users=root",
+                "--security.drop-privileges=false",
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let server = Running {
+            child: common::KillOnDrop(child),
+            port,
+        };
+        let start = Instant::now();
+        while ureq::get(&server.url("/health")).call().is_err() {
+            assert!(start.elapsed() < Duration::from_secs(30), "no start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let clusters = common::api_get(&server, "/api/v1/clusters/admin", "root");
+        assert_eq!(
+            clusters["data"],
+            serde_json::json!([{"id": id, "manager": "slurm"}]),
+            "{text}"
+        );
+        let log = std::fs::read_to_string(&log).unwrap();
+        assert!(log.contains(said), "{log}");
+    }
+}

@@ -48,7 +48,7 @@ fn real_jobs_get_cpu_usage_from_prometheus_and_each_user_sees_only_their_own() {
 
     let (server, _data) = start_stats_server(&prom.url());
 
-    let window = "/api/v1/units?from=0&field=uuid&field=username&field=state&field=total_cpu_seconds&field=avg_cpu_usage&field=aggregates_status";
+    let window = "/api/v1/units?from=0&field=uuid&field=username&field=state&field=total_cpu_seconds&field=avg_cpu_usage&field=aggregates_status&field=total_cpu_energy_usage_kwh&field=total_host_energy_usage_kwh&field=total_emissions_gms";
     let mut units = serde_json::Value::Null;
     wait_until(
         "aggregates of alice's jobs",
@@ -68,7 +68,22 @@ fn real_jobs_get_cpu_usage_from_prometheus_and_each_user_sees_only_their_own() {
         assert!(cpu > 5.0 && cpu < 20.0, "job {id}: {cpu} CPU seconds: {u}");
         assert!(usage > 30.0, "job {id}: {usage}% CPU: {u}");
         assert_eq!(u["state"], "COMPLETED", "{u}");
+        // The exporter has no power collector: no energy, not 0 kWh.
+        assert!(u.get("total_cpu_energy_usage_kwh").is_none(), "{u}");
+        assert!(u["total_host_energy_usage_kwh"].is_null(), "{u}");
+        assert!(u["total_emissions_gms"].is_null(), "{u}");
     }
+    let report = ureq::get(&server.url(&format!("/report/lab/{a1}.txt")))
+        .set("X-Grafana-User", "alice")
+        .call()
+        .expect("alice's report")
+        .into_string()
+        .unwrap();
+    assert!(
+        report.contains("no power data: enable a power collector"),
+        "{report}"
+    );
+    assert!(!report.contains("0.000 kWh"), "{report}");
     println!("alice's jobs: {}", units["data"]);
     for u in units["data"].as_array().unwrap() {
         assert_eq!(u["username"], "alice", "alice sees {u}");

@@ -475,6 +475,21 @@ fn number(v: f64, n: Number) -> String {
     }
 }
 
+/// Why the energy columns asked for are missing from the table, when no job has a figure:
+/// said on standard error, so that an empty column does not pass for 0 kWh.
+pub fn missing_energy_note(units: &[Value], fields: &[&Field]) -> Option<String> {
+    let energy = ["total_cpu_energy_usage_kwh", "total_cpu_emissions_gms"];
+    let asked = fields.iter().any(|f| energy.contains(&f.tag));
+    let any = units.iter().any(|u| {
+        energy
+            .iter()
+            .any(|t| u[*t].as_object().is_some_and(|m| !m.is_empty()))
+    });
+    (asked && !units.is_empty() && !any).then(|| {
+        "no energy or emissions figures for these jobs: their nodes' exporters have no power collector (ipmi, redfish, rapl, hwmon or cray_pm_counters), or the stats-server has not aggregated them yet".to_owned()
+    })
+}
+
 /// `HH:MM:SS`, with `D-` in front past a day.
 fn elapsed(seconds: i64) -> String {
     let (d, s) = (seconds / 86400, seconds % 86400);
@@ -623,6 +638,22 @@ mod tests {
     fn elapsed_times_read_as_sacct_writes_them() {
         assert_eq!(elapsed(2962), "00:49:22");
         assert_eq!(elapsed(86400 + 61), "1-00:01:01");
+    }
+
+    #[test]
+    fn jobs_without_energy_figures_are_said_to_have_none() {
+        let (asked, _) = fields(&["jobid".into(), "hostenergy".into()], &[]).unwrap();
+        let bare = [serde_json::json!({"uuid": "1"})];
+        let note = missing_energy_note(&bare, &asked).unwrap();
+        assert!(note.contains("no power collector"), "{note}");
+        let measured = [
+            serde_json::json!({"uuid": "1"}),
+            serde_json::json!({"uuid": "2", "total_cpu_energy_usage_kwh": {"total": 0.0}}),
+        ];
+        assert_eq!(missing_energy_note(&measured, &asked), None);
+        let (plain, _) = fields(&["jobid".into()], &[]).unwrap();
+        assert_eq!(missing_energy_note(&bare, &plain), None);
+        assert_eq!(missing_energy_note(&[], &asked), None);
     }
 
     #[test]

@@ -349,6 +349,9 @@ fn run_with(m: &ArgMatches, settings: &acct::Settings, user: &str) -> anyhow::Re
             day(query.to)
         );
     }
+    if let Some(note) = acct::missing_energy_note(&units, &query.fields) {
+        eprintln!("{note}");
+    }
     let tsdb = || {
         acct::Client::new(
             &settings.tsdb,

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::api_yield::YieldTo;
-use super::db::{AggregateDelta, AggregateTarget, Store, StoreError};
+use super::db::{measured, AggregateDelta, AggregateTarget, Store, StoreError};
 use super::prometheus::{PromError, Prometheus};
 
 /// How an aggregate's query result adds to a job.
@@ -568,6 +568,14 @@ async fn query_batch(
                         continue;
                     }
                     Adds::Ours(field, kind) => (field, kind),
+                };
+                d.measured |= match field {
+                    Field::CpuSeconds => measured::CPU,
+                    Field::CpuPower => measured::CPU_PACKAGE_ENERGY,
+                    Field::HostPower => measured::HOST_ENERGY,
+                    Field::GpuEnergy => measured::GPU_ENERGY,
+                    Field::Emissions => measured::EMISSIONS,
+                    _ => 0,
                 };
                 let add = match kind {
                     AggregateKind::Total => v,

@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::store::db::measured;
+
 /// Thresholds of the rules (`[stats-server.findings]`).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
@@ -89,6 +91,8 @@ pub struct JobFacts {
     pub host_energy_joules: f64,
     pub gpu_energy_joules: f64,
     pub emissions_grams: f64,
+    /// Which figures Prometheus gave ([`crate::store::db::measured`]).
+    pub measured: i64,
 }
 
 fn bytes(b: f64) -> String {
@@ -128,8 +132,10 @@ fn finding(id: &str, severity: Severity, message: String, advice: String) -> Fin
 pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
     let mut out = Vec::new();
     let ask = crate::manager::request_words(&job.manager);
-    // CPU: only over the time Prometheus saw, so a job without series is not judged.
-    if job.alloc_cpus > 0 && job.aggregated_seconds > 0 {
+    // CPU: only over the time Prometheus saw, and once it gave the job's CPU time (a job a
+    // few seconds old has one sample, no rate yet), so a job without series is not judged.
+    let cpu_seen = measured::has(job.measured, measured::CPU);
+    if job.alloc_cpus > 0 && job.aggregated_seconds > 0 && cpu_seen {
         let used = job.cpu_seconds / job.aggregated_seconds as f64;
         let efficiency = 100.0 * used / job.alloc_cpus as f64;
         if efficiency < t.cpu_efficiency_below {
@@ -269,18 +275,22 @@ pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
             ));
         }
     }
-    // Energy, in words.
+    // Energy, in words, only where a power source measured it.
     let joules = job.host_energy_joules + job.gpu_energy_joules;
-    if joules > 0.0 {
+    let energy_seen = measured::has(job.measured, measured::HOST_ENERGY | measured::GPU_ENERGY);
+    if joules > 0.0 && energy_seen {
         let kwh = joules / 3.6e6;
         let km = job.emissions_grams / t.car_grams_per_km;
         out.push(finding(
             "energy",
             Severity::Info,
-            format!(
-                "It used {kwh:.3} kWh and emitted {:.0} g CO2e: about {km:.1} km by car (at {:.0} g CO2e/km).",
-                job.emissions_grams, t.car_grams_per_km
-            ),
+            match measured::has(job.measured, measured::EMISSIONS) {
+                true => format!(
+                    "It used {kwh:.3} kWh and emitted {:.0} g CO2e: about {km:.1} km by car (at {:.0} g CO2e/km).",
+                    job.emissions_grams, t.car_grams_per_km
+                ),
+                false => format!("It used {kwh:.3} kWh."),
+            },
             "Efficient jobs use less energy for the same science.".to_owned(),
         ));
     }
@@ -311,8 +321,44 @@ mod tests {
             aggregated_seconds: 3600,
             cpu_seconds: 4.0 * 3600.0,
             memory_peak_bytes: Some(3.0 * (1u64 << 30) as f64),
+            measured: 31,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_job_is_not_judged_on_cpu_or_energy_prometheus_never_gave() {
+        // Six seconds into a busy job: one sample, no CPU time yet.
+        let young = JobFacts {
+            ended: false,
+            state: "RUNNING".into(),
+            aggregated_seconds: 6,
+            cpu_seconds: 0.0,
+            measured: 0,
+            ..ended("RUNNING")
+        };
+        assert!(!ids(&young).contains(&"cpu_efficiency".to_owned()));
+        let judged = JobFacts {
+            measured: measured::CPU,
+            ..young.clone()
+        };
+        assert!(ids(&judged).contains(&"cpu_efficiency".to_owned()));
+        // No power source: no energy line, even with a stray non-zero sum.
+        let unpowered = JobFacts {
+            host_energy_joules: 1.0,
+            measured: measured::CPU,
+            ..ended("COMPLETED")
+        };
+        assert!(!ids(&unpowered).contains(&"energy".to_owned()));
+        // Power without an emission factor: the energy alone.
+        let no_factor = JobFacts {
+            host_energy_joules: 3.6e6,
+            measured: measured::CPU | measured::HOST_ENERGY,
+            ..ended("COMPLETED")
+        };
+        let said = evaluate(&no_factor, &Thresholds::default());
+        let energy = said.iter().find(|f| f.id == "energy").unwrap();
+        assert_eq!(energy.message, "It used 1.000 kWh.");
     }
 
     #[test]

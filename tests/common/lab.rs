@@ -262,7 +262,7 @@ pub fn start_stats_server_with(
                 "--storage.first-window=1h",
                 "--prometheus.cutoff=5s",
                 "--prometheus.scrape-interval=1s",
-                "--slurm.cluster-id=lab",
+                // No --slurm.cluster-id: the id is the lab's ClusterName, read from slurm.conf.
                 "--slurm.run-as-user=slurm",
                 "--web.admin-users=root",
             ],

@@ -177,9 +177,9 @@ pub fn opts() -> Vec<Opt> {
         Opt::new(
             "slurm.cluster-id",
             Kind::Str,
-            "Name of the cluster in the database (when no `clusters` are configured)",
+            "Name of the cluster in the database (when no `clusters` are configured; empty: slurm.conf's ClusterName, else slurm-0)",
         )
-        .default("slurm-0"),
+        .default(""),
         Opt::new(
             "clusters",
             Kind::FileOnly,

@@ -129,6 +129,10 @@ pub(super) fn clusters(settings: &Layered) -> anyhow::Result<Vec<ClusterSettings
         true => settings.get("clusters")?,
         false => {
             let id: String = settings.get("slurm.cluster-id")?;
+            let id = match id.is_empty() {
+                true => default_slurm_cluster_id(),
+                false => id,
+            };
             vec![toml::Table::from_iter([(
                 "id".to_owned(),
                 toml::Value::String(id),
@@ -167,6 +171,22 @@ pub(super) fn clusters(settings: &Layered) -> anyhow::Result<Vec<ClusterSettings
         });
     }
     Ok(list)
+}
+
+/// The one Slurm cluster's id when none is given: the ClusterName of its slurm.conf, as sacct
+/// and the accounting database know it, so that the lb's and cacct's ids can be Slurm's.
+fn default_slurm_cluster_id() -> String {
+    let path = crate::manager::slurm::conf::slurm_conf_path(&[]);
+    match crate::manager::slurm::conf::cluster_name_at(&path) {
+        Ok(name) => {
+            tracing::info!(cluster_id = %name, conf = %path.display(), "cluster id is Slurm's ClusterName (--slurm.cluster-id sets another)");
+            name
+        }
+        Err(why) => {
+            tracing::warn!(reason = %why, "cluster id is `slurm-0`: set --slurm.cluster-id to the name the lb and cacct use");
+            "slurm-0".to_owned()
+        }
+    }
 }
 
 /// Each cluster's accounting, built by its manager from its entry.

@@ -23,6 +23,7 @@ use crate::host::cgroup::{CgroupVersion, FileFault, ReadOptions, V1Controllers};
 use crate::manager::{ResourceManager, UnitCgroup, UnitGpus, UnitInfo, UnitSet};
 
 pub mod accounting;
+pub mod conf;
 mod discover;
 pub mod gpu_env;
 mod gpus;

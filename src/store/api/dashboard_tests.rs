@@ -41,6 +41,7 @@ async fn aggregated_api() -> (Api, tempfile::TempDir) {
             memory_fail_count: None,
             gpu_utilization_max: None,
             series: Vec::new(),
+            measured: 31,
         })
         .collect();
     api.store.apply_aggregates(&deltas, NOW).await.unwrap();

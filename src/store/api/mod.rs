@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use hyper::StatusCode;
 use serde_json::{json, Map, Value};
 
-use super::db::Store;
+use super::db::{measured, Store};
 use super::sql::{Backend, DbRow, Sql, OPEN_END};
 use super::unit_cache::{self, JobSpan, Rendered, UnitCache, UserSpans};
 

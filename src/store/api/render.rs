@@ -17,7 +17,7 @@ pub(super) const UNIT_COLUMNS: &str = "id, cluster_id,
     cpu_seconds, aggregated_seconds, mean_memory_bytes, mean_gpu_utilization,
     cpu_energy_joules, host_energy_joules, gpu_energy_joules, emissions_grams, io_read_bytes,
     io_write_bytes, aggregates_status, aggregates_updated_at, last_updated_at,
-    time_limit_seconds, memory_peak_bytes, coalesce(findings, '[]'), series, reported";
+    time_limit_seconds, memory_peak_bytes, coalesce(findings, '[]'), series, reported, measured";
 
 /// One job, as stored.
 pub(super) struct UnitRow {
@@ -65,6 +65,8 @@ pub(super) struct UnitRow {
     series: Map<String, Value>,
     /// What the manager said in its own words; where it did, CEEMS's fields say the same.
     reported: crate::manager::Reported,
+    /// The `measured` bits: which figures Prometheus ever gave.
+    measured: i64,
 }
 
 /// The series objects of a job or a usage row, in CEEMS's order.
@@ -129,7 +131,19 @@ impl UnitRow {
             findings: r.get(39)?,
             series: serde_json::from_str(&r.get::<String>(40)?).unwrap_or_default(),
             reported: serde_json::from_str(&r.get::<String>(41)?).unwrap_or_default(),
+            measured: r.get(42)?,
         })
+    }
+
+    fn has(&self, figure: i64) -> bool {
+        measured::has(self.measured, figure)
+    }
+
+    fn measured_or_null(&self, figure: i64, v: f64) -> Value {
+        match self.has(figure) {
+            true => number(v),
+            false => Value::Null,
+        }
     }
 
     /// The job as a JSON object of `fields`, its times in `tz`. `emissions_key` names the
@@ -190,6 +204,7 @@ impl UnitRow {
             findings: "[]".into(),
             series: Map::new(),
             reported: Default::default(),
+            measured: 31,
         }
     }
 
@@ -264,18 +279,18 @@ impl UnitRow {
                 percent(self.mean_memory_bytes, self.alloc_mem_bytes as f64),
             ),
             // CEEMS's: the energy of the job's share of its nodes (uuid:ceems_host_power_watts:pue).
-            "total_cpu_energy_usage_kwh" if agg => out.series(
+            "total_cpu_energy_usage_kwh" if agg && self.has(measured::HOST_ENERGY) => out.series(
                 name,
                 "total",
                 Some(self.host_energy_joules / JOULES_PER_KWH),
             ),
-            "total_cpu_emissions_gms" if agg => {
+            "total_cpu_emissions_gms" if agg && self.has(measured::EMISSIONS) => {
                 out.series(name, emissions_key, Some(self.emissions_grams))
             }
             "avg_gpu_usage" if agg && gpus => {
                 out.series(name, "global", Some(100.0 * self.mean_gpu_utilization))
             }
-            "total_gpu_energy_usage_kwh" if agg && gpus => {
+            "total_gpu_energy_usage_kwh" if agg && gpus && self.has(measured::GPU_ENERGY) => {
                 out.series(name, "total", Some(self.gpu_energy_joules / JOULES_PER_KWH))
             }
             "total_io_write_stats" if agg => out.series(name, "bytes", Some(self.io_write_bytes)),
@@ -296,13 +311,25 @@ impl UnitRow {
             "workdir" => out.value(name, Value::from(self.workdir.as_str())),
             "total_cpu_seconds" => out.value(name, number(self.cpu_seconds)),
             "avg_cpu_mem_usage_bytes" => out.value(name, number(self.mean_memory_bytes)),
-            "total_host_energy_usage_kwh" => {
-                out.value(name, number(self.host_energy_joules / JOULES_PER_KWH))
-            }
-            "total_cpu_package_energy_kwh" => {
-                out.value(name, number(self.cpu_energy_joules / JOULES_PER_KWH))
-            }
-            "total_emissions_gms" => out.value(name, number(self.emissions_grams)),
+            // Ours: null, not 0, where no power source gave a figure.
+            "total_host_energy_usage_kwh" => out.value(
+                name,
+                self.measured_or_null(
+                    measured::HOST_ENERGY,
+                    self.host_energy_joules / JOULES_PER_KWH,
+                ),
+            ),
+            "total_cpu_package_energy_kwh" => out.value(
+                name,
+                self.measured_or_null(
+                    measured::CPU_PACKAGE_ENERGY,
+                    self.cpu_energy_joules / JOULES_PER_KWH,
+                ),
+            ),
+            "total_emissions_gms" => out.value(
+                name,
+                self.measured_or_null(measured::EMISSIONS, self.emissions_grams),
+            ),
             "total_io_read_bytes" => out.value(name, number(self.io_read_bytes)),
             "total_io_write_bytes" => out.value(name, number(self.io_write_bytes)),
             "aggregates_status" => out.value(name, Value::from(self.aggregates_status.as_str())),

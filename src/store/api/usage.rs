@@ -88,12 +88,12 @@ impl UsageRow {
                     "global",
                     percent(s("memory_byte_seconds"), s("alloc_memory_byte_seconds")),
                 ),
-                "total_cpu_energy_usage_kwh" if agg => out.series(
+                "total_cpu_energy_usage_kwh" if agg && s("host_energy_units") > 0.0 => out.series(
                     name,
                     "total",
                     Some(s("host_energy_joules") / JOULES_PER_KWH),
                 ),
-                "total_cpu_emissions_gms" if agg => {
+                "total_cpu_emissions_gms" if agg && s("emissions_units") > 0.0 => {
                     out.series(name, emissions_key, Some(s("emissions_grams")))
                 }
                 "avg_gpu_usage" if gpus => out.series(
@@ -101,7 +101,7 @@ impl UsageRow {
                     "global",
                     percent(s("gpu_utilization_seconds"), s("alloc_gpu_seconds")),
                 ),
-                "total_gpu_energy_usage_kwh" if gpus => {
+                "total_gpu_energy_usage_kwh" if gpus && s("gpu_energy_units") > 0.0 => {
                     out.series(name, "total", Some(s("gpu_energy_joules") / JOULES_PER_KWH))
                 }
                 "total_io_write_stats" if agg => {
@@ -112,6 +112,13 @@ impl UsageRow {
                     out.value(name, Value::from(s("elapsed_seconds").round() as i64))
                 }
                 "total_cpu_seconds" => out.value(name, number(s("cpu_seconds"))),
+                // Ours: null, not 0, where none of the group's jobs has the figure.
+                "total_host_energy_usage_kwh" if s("host_energy_units") == 0.0 => {
+                    out.value(name, Value::Null)
+                }
+                "total_emissions_gms" if s("emissions_units") == 0.0 => {
+                    out.value(name, Value::Null)
+                }
                 "total_host_energy_usage_kwh" => {
                     out.value(name, number(s("host_energy_joules") / JOULES_PER_KWH))
                 }

@@ -42,6 +42,24 @@ pub struct AggregateDelta {
     pub gpu_utilization_max: Option<f64>,
     /// Values of CEEMS's series queries for this window: (series, sub-key, value).
     pub series: Vec<(String, String, f64)>,
+    /// The [`measured`] figures Prometheus answered for this job in this window.
+    pub measured: i64,
+}
+
+/// Which figures Prometheus gave a job at least once (the bits of `units.measured`): a job
+/// whose nodes have no power source shows no energy rather than 0 kWh, and a job without CPU
+/// series yet is not judged on its CPU use.
+pub mod measured {
+    pub const CPU: i64 = 1;
+    pub const HOST_ENERGY: i64 = 2;
+    pub const EMISSIONS: i64 = 4;
+    pub const CPU_PACKAGE_ENERGY: i64 = 8;
+    pub const GPU_ENERGY: i64 = 16;
+
+    /// Whether `bits` hold `figure`.
+    pub fn has(bits: i64, figure: i64) -> bool {
+        bits & figure != 0
+    }
 }
 
 /// CEEMS's series of several jobs (or usage rows) summed into one usage row: totals added,
@@ -354,7 +372,8 @@ impl Store {
                     aggregates_until = $12,
                     aggregates_status = CASE WHEN $13 THEN 'done' ELSE 'partial' END,
                     aggregates_updated_at = $14,
-                    series = coalesce($19, series)
+                    series = coalesce($19, series),
+                    measured = measured | $20
                  WHERE id = $1 AND aggregates_until IS NOT DISTINCT FROM $18",
             )
             .arg(d.row)
@@ -375,7 +394,8 @@ impl Store {
             .arg(d.memory_fail_count)
             .arg(d.gpu_utilization_max)
             .arg(d.counted_until)
-            .arg(series);
+            .arg(series)
+            .arg(d.measured);
             tx.execute(&q).await?;
         }
         tx.commit().await?;
@@ -497,6 +517,19 @@ pub const USAGE_SUMS: &[(&str, &str)] = &[
         "alloc_memory_byte_seconds",
         "1.0 * alloc_mem_bytes * aggregated_seconds",
     ),
+    // Jobs with each energy figure measured: a group of none has none.
+    (
+        "host_energy_units",
+        "CASE WHEN measured & 2 <> 0 THEN 1.0 ELSE 0.0 END",
+    ),
+    (
+        "emissions_units",
+        "CASE WHEN measured & 4 <> 0 THEN 1.0 ELSE 0.0 END",
+    ),
+    (
+        "gpu_energy_units",
+        "CASE WHEN measured & 16 <> 0 THEN 1.0 ELSE 0.0 END",
+    ),
     (
         "gpu_utilization_seconds",
         "mean_gpu_utilization * alloc_gpus * aggregated_seconds",
@@ -557,7 +590,8 @@ impl Store {
                         time_limit_seconds, alloc_cpus, alloc_mem_bytes, alloc_gpus,
                         aggregated_seconds, cpu_seconds, memory_peak_bytes, memory_fail_count,
                         CASE WHEN gpu_utilization_max IS NULL THEN NULL ELSE mean_gpu_utilization END,
-                        gpu_utilization_max, host_energy_joules, gpu_energy_joules, emissions_grams
+                        gpu_utilization_max, host_energy_joules, gpu_energy_joules, emissions_grams,
+                        measured
                  FROM units
                  WHERE id > $2 AND {cluster_col} = $1 AND started_at > 0
                    AND (findings_updated_at IS NULL
@@ -595,6 +629,7 @@ impl Store {
                     host_energy_joules: r.get(15)?,
                     gpu_energy_joules: r.get(16)?,
                     emissions_grams: r.get(17)?,
+                    measured: r.get(18)?,
                 };
                 let found = evaluate(&facts, thresholds);
                 let json = (!found.is_empty())

@@ -24,7 +24,7 @@ use super::sql::Backend;
 
 pub use accounts::{Tenure, SERVICE_ACCOUNT};
 pub use aggregates::{
-    merge_series, AggregateDelta, AggregateTarget, SeriesFold, SeriesWeights, USAGE_SUMS,
+    measured, merge_series, AggregateDelta, AggregateTarget, SeriesFold, SeriesWeights, USAGE_SUMS,
 };
 pub use connect::{describe_postgres_url, is_postgres_url};
 pub use retention::{backup_name, prune_backups};

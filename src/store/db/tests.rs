@@ -372,6 +372,53 @@ async fn a_database_of_the_previous_schema_opens_with_its_usage_rebuilt() {
     assert_eq!(row.get::<f64>(4).unwrap(), 2.0 * 1024.0 * 600.0);
 }
 
+/// Jobs aggregated before migration 0014 keep their energy: each figure counts as measured;
+/// a job never aggregated has none.
+#[tokio::test]
+async fn jobs_aggregated_before_the_measured_bits_keep_their_figures() {
+    use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("ceems.db");
+    let options = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true);
+    let pool = SqlitePool::connect_with(options).await.unwrap();
+    let mut previous = sqlx::migrate!("./migrations");
+    let before: Vec<_> = previous
+        .migrations
+        .iter()
+        .filter(|m| m.version < 14)
+        .cloned()
+        .collect();
+    previous.migrations = before.into();
+    previous.run(&pool).await.unwrap();
+    for (uuid, updated) in [("1", Some(1600)), ("2", None)] {
+        sqlx::query(
+            "INSERT INTO units (cluster_id, uuid, started_at, usr, project, host_energy_joules,
+                ended_at, last_updated_at, aggregates_updated_at)
+             VALUES ('lab', ?, 1000, 'alice', 'physics', 7.2e6, 1600, 1600, ?)",
+        )
+        .bind(uuid)
+        .bind(updated)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    pool.close().await;
+
+    let store = Store::open(&path).await.unwrap();
+    let rows = store
+        .fetch_all(&Sql::new("SELECT uuid, measured FROM units ORDER BY uuid"))
+        .await
+        .unwrap();
+    let bits: Vec<(String, i64)> = rows
+        .iter()
+        .map(|r| (r.get(0).unwrap(), r.get(1).unwrap()))
+        .collect();
+    assert_eq!(bits, [("1".to_owned(), 31), ("2".to_owned(), 0)]);
+    assert_eq!(store.count_units("lab").await.unwrap(), 2);
+}
+
 /// CEEMS's series over windows: a mean weighted by the seconds each covered, a total added;
 /// over a usage group: a mean weighted by the allocated time of what it measures, a total
 /// added.

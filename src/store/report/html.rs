@@ -18,12 +18,7 @@ margin:.6rem 0;background:#f6f6f6}.critical{border-color:#c0392b}.warning{border
 pub(super) fn render_html(cluster: &str, job: &str, data: &ReportData) -> String {
     let j = &data.job;
     let text = |k: &str| escape(j[k].as_str().unwrap_or(""));
-    // A plain number, or the one value of a CEEMS series object (`{"total": 1.2}`).
-    let num = |k: &str| {
-        j[k].as_f64()
-            .or_else(|| j[k].as_object()?.values().next()?.as_f64())
-            .unwrap_or(0.0)
-    };
+    let num = |k: &str| super::figures::figure(j, k).unwrap_or(0.0);
     // CEEMS's `_ts` are milliseconds.
     let time = |k: &str| match j[k].as_i64().and_then(|t| u64::try_from(t / 1000).ok()) {
         Some(t) => {
@@ -81,15 +76,13 @@ table{{border-collapse:collapse}}td,th{{text-align:left;padding:.2rem .8rem .2re
         text("nodes"),
     );
     h.push_str("<h2>Energy and emissions</h2>\n<table>");
+    let (energy, emissions) = super::figures::energy_and_emissions(j);
     let _ = writeln!(
         h,
-        "<tr><th>Host energy</th><td>{:.3} kWh</td></tr><tr><th>CPU packages energy</th><td>{:.3} kWh</td></tr>\
-<tr><th>GPU energy</th><td>{:.3} kWh</td></tr><tr><th>Emissions</th><td>{:.1} g CO2e</td></tr>\
+        "<tr><th>Energy</th><td>{}</td></tr><tr><th>Emissions</th><td>{}</td></tr>\
 <tr><th>CPU time</th><td>{:.0} s (mean use {})</td></tr></table>",
-        num("total_host_energy_usage_kwh"),
-        num("total_cpu_package_energy_kwh"),
-        num("total_gpu_energy_usage_kwh"),
-        num("total_emissions_gms"),
+        escape(&energy),
+        escape(&emissions),
         num("total_cpu_seconds"),
         match j["avg_cpu_usage"]["global"].as_f64() {
             Some(u) => format!("{u:.0}% of the allocated cores"),

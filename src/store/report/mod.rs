@@ -16,6 +16,7 @@ use super::api::{Answer, Api, ApiError};
 use super::prometheus::{PromError, RangeQuery};
 use super::refresh::{JobRefresh, Refreshed};
 
+mod figures;
 mod html;
 mod svg;
 mod text;

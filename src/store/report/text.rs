@@ -90,12 +90,8 @@ fn amount(value: f64, unit: &str) -> String {
 pub(super) fn render_text(cluster: &str, job: &str, data: &ReportData) -> String {
     let j = &data.job;
     let text = |k: &str| clean(j[k].as_str().unwrap_or(""));
-    // A plain number, or the one value of a CEEMS series object (`{"total": 1.2}`).
-    let num = |k: &str| {
-        j[k].as_f64()
-            .or_else(|| j[k].as_object()?.values().next()?.as_f64())
-            .unwrap_or(0.0)
-    };
+    let num = |k: &str| super::figures::figure(j, k).unwrap_or(0.0);
+    let (energy, emissions) = super::figures::energy_and_emissions(j);
     let mut t = String::new();
     let _ = writeln!(
         t,
@@ -138,19 +134,8 @@ pub(super) fn render_text(cluster: &str, job: &str, data: &ReportData) -> String
             ),
         ),
         ("Nodes", text("nodes")),
-        (
-            "Energy",
-            format!(
-                "host {:.3} kWh, CPU packages {:.3} kWh, GPU {:.3} kWh",
-                num("total_host_energy_usage_kwh"),
-                num("total_cpu_package_energy_kwh"),
-                num("total_gpu_energy_usage_kwh")
-            ),
-        ),
-        (
-            "Emissions",
-            format!("{:.1} g CO2e", num("total_emissions_gms")),
-        ),
+        ("Energy", energy),
+        ("Emissions", emissions),
         (
             "CPU time",
             format!(
