@@ -156,6 +156,34 @@ fn ceems_tool_web_config_scenario_and_checks() {
     );
     assert_eq!(status, 0, "{log}");
     assert!(log.contains("SUCCESS"), "{log}");
+    // One whose sacct fails says it is degraded, and why; its API still answers.
+    let failing = common::start_subcommand(
+        "stats-server",
+        dir,
+        &[
+            &format!("--storage.data.path={}", dir.join("data-failing").display()),
+            "--slurm.sacct.path=/bin/false",
+            "--slurm.sacctmgr.path=",
+            "--security.drop-privileges=false",
+        ],
+        &[],
+    );
+    let url = format!("--url={}", failing.url(""));
+    let began = std::time::Instant::now();
+    let (status, log) = loop {
+        let (status, log) = ceems_tool(dir, &["check", "api-healthy", &url]);
+        if status != 0 || began.elapsed() > std::time::Duration::from_secs(20) {
+            break (status, log);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(status, 1, "{log}");
+    assert!(
+        log.contains("status=503") && log.contains("ingestion failing since"),
+        "{log}"
+    );
+    assert!(log.contains("/bin/false"), "the reason is not said: {log}");
+    assert!(failing.get("/api/v1/health").contains("ok"));
     let closed = format!("--url=http://127.0.0.1:{}", common::free_port());
     let (status, log) = ceems_tool(dir, &["check", "lb-healthy", &closed]);
     assert_eq!(status, 1, "{log}");

@@ -315,8 +315,13 @@ fn check_healthy(m: &ArgMatches) -> anyhow::Result<ExitCode> {
             eprintln!("  SUCCESS:  {}", body.trim_end());
             Ok(ExitCode::SUCCESS)
         }
-        Err(ureq::Error::Status(status, _)) => {
-            anyhow::bail!("check failed: URL={url}, status={status}")
+        // A degraded stats-server says what fails (503 and one line per failing stage).
+        Err(ureq::Error::Status(status, r)) => {
+            let why = r.into_string().unwrap_or_default();
+            match why.trim() {
+                "" => anyhow::bail!("check failed: URL={url}, status={status}"),
+                why => anyhow::bail!("check failed: URL={url}, status={status}: {why}"),
+            }
         }
         Err(e) => anyhow::bail!("check failed: URL={url}: {e}"),
     }

@@ -21,6 +21,59 @@ pub(super) struct Stats {
     /// Jobs the last aggregate run left for the next, past its budget.
     pub(super) aggregate_deferred: AtomicU64,
     pub(super) association_failures: AtomicU64,
+    /// The stages of the update failing now, for /health.
+    pub(super) failing: Failing,
+}
+
+/// The stages of a cluster's update whose last run failed: since when and why. A stage that
+/// succeeds again is dropped.
+#[derive(Default)]
+pub(super) struct Failing(
+    std::sync::Mutex<std::collections::BTreeMap<&'static str, (i64, String)>>,
+);
+
+impl Failing {
+    pub(super) fn failed(&self, stage: &'static str, error: &dyn std::fmt::Display) {
+        let mut stages = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let since = stages.get(stage).map_or_else(unix_now, |(since, _)| *since);
+        stages.insert(stage, (since, format!("{error:#}")));
+    }
+
+    pub(super) fn succeeded(&self, stage: &'static str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(stage);
+    }
+
+    /// One line per failing stage of `cluster`.
+    fn lines(&self, cluster: &str) -> Vec<String> {
+        let stages = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        stages
+            .iter()
+            .map(|(stage, (since, error))| {
+                let since = jiff::Timestamp::from_second(*since)
+                    .map_or_else(|_| since.to_string(), |t| t.to_string());
+                format!("cluster {cluster}: {stage} failing since {since}: {error}")
+            })
+            .collect()
+    }
+}
+
+/// `/health`: OK while every stage of every cluster's last update worked; else 503 and what
+/// fails (the API may still answer: `/api/v1/health` says whether it can).
+pub(super) fn health(sources: &[Source]) -> (hyper::StatusCode, String) {
+    let lines: Vec<String> = sources
+        .iter()
+        .flat_map(|s| s.stats.failing.lines(&s.cluster.id))
+        .collect();
+    match lines.is_empty() {
+        true => (hyper::StatusCode::OK, "OK\n".to_owned()),
+        false => (
+            hyper::StatusCode::SERVICE_UNAVAILABLE,
+            format!("degraded\n{}\n", lines.join("\n")),
+        ),
+    }
 }
 
 pub(super) use crate::manager::unix_now;
@@ -169,7 +222,10 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
             let st = &s.stats;
             // Servers sharing a database update a cluster one at a time.
             let lease = match store.lease(&format!("update {id}")).await {
-                Ok(Some(lease)) => lease,
+                Ok(Some(lease)) => {
+                    st.failing.succeeded("update");
+                    lease
+                }
                 Ok(None) => {
                     tracing::info!(
                         cluster = id,
@@ -179,17 +235,20 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                 }
                 Err(e) => {
                     st.failures.fetch_add(1, Ordering::Relaxed);
+                    st.failing.failed("update", &e);
                     tracing::warn!(cluster = id, error = %e, "update not started; retrying at the next interval");
                     continue;
                 }
             };
             match ingest::sync_associations(&store, &s.cluster, unix_now()).await {
                 Ok(Some(n)) => {
+                    st.failing.succeeded("users and projects");
                     tracing::debug!(cluster = id, associations = n, "users and projects updated")
                 }
-                Ok(None) => {}
+                Ok(None) => st.failing.succeeded("users and projects"),
                 Err(e) => {
                     st.association_failures.fetch_add(1, Ordering::Relaxed);
+                    st.failing.failed("users and projects", &e);
                     tracing::warn!(cluster = id, error = %e, "users and projects not updated");
                 }
             }
@@ -201,6 +260,7 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                     st.malformed
                         .fetch_add(r.malformed as u64, Ordering::Relaxed);
                     st.last_success.store(unix_now() as u64, Ordering::Relaxed);
+                    st.failing.succeeded("ingestion");
                     tracing::info!(
                         cluster = id,
                         rows = r.rows,
@@ -210,6 +270,7 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                 }
                 Err(e) => {
                     st.failures.fetch_add(1, Ordering::Relaxed);
+                    st.failing.failed("ingestion", &e);
                     tracing::warn!(cluster = id, error = %e, "ingestion failed; retrying at the next interval");
                 }
             }
@@ -231,6 +292,7 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                 match result {
                     Ok(r) => {
                         st.aggregated.fetch_add(r.updated as u64, Ordering::Relaxed);
+                        st.failing.succeeded("aggregates from Prometheus");
                         st.aggregate_queries
                             .fetch_add(r.queries as u64, Ordering::Relaxed);
                         st.aggregate_splits
@@ -249,6 +311,7 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                     }
                     Err(e) => {
                         st.aggregate_failures.fetch_add(1, Ordering::Relaxed);
+                        st.failing.failed("aggregates from Prometheus", &e);
                         tracing::warn!(cluster = id, error = %e, "aggregates not updated; retried at the next interval");
                     }
                 }

@@ -620,7 +620,10 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                     return resp;
                 }
                 match path {
-                    "/health" => web::text_response(StatusCode::OK, "OK\n"),
+                    "/health" => {
+                        let (status, text) = loops::health(&sources);
+                        web::text_response(status, text)
+                    }
                     "/metrics" => web::body_response(
                         metrics(&sources, &mail, &api_activity),
                         TEXT_CONTENT_TYPE,
