@@ -163,6 +163,18 @@ fn users_see_their_own_jobs_only_and_admins_see_all() {
     assert!(metric.get("manager").is_none(), "{metric}");
     // CEEMS's datasource URL names the cluster in the path.
     assert_gets(&lb, "alice", &format!("/lab{}", query(alice_rate)), &["1"]);
+    // A datasource naming a cluster this lb does not serve is told which it serves.
+    let (status, answer) = ask(
+        &lb,
+        Some("alice"),
+        &format!("/slurm-0{}", query(alice_rate)),
+        None,
+    );
+    assert_eq!(status, 404, "{answer}");
+    assert_eq!(
+        answer["error"], "no cluster `slurm-0` here: this lb serves lab",
+        "{answer}"
+    );
     // The same through a POST form, as Grafana sends long queries.
     let (status, answer) = ask(
         &lb,
@@ -600,5 +612,44 @@ fn munge_credentials_name_the_lb_s_user() {
     assert!(
         matches!(replayed, Err(ureq::Error::Status(401, _))),
         "a replayed credential: {replayed:?}"
+    );
+}
+
+/// A cluster the lb serves that the stats-server's database has no job of is named at start:
+/// its users would be refused every job.
+#[test]
+fn a_served_cluster_the_database_does_not_know_is_warned_about_at_start() {
+    let data = tempfile::tempdir().unwrap();
+    database(data.path());
+    let log = data.path().join("lb.log");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_ceems"));
+    command
+        .current_dir(data.path())
+        .args([
+            "lb",
+            &format!("--lb.backend=lab=http://127.0.0.1:{}", common::free_port()),
+            &format!(
+                "--lb.backend=slurm-0=http://127.0.0.1:{}",
+                common::free_port()
+            ),
+            &format!("--storage.data.path={}", data.path().display()),
+            "--security.drop-privileges=false",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let _lb = common::start_listening(command, "lb");
+    let mut text = String::new();
+    wait_until("the warning", Duration::from_secs(10), || {
+        text = std::fs::read_to_string(&log).unwrap();
+        text.contains("level=warn") && text.contains("has no job of this cluster")
+    });
+    let warned: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("has no job of this cluster"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{text}");
+    assert!(
+        warned[0].contains("cluster=slurm-0") && warned[0].contains("lab"),
+        "{text}"
     );
 }

@@ -435,6 +435,17 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             admins,
             lb.scrape_interval,
         ));
+        let served: Vec<String> = prometheus_stores
+            .keys()
+            .chain(pyroscope_stores.keys())
+            .cloned()
+            .collect::<BTreeSet<String>>()
+            .into_iter()
+            .collect();
+        tokio::spawn({
+            let access = Arc::clone(&access);
+            async move { access.warn_unknown_clusters(&served).await }
+        });
         let mut servers = Vec::new();
         for (api, address, listener) in listeners {
             let stores = match api {

@@ -120,6 +120,26 @@ impl Access {
         }
     }
 
+    /// Warns about each of `served` the stats-server has no unit of: its users would be
+    /// refused every job (a cluster named differently here and there).
+    pub async fn warn_unknown_clusters(&self, served: &[String]) {
+        match self.owners.cluster_ids().await {
+            Ok(known) => {
+                for id in served.iter().filter(|id| !known.contains(*id)) {
+                    let known: Vec<&String> = known.iter().collect();
+                    tracing::warn!(
+                        cluster = %id,
+                        ?known,
+                        "the stats-server has no job of this cluster: its users will be refused their jobs until it has; name it as the stats-server does (its --slurm.cluster-id, slurm.conf's ClusterName, or a clusters entry's id)"
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "cannot tell which clusters the stats-server knows")
+            }
+        }
+    }
+
     /// The user the configured header names.
     pub fn user(&self, headers: &hyper::HeaderMap) -> Result<String, Refusal> {
         match headers

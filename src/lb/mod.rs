@@ -238,6 +238,21 @@ impl Lb {
             }
             None => None,
         };
+        if let Some(id) = path_cluster
+            .is_none()
+            .then(|| unknown_path_cluster(parts.uri.path()))
+            .flatten()
+        {
+            let served: Vec<&str> = self.pools.keys().map(String::as_str).collect();
+            tracing::info!(cluster = id, ?served, "refused: no such cluster here");
+            return Err(Refusal::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no cluster `{id}` here: this lb serves {}",
+                    served.join(", ")
+                ),
+            ));
+        }
         // As CEEMS: a cluster this frontend does not serve is named before anything else.
         if let Some(id) = header_cluster.filter(|id| !self.pools.contains_key(*id)) {
             return Err(Refusal::unknown_cluster(id));
@@ -470,6 +485,16 @@ fn split_cluster<'a>(
         Some((first, _)) if pools.contains_key(first) => (Some(first), &rest[first.len()..]),
         _ => (None, path),
     }
+}
+
+/// The first segment of a path that names a cluster before an API path (`/jz/api/v1/query`)
+/// when it is not one served here; a datasource pointing at a wrong cluster gets a 404 that
+/// names the served ones rather than a 403.
+fn unknown_path_cluster(path: &str) -> Option<&str> {
+    let (first, _) = path.strip_prefix('/')?.split_once('/')?;
+    let rest = &path[1 + first.len()..];
+    let api = rest.starts_with("/api/v1/") || rest.starts_with(pyroscope::QUERIER);
+    (!first.is_empty() && first != "api" && api).then_some(first)
 }
 
 /// The cluster named by the path, the header and the query's `ceems_id`, which must agree;

@@ -25,6 +25,8 @@ pub enum OwnersError {
     },
     #[error("the stats-server's admins' list: {0}")]
     Admins(String),
+    #[error("the stats-server's clusters' list: {0}")]
+    Clusters(String),
 }
 
 /// What the stats-server says of the units a request names.
@@ -178,6 +180,25 @@ impl Owners {
         }
     }
 
+    /// The clusters the stats-server has units of, to tell the operator at start about a
+    /// cluster served here that it does not know (its users would be refused every job).
+    pub async fn cluster_ids(&self) -> Result<BTreeSet<String>, OwnersError> {
+        match self {
+            Owners::Database(store) => Ok(store.unit_cluster_ids().await?.into_iter().collect()),
+            Owners::Api(api) => {
+                let path = "/api/v1/clusters/admin".to_owned();
+                match api.get(path, SERVICE_ACCOUNT).await? {
+                    (200, body) => cluster_ids(&body).map_err(OwnersError::Clusters),
+                    (status, body) => Err(OwnersError::Answer {
+                        status,
+                        what: "the clusters' list",
+                        body: body.chars().take(200).collect(),
+                    }),
+                }
+            }
+        }
+    }
+
     /// Whether `user` is one of the stats-server's admins.
     pub async fn is_admin(&self, user: &str) -> Result<bool, OwnersError> {
         match self {
@@ -200,6 +221,17 @@ impl Owners {
 }
 
 /// The names in an answer of `/users/admin?role=admin`.
+/// The ids of `/api/v1/clusters/admin`'s answer.
+fn cluster_ids(body: &str) -> Result<BTreeSet<String>, String> {
+    let answer: serde_json::Value =
+        serde_json::from_str(body).map_err(|e| format!("not JSON: {e}"))?;
+    let list = answer["data"].as_array().ok_or("no data list")?;
+    Ok(list
+        .iter()
+        .filter_map(|c| c["id"].as_str().map(str::to_owned))
+        .collect())
+}
+
 fn admin_names(body: &str) -> Result<BTreeSet<String>, String> {
     let v: serde_json::Value =
         serde_json::from_str(body).map_err(|e| format!("the admins' list is not JSON: {e}"))?;

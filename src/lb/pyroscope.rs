@@ -12,7 +12,7 @@ use super::query::{self, Scope, ScopeError};
 pub const UNIT_LABEL: &str = "service_name";
 
 /// The querier's service, the prefix of its methods' paths.
-const QUERIER: &str = "/querier.v1.QuerierService/";
+pub(super) const QUERIER: &str = "/querier.v1.QuerierService/";
 
 /// The methods a user may call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

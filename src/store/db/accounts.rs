@@ -190,6 +190,18 @@ impl Store {
         Ok(tenures)
     }
 
+    /// The clusters the database holds units of (ours and CEEMS's schema alike).
+    pub async fn unit_cluster_ids(&self) -> Result<Vec<String>, StoreError> {
+        let rows = self
+            .fetch_all(&Sql::new(
+                "SELECT DISTINCT cluster_id FROM units ORDER BY cluster_id",
+            ))
+            .await?;
+        rows.iter()
+            .map(|r| r.get::<String>(0).map_err(StoreError::from))
+            .collect()
+    }
+
     /// The configured admins, and CEEMS's service account, which is always one.
     pub async fn is_admin(&self, name: &str) -> Result<bool, StoreError> {
         if name == SERVICE_ACCOUNT {
