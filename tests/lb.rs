@@ -163,6 +163,21 @@ fn users_see_their_own_jobs_only_and_admins_see_all() {
     assert!(metric.get("manager").is_none(), "{metric}");
     // CEEMS's datasource URL names the cluster in the path.
     assert_gets(&lb, "alice", &format!("/lab{}", query(alice_rate)), &["1"]);
+    // A job the stats-server has not pulled yet is said to be that, not someone else's.
+    let (status, answer) = ask(
+        &lb,
+        Some("alice"),
+        &query(r#"ceems_compute_unit_cpu_user_seconds_total{uuid="77"}"#),
+        None,
+    );
+    assert_eq!(status, 403, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("job 77 is not known to the stats-server yet"),
+        "{answer}"
+    );
     // A datasource naming a cluster this lb does not serve is told which it serves.
     let (status, answer) = ask(
         &lb,

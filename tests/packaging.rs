@@ -116,3 +116,53 @@ fn man_pages_and_completions_cover_every_subcommand() {
     assert!(tmp.path().join("completions/_ceems").exists());
     assert!(tmp.path().join("completions/ceems.fish").exists());
 }
+
+/// What the packages install as /etc/ceems/ceems.toml does what the units promise: the
+/// exporter collects Slurm jobs and a power source, and the stats-server asks a Prometheus
+/// for aggregates (no "no Prometheus URL" warning).
+#[test]
+fn the_packaged_config_turns_on_jobs_power_and_aggregates() {
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/ceems.toml");
+    let config = format!("--config.file={}", config.display());
+    let dir = tempfile::tempdir().unwrap();
+    let exporter = common::start_subcommand(
+        "exporter",
+        dir.path(),
+        &[&config, "--security.drop-privileges=false"],
+        &[],
+    );
+    let metrics = exporter.get("/metrics");
+    for collector in ["slurm", "rapl", "cpu", "meminfo"] {
+        assert!(
+            metrics.contains(&format!(
+                "ceems_scrape_collector_success{{collector=\"{collector}\"}}"
+            )),
+            "the packaged exporter does not run {collector}"
+        );
+    }
+    let log = dir.path().join("stats.log");
+    let mut stats = Command::new(env!("CARGO_BIN_EXE_ceems"));
+    stats
+        .args([
+            "stats-server",
+            &config,
+            &format!("--storage.data.path={}", dir.path().join("data").display()),
+            "--slurm.sacct.path=/bin/true",
+            "--slurm.sacctmgr.path=",
+            "--security.drop-privileges=false",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let stats = common::start_listening(stats, "stats-server");
+    drop(stats);
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(!said.contains("no Prometheus URL"), "{said}");
+    // The lb cannot guess the cluster's Prometheus: it stops at start and says what to add.
+    let out = Command::new(env!("CARGO_BIN_EXE_ceems"))
+        .args(["lb", &config, "--web.listen-address=127.0.0.1:0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("`backends` in [lb.lb]"), "{err}");
+}

@@ -203,3 +203,36 @@ fn the_cluster_id_defaults_to_slurm_conf_s_cluster_name() {
         assert!(log.contains(said), "{log}");
     }
 }
+
+/// A job started after the last update, named by id (as Grafana's job dashboard names it),
+/// is pulled from sacct before the answer: its owner sees it at once, another user does not.
+#[test]
+fn a_job_named_by_id_is_pulled_from_the_manager_before_the_next_update() {
+    let dir = tempfile::tempdir().unwrap();
+    let sacct = dir.path().join("sacct");
+    // Like sacct: the job's line only when asked for it by id; the periodic pull sees none.
+    let line = sacct_output(1).replace("1000|", "4242|");
+    std::fs::write(
+        &sacct,
+        format!(
+            "#!/bin/sh\ncase \" $* \" in *\" --jobs 4242 \"*) printf '%s' '{}';; esac\n",
+            line
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&sacct, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let server = start_server(dir.path(), &sacct);
+    let path = "/api/v1/units?uuid=4242&field=uuid&field=username";
+    assert_eq!(
+        common::api_get(&server, path, "bob")["data"],
+        serde_json::json!([]),
+        "bob sees alice's job"
+    );
+    assert_eq!(
+        common::api_get(&server, path, "alice")["data"],
+        serde_json::json!([{"uuid": "4242", "username": "alice"}])
+    );
+    // An id no manager knows stays unknown, and the answer comes.
+    let none = common::api_get(&server, "/api/v1/units?uuid=9999", "alice");
+    assert_eq!(none["data"], serde_json::json!([]));
+}

@@ -331,7 +331,7 @@ fn frontends(
         .collect();
     anyhow::ensure!(
         !apis.is_empty(),
-        "no store to relay to: add --lb.backend=CLUSTER=http://prometheus:9090 (repeatable) or --lb.pyroscope-backend=CLUSTER=http://pyroscope:4040"
+        "no store to relay to: add --lb.backend=CLUSTER=http://prometheus:9090 (repeatable; `backends` in [lb.lb] of the config file) or --lb.pyroscope-backend=CLUSTER=http://pyroscope:4040"
     );
     let listen: Vec<&String> = listen.iter().filter(|a| !a.trim().is_empty()).collect();
     anyhow::ensure!(

@@ -195,6 +195,8 @@ impl Access {
             .filter(|u| !readable.contains_key(*u))
             .cloned()
             .collect();
+        // Units the database holds no record of at all (not someone else's: not there yet).
+        let mut never_seen: BTreeSet<String> = BTreeSet::new();
         if !unknown.is_empty() {
             let found = self
                 .owners
@@ -206,8 +208,25 @@ impl Access {
                         format!("ownership check: {e}"),
                     )
                 })?;
+            if let Some(all) = &found.tenures {
+                never_seen.extend(
+                    unknown
+                        .iter()
+                        .filter(|u| !all.iter().any(|t| &t.uuid == *u))
+                        .cloned(),
+                );
+            }
             self.verdicts.set_readable(cluster, user, &found);
             readable.extend(found.by_unit().map(|(u, tenures)| (u.clone(), tenures)));
+        }
+        if let Some(new) = units
+            .iter()
+            .find(|u| !readable.contains_key(*u) && never_seen.contains(*u))
+        {
+            tracing::info!(%user, unit = %new, %cluster, "query refused: the stats-server does not know the unit yet");
+            return Err(Refusal::forbidden(format!(
+                "job {new} is not known to the stats-server yet: it is pulled at the next update (--storage.update-interval), or at once when the stats-server's API or report is asked for it"
+            )));
         }
         if let Some(other) = units.iter().find(|u| !readable.contains_key(*u)) {
             // CEEMS's words, which its users know; which unit, in the log.

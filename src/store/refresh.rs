@@ -65,6 +65,13 @@ impl JobRefresh {
         }
     }
 
+    /// The clusters whose jobs can be pulled.
+    pub fn clusters(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.sources.keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
     /// Brings job `job` of `cluster` up to date unless the store already holds its final
     /// figures. Failures are logged, never returned: the report then shows what the store has.
     pub async fn refresh(&self, cluster: &str, job: &str, now: i64) -> Refreshed {

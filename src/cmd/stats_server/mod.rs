@@ -563,7 +563,8 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         let api = Arc::new(
             Api::new(Arc::clone(&store), &user_header)
                 .with_time_zone(time_zone)
-                .with_emissions_provider(&emissions_provider),
+                .with_emissions_provider(&emissions_provider)
+                .with_on_demand_pull(Arc::clone(&refresh)),
         );
         let reports = Arc::new(Reports::new(
             Arc::clone(&api),

@@ -25,6 +25,7 @@ mod fields;
 mod findings;
 mod in_flight;
 mod params;
+mod pull;
 mod render;
 mod units;
 mod usage;
@@ -79,6 +80,8 @@ pub struct Api {
     /// The sub-key of the emissions series (`owid_total`): the provider our recording rules
     /// take the factor from.
     emissions_key: String,
+    /// Units named by id and not held yet are pulled from their manager first.
+    on_demand: Option<pull::OnDemand>,
 }
 
 impl Api {
@@ -109,6 +112,7 @@ impl Api {
             time_zone: jiff::tz::TimeZone::system(),
             zones: Default::default(),
             emissions_key: "owid_total".to_owned(),
+            on_demand: None,
         }
     }
 
@@ -208,6 +212,11 @@ impl Api {
             Some(r) => (r, true),
             None => (route, false),
         };
+        // A job started since the last update, named by id (Grafana's job dashboards), is
+        // pulled first: read after, the generation covers it.
+        if matches!(route, "/units" | "/units/verify") {
+            self.pull_unknown(&Params::parse(query), user, now).await;
+        }
         // The default window ends at the next full minute, so that answers can be shared
         // for a minute.
         let now = now.div_euclid(60) * 60 + 60;
