@@ -705,3 +705,53 @@ fn a_data_path_that_is_a_file_is_named_as_such() {
     assert!(err.contains("not-a-dir is not a directory"), "{err}");
     assert!(!err.contains("File exists"), "{err}");
 }
+
+/// Every option's environment variable is `CEEMS_<SUBCOMMAND>_<FLAG>`; the one CEEMS named
+/// otherwise is still read, and its use logged as deprecated.
+#[test]
+fn environment_variables_follow_one_pattern_and_the_old_one_still_works() {
+    let run = |var: &str, file: &str| {
+        let out = Command::new(BIN)
+            .env(var, file)
+            .args([
+                "exporter",
+                "--collector.redfish",
+                "--web.listen-address=127.0.0.1:0",
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let new = run(
+        "CEEMS_EXPORTER_COLLECTOR_REDFISH_CONFIG_FILE",
+        "/nonexistent/new.yml",
+    );
+    assert!(
+        new.contains("/nonexistent/new.yml") && !new.contains("deprecated"),
+        "{new}"
+    );
+    let old = run(
+        "CEEMS_EXPORTER_REDFISH_COLL_CONFIG_FILE",
+        "/nonexistent/old.yml",
+    );
+    assert!(old.contains("/nonexistent/old.yml"), "{old}");
+    assert!(
+        old.contains("CEEMS_EXPORTER_REDFISH_COLL_CONFIG_FILE is deprecated, use CEEMS_EXPORTER_COLLECTOR_REDFISH_CONFIG_FILE"),
+        "{old}"
+    );
+    let help = Command::new(BIN)
+        .args(["exporter", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for line in help.lines().filter(|l| l.contains("[env: ")) {
+        let var = line
+            .split("[env: ")
+            .nth(1)
+            .unwrap()
+            .split('=')
+            .next()
+            .unwrap();
+        assert!(var.starts_with("CEEMS_EXPORTER_"), "{line}");
+    }
+}

@@ -551,6 +551,34 @@ pub fn load(subcommand: &str, opts: &[Opt], matches: &ArgMatches) -> Result<Laye
         }
     }
 
+    // A value from an option's old environment variable, unless a flag or the new one gave one.
+    for opt in opts {
+        if from_cli.contains(&opt.key) {
+            continue;
+        }
+        let Some((old, raw)) = opt
+            .old_envs
+            .iter()
+            .find_map(|old| Some((old, std::env::var(old).ok()?)))
+        else {
+            continue;
+        };
+        let value = opt
+            .parse_value(&raw)
+            .map_err(|message| ConfigError::Invalid {
+                origin: format!("environment variable {old}"),
+                key: opt.key.clone(),
+                message,
+            })?;
+        let new = opt
+            .env
+            .clone()
+            .unwrap_or_else(|| env_name(subcommand, &opt.flag));
+        deprecated.push(format!("{old} is deprecated, use {new}"));
+        set_path(&mut table, &opt.key, value);
+        from_cli.insert(opt.key.clone());
+    }
+
     Ok(Layered {
         table,
         file,

@@ -37,6 +37,9 @@ pub struct Opt {
     /// flag, an environment variable and a config-file key, and its use is reported in
     /// [`Layered::deprecated`].
     pub renamed_from: Vec<String>,
+    /// Environment variables this option had before it followed `CEEMS_<SUBCOMMAND>_<FLAG>`:
+    /// still read, and their use reported in [`Layered::deprecated`].
+    pub old_envs: Vec<String>,
     pub possible: Vec<&'static str>,
     pub hidden: bool,
 }
@@ -52,6 +55,7 @@ impl Opt {
             env: None,
             aliases: Vec::new(),
             renamed_from: Vec::new(),
+            old_envs: Vec::new(),
             possible: Vec::new(),
             hidden: false,
         }
@@ -68,6 +72,12 @@ impl Opt {
 
     pub fn key(mut self, key: &str) -> Opt {
         self.key = key.to_owned();
+        self
+    }
+
+    /// An environment variable the option was read from before its name followed the pattern.
+    pub fn env_renamed_from(mut self, var: &str) -> Opt {
+        self.old_envs.push(var.to_owned());
         self
     }
 
@@ -99,6 +109,7 @@ impl Opt {
                 env: None,
                 aliases: Vec::new(),
                 renamed_from: Vec::new(),
+                old_envs: Vec::new(),
                 hidden: true,
                 ..self.clone()
             })

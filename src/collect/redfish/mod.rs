@@ -43,7 +43,7 @@ fn options() -> Vec<Opt> {
             "Redfish client configuration file (YAML, `redfish_web_config:` as in CEEMS)",
         )
         .key("collector.redfish.config-file")
-        .env("CEEMS_EXPORTER_REDFISH_COLL_CONFIG_FILE")
+        .env_renamed_from("CEEMS_EXPORTER_REDFISH_COLL_CONFIG_FILE")
         .renamed_from("collector.redfish.web-config"),
         Opt::flag(
             "collector.redfish.config.file.expand-env-vars",
