@@ -37,6 +37,8 @@ check "ceems check-privileges passes as root" \
   /usr/bin/ceems check-privileges exporter --config.file=/etc/ceems/ceems.toml --web.listen-address=127.0.0.1:0
 check "config file is a conffile readable by the ceems user only" \
   sh -c 'dpkg-query -W -f="\${Conffiles}" ceems | grep -q /etc/ceems/ceems.toml && test "$(stat -c %U:%G:%a /etc/ceems/ceems.toml)" = root:ceems:640 && getent passwd ceems >/dev/null'
+check "the installed config runs Slurm jobs and a power source, and the guide is installed" \
+  sh -c '/usr/bin/ceems_exporter --config.file=/etc/ceems/ceems.toml --web.listen-address=127.0.0.1:19011 2>/dev/null & pid=$!; sleep 1; m=$(curl -s http://127.0.0.1:19011/metrics); kill $pid; echo "$m" | grep -q "collector=\"slurm\"" && echo "$m" | grep -q "collector=\"rapl\"" && test -s /usr/share/doc/ceems/guide/slurm.md && test -s /usr/share/doc/ceems/examples/ceems.toml'
 check "cacct is setgid ceems and its config readable by group ceems only" \
   sh -c 'test "$(stat -c %U:%G:%a /usr/bin/cacct)" = root:ceems:2755 && test "$(stat -c %U:%G:%a /etc/ceems/config.yml)" = root:ceems:640 && /usr/bin/cacct --helpformat | grep -q jobID'
 check "units installed and verified" \
