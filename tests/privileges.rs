@@ -340,9 +340,15 @@ fn check_privileges_of_the_stats_server_runs_sacct_as_another_user() {
     std::fs::write(&sacct, "#!/bin/sh\n[ \"$(id -un)\" = daemon ] || { echo \"ran as $(id -un)\" >&2; exit 3; }\necho 'slurm 22.05.8'\n").unwrap();
     std::fs::set_permissions(&sacct, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let sacct_flag = format!("--slurm.sacct.path={}", sacct.display());
+    // A database directory every user of the test may write.
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let data_flag = format!("--storage.data.path={}", data.display());
     let args = [
         "--slurm.run-as-user=daemon",
         sacct_flag.as_str(),
+        data_flag.as_str(),
         "--web.listen-address=127.0.0.1:0",
     ];
 
@@ -733,5 +739,53 @@ fn a_port_held_by_the_running_daemon_is_not_a_failure() {
     assert!(
         error.contains("held by") && error.contains("privileges-"),
         "{error}"
+    );
+}
+
+/// The stats-server's SQLite directory is tested as the user the daemon runs as: a root-owned
+/// directory it cannot write fails the check (the daemon would exit), one it can passes, and
+/// a missing one is created at start for that user.
+#[test]
+fn check_privileges_stats_server_tests_the_data_directory_as_the_daemons_user() {
+    if !is_root() {
+        println!("skipped: needs root");
+        return;
+    }
+    let top = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = top.path().join("data");
+    std::fs::create_dir(&dir).unwrap();
+    let args = [
+        format!("--storage.data.path={}", dir.display()),
+        "--slurm.sacct.path=/bin/true".to_owned(),
+        "--slurm.sacctmgr.path=".to_owned(),
+        "--slurm.run-as-user=".to_owned(),
+        "--web.listen-address=127.0.0.1:0".to_owned(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (code, report) = check_privileges_of("stats-server", &[], &args);
+    let data = part(&report, "the database's directory");
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(data["test"]["outcome"], "denied", "{data:#}");
+    assert!(
+        data["test"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("is not writable by uid 65534"),
+        "{data:#}"
+    );
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (code, report) = check_privileges_of("stats-server", &[], &args);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(
+        part(&report, "the database's directory")["test"]["outcome"],
+        "ok"
+    );
+    std::fs::remove_dir(&dir).unwrap();
+    let (code, report) = check_privileges_of("stats-server", &[], &args);
+    assert_eq!(
+        code, 0,
+        "a missing directory is created at start: {report:#}"
     );
 }

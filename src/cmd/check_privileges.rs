@@ -299,6 +299,22 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             });
         }
     }
+    // The stats-server writes its SQLite directory as the user it runs as.
+    if sub == "stats-server"
+        && settings
+            .get::<String>("storage.database-url")?
+            .trim()
+            .is_empty()
+    {
+        let dir: PathBuf = settings.get("storage.data.path")?;
+        let created_at_start = sec.drop_privileges && process.euid == 0;
+        parts.push(PartCheck {
+            part: "the database's directory".into(),
+            needs: Vec::new(),
+            missing: Vec::new(),
+            test: Some(stats_server::test_data_dir(&dir, created_at_start)),
+        });
+    }
     // The lb reads the stats-server's SQLite file: no capability, but the file's mode.
     if sub == "lb"
         && settings

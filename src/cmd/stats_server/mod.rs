@@ -37,6 +37,7 @@ const REFRESH_TIMEOUT: Duration = Duration::from_secs(30);
 use loops::*;
 use settings::*;
 pub use settings::{cluster_entries, needed_capabilities};
+pub use startup::test_data_dir;
 
 pub fn opts() -> Vec<Opt> {
     let mut opts = web::server_opts(":9020");

@@ -108,3 +108,74 @@ pub(super) fn refuse_files(dirs: &[&std::path::Path]) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// check-privileges' test of the SQLite directory, run as the daemon runs (privileges already
+/// dropped): one this user can write, with a database file it can write, or one the daemon
+/// creates for it at start (`created_at_start`: it starts as root and drops privileges).
+pub fn test_data_dir(
+    dir: &std::path::Path,
+    created_at_start: bool,
+) -> crate::security::check::OperationTest {
+    use crate::security::check::{OperationTest, TestOutcome};
+    use nix::unistd::{access, AccessFlags};
+    let operation = format!("write the database in {}", dir.display());
+    let result = |outcome, error: Option<String>| OperationTest {
+        operation: operation.clone(),
+        outcome,
+        error,
+    };
+    let uid = nix::unistd::getuid();
+    let owner = |p: &std::path::Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).map_or_else(
+            |_| String::new(),
+            |m| format!(" (owner uid {}, mode {:04o})", m.uid(), m.mode() & 0o7777),
+        )
+    };
+    if dir.exists() && !dir.is_dir() {
+        return result(
+            TestOutcome::Error,
+            Some(format!("{} is not a directory", dir.display())),
+        );
+    }
+    if !dir.exists() {
+        if created_at_start {
+            return result(TestOutcome::Ok, None);
+        }
+        let Some(above) = dir.ancestors().find(|p| p.exists()) else {
+            return result(TestOutcome::Error, Some("no existing parent".into()));
+        };
+        return match access(above, AccessFlags::W_OK | AccessFlags::X_OK) {
+            Ok(()) => result(TestOutcome::Ok, None),
+            Err(e) => result(
+                TestOutcome::Denied,
+                Some(format!(
+                    "{} does not exist and uid {uid} cannot create it in {}{} ({e}): create it for that user",
+                    dir.display(),
+                    above.display(),
+                    owner(above)
+                )),
+            ),
+        };
+    }
+    let db = dir.join("ceems.db");
+    for (path, flags) in [
+        (dir, AccessFlags::W_OK | AccessFlags::X_OK),
+        (db.as_path(), AccessFlags::R_OK | AccessFlags::W_OK),
+    ] {
+        if path != dir && !path.exists() {
+            continue;
+        }
+        if let Err(e) = access(path, flags) {
+            return result(
+                TestOutcome::Denied,
+                Some(format!(
+                    "{} is not writable by uid {uid}{} ({e}): give it to the user the server runs as (--security.run-as-user)",
+                    path.display(),
+                    owner(path)
+                )),
+            );
+        }
+    }
+    result(TestOutcome::Ok, None)
+}
