@@ -755,3 +755,48 @@ fn environment_variables_follow_one_pattern_and_the_old_one_still_works() {
         assert!(var.starts_with("CEEMS_EXPORTER_"), "{line}");
     }
 }
+
+/// A list's flag and key are taken in either number (`--lb.backends`, `backend = [...]`), and
+/// an unknown key names the nearest known one.
+#[test]
+fn list_options_take_either_number_and_unknown_keys_get_a_suggestion() {
+    let dir = tempfile::tempdir().unwrap();
+    // Both spellings reach the lb's check of its backends: a bad URL is named either way.
+    for (flag, file) in [
+        ("--lb.backends=nonsense", None),
+        (
+            "--log.level=info",
+            Some("[lb.lb]\nbackend = [\"nonsense\"]\n"),
+        ),
+    ] {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["lb", flag, "--web.listen-address=127.0.0.1:0"]);
+        if let Some(text) = file {
+            let path = dir.path().join("plural.toml");
+            std::fs::write(&path, text).unwrap();
+            cmd.arg(format!("--config.file={}", path.display()));
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            err.contains("`nonsense`: expected CLUSTER="),
+            "{flag} {file:?}: {err}"
+        );
+    }
+    let path = dir.path().join("typo.toml");
+    std::fs::write(
+        &path,
+        "[stats-server.prometheus]\nulr = \"http://x:9090\"\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["stats-server", &format!("--config.file={}", path.display())])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`prometheus.ulr`: unknown key; did you mean `prometheus.url`?"),
+        "{err}"
+    );
+}

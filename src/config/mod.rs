@@ -14,6 +14,7 @@ pub mod http_client;
 mod lb_yaml;
 mod opt;
 pub mod redfish_proxy_yaml;
+mod spelling;
 
 pub use opt::{Kind, Opt};
 
@@ -95,6 +96,9 @@ pub fn build_command(cmd: Command, opts: &[Opt]) -> Command {
                 "TOML config file; its table for this subcommand sets defaults that flags override",
             ),
     );
+    // A list's flag in either number (`--lb.backends` for `--lb.backend`).
+    let mut opts = opts.to_vec();
+    spelling::add_number_aliases(&mut opts);
     for opt in opts
         .iter()
         .flat_map(|o| o.old_spellings().into_iter().chain([o.clone()]))
@@ -430,7 +434,10 @@ fn validate(table: &Table, prefix: &str, opts: &[Opt], file: &Path) -> Result<()
         ) {
             validate(t, &key, opts, file)?;
         } else {
-            return Err(invalid("unknown key".to_owned()));
+            return Err(invalid(match spelling::nearest_key(&key, opts) {
+                Some(near) => format!("unknown key; did you mean `{near}`?"),
+                None => "unknown key".to_owned(),
+            }));
         }
     }
     Ok(())
@@ -490,6 +497,7 @@ pub fn load(subcommand: &str, opts: &[Opt], matches: &ArgMatches) -> Result<Laye
                 );
             }
         }
+        spelling::accept_other_numbers(&mut file_table, opts);
         validate(&file_table, "", opts, path)?;
         overlay(&mut table, file_table, "", &mut from_file);
     }
