@@ -119,8 +119,8 @@ fn every_config_block_of_the_guide_loads_and_every_slurm_block_is_run() {
         "only {checked} config blocks outside the Slurm guide"
     );
     // A mistyped key is caught, so the loads above mean something.
-    let bad = load("lb", "[lb.lb]\nbackend = [\"a=http://x\"]\n").unwrap_err();
-    assert!(bad.contains("backend"), "{bad}");
+    let bad = load("lb", "[lb.lb]\nbackendz = [\"a=http://x\"]\n").unwrap_err();
+    assert!(bad.contains("did you mean `lb.backends`"), "{bad}");
 }
 
 /// Relative links of a Markdown file: `[text](target)` whose target is not a URL or anchor.
