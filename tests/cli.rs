@@ -743,16 +743,22 @@ fn environment_variables_follow_one_pattern_and_the_old_one_still_works() {
         .args(["exporter", "--help"])
         .output()
         .unwrap();
-    let help = String::from_utf8_lossy(&help.stdout);
-    for line in help.lines().filter(|l| l.contains("[env: ")) {
-        let var = line
-            .split("[env: ")
-            .nth(1)
-            .unwrap()
-            .split('=')
-            .next()
-            .unwrap();
-        assert!(var.starts_with("CEEMS_EXPORTER_"), "{line}");
+    // Wrapped lines joined: `[env:` and its name may sit on two lines.
+    let help = String::from_utf8_lossy(&help.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let vars: Vec<&str> = help
+        .split("[env: ")
+        .skip(1)
+        .map(|rest| rest.split('=').next().unwrap())
+        .collect();
+    assert!(vars.len() > 50, "{vars:?}");
+    for var in vars {
+        assert!(
+            var.starts_with("CEEMS_EXPORTER_") || var == "CEEMS_CONFIG_FILE",
+            "{var}"
+        );
     }
 }
 
@@ -799,4 +805,30 @@ fn list_options_take_either_number_and_unknown_keys_get_a_suggestion() {
         err.contains("`prometheus.ulr`: unknown key; did you mean `prometheus.url`?"),
         "{err}"
     );
+}
+
+/// `-h` is a summary (where it listens, logs, the collectors' switches, what to point it at);
+/// `--help` lists every option.
+#[test]
+fn short_help_is_a_summary_and_long_help_has_everything() {
+    let help = |sub: &str, flag: &str| {
+        let out = Command::new(BIN).args([sub, flag]).output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let (short, long) = (help("exporter", "-h"), help("exporter", "--help"));
+    assert!(short.lines().count() * 4 < long.lines().count(), "{short}");
+    for shown in [
+        "--collector.slurm[",
+        "--collector.rapl[",
+        "--web.listen-address",
+        "--help all",
+    ] {
+        assert!(short.contains(shown), "-h lacks {shown}: {short}");
+    }
+    assert!(!short.contains("--collector.slurm.psi-metrics"), "{short}");
+    assert!(long.contains("--collector.slurm.psi-metrics"));
+    let stats = help("stats-server", "-h");
+    assert!(stats.contains("--prometheus.url") && stats.contains("--slurm.cluster-id"));
+    assert!(!stats.contains("--prometheus.max-batch"), "{stats}");
 }

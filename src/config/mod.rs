@@ -107,12 +107,43 @@ pub fn build_command(cmd: Command, opts: &[Opt]) -> Command {
         if opt.env.is_none() {
             opt.env = Some(env_name(&sub, &opt.flag));
         }
+        // `-h` is a summary: what a first run needs; `--help` has them all.
+        let headline = SUMMARY_FLAGS.contains(&opt.flag.as_str())
+            || (opt.key.ends_with(".enabled") && !opt.hidden);
         for arg in opt.to_args() {
-            cmd = cmd.arg(arg);
+            cmd = cmd.arg(arg.hide_short_help(!headline));
         }
     }
-    cmd
+    let shown = opts.iter().filter(|o| !o.hidden).count();
+    let long = cmd.get_after_help().map(|s| s.to_string());
+    let cmd = cmd.after_help(format!(
+        "-h shows the main options; --help all {shown}, with their environment variables and defaults (also in docs/reference/configuration.md)."
+    ));
+    match long {
+        Some(text) => cmd.after_long_help(text),
+        None => cmd,
+    }
 }
+
+/// The options `-h` shows (with each collector's switch): where a program listens, logs and
+/// finds what it needs first.
+const SUMMARY_FLAGS: &[&str] = &[
+    "web.listen-address",
+    "web.config.file",
+    "log.level",
+    "collector.disable-defaults",
+    "prometheus.url",
+    "storage.data.path",
+    "storage.database-url",
+    "storage.update-interval",
+    "slurm.cluster-id",
+    "web.admin-users",
+    "lb.backend",
+    "lb.ceems-api-url",
+    "redfish.targets",
+    "stats-server.url",
+    "smtp.host",
+];
 
 /// The merged settings of one subcommand, with a record of which keys flags or env set.
 #[derive(Debug, Clone)]
