@@ -398,7 +398,11 @@ fn run_with(m: &ArgMatches, settings: &acct::Settings, user: &str) -> anyhow::Re
         (true, _, _) => table.render_html(),
         (_, true, _) => table.render_csv(),
         (_, _, true) => table.render_markdown(),
-        _ => table.render(),
+        // On a terminal wide enough, cells are not wrapped; elsewhere CEEMS's widths hold.
+        _ => match terminal_size::terminal_size_of(std::io::stdout()) {
+            Some((terminal_size::Width(columns), _)) => table.render_within(columns.into()),
+            None => table.render(),
+        },
     };
     print!("{text}");
     Ok(ExitCode::SUCCESS)

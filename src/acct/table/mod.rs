@@ -162,6 +162,20 @@ impl Table {
         finish(out.split('\n').map(str::to_owned).collect())
     }
 
+    /// The table for a terminal `columns` wide: cells unwrapped when the whole table fits,
+    /// CEEMS's column widths (and its wrapping) when it does not.
+    pub fn render_within(&self, columns: usize) -> String {
+        let mut open = self.clone();
+        for w in &mut open.widths {
+            w.max = 0;
+        }
+        let text = open.render();
+        match text.lines().all(|l| width(l) <= columns) {
+            true => text,
+            false => self.render(),
+        }
+    }
+
     /// go-pretty's CSV: every cell unwrapped, commas and quotes escaped with `\`.
     pub fn render_csv(&self) -> String {
         let layout = Layout::new(self);
@@ -390,6 +404,24 @@ mod tests {
 
     fn cells(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_terminal_wide_enough_gets_cells_unwrapped() {
+        let mut t = Table::new(Style::Light);
+        t.set_widths(vec![ColumnWidth {
+            name: "Name".into(),
+            min: 3,
+            max: 5,
+        }]);
+        t.header(cells(&["Name"]), false);
+        t.row(cells(&["a-long-job-name"]), false);
+        let wide = t.render_within(80);
+        assert!(wide.contains("│ a-long-job-name │"), "{wide}");
+        assert_eq!(wide.lines().count(), 5, "{wide}");
+        // Too narrow for the whole table: CEEMS's widths, wrapped.
+        assert_eq!(t.render_within(10), t.render());
+        assert!(t.render().contains("│ a-lon │"));
     }
 
     #[test]
