@@ -167,3 +167,118 @@ fn every_relative_link_of_the_docs_leads_to_a_file() {
     }
     assert!(seen > 10, "only {seen} links checked");
 }
+
+/// A command line of the docs as the program's parser and config loader take it: its
+/// program (a CEEMS name or `ceems <sub>`), flags that exist, values of the right type, and
+/// the config file it names (written by the block's heredoc) loaded. `files` maps the paths
+/// the block wrote to where they are here.
+fn check_command(line: &str, files: &[(String, PathBuf)]) -> Result<(), String> {
+    let mut words: Vec<String> = line
+        .split_whitespace()
+        .map(|w| w.replace(['"', '\''], ""))
+        .collect();
+    for w in &mut words {
+        for (path, here) in files {
+            *w = w.replace(path.as_str(), &here.display().to_string());
+        }
+    }
+    let sub = match words.first().map(String::as_str) {
+        Some("ceems") => words.get(1).cloned().unwrap_or_default(),
+        Some("ceems_exporter") => "exporter".into(),
+        Some("ceems_api_server") => "stats-server".into(),
+        Some("ceems_lb") => "lb".into(),
+        Some("redfish_proxy") => "redfish-proxy".into(),
+        _ => return Ok(()),
+    };
+    let args: Vec<String> = match words[0].as_str() {
+        "ceems" => words.clone(),
+        _ => ["ceems".to_owned(), sub.clone()]
+            .into_iter()
+            .chain(words[1..].iter().cloned())
+            .collect(),
+    };
+    let matches = ceems::cmd::cli()
+        .try_get_matches_from(&args)
+        .map_err(|e| format!("{line}: {e}"))?;
+    let (_, m) = matches.subcommand().unwrap();
+    let opts = match sub.as_str() {
+        "exporter" => ceems::cmd::exporter::opts(),
+        "stats-server" => ceems::cmd::stats_server::opts(),
+        "lb" => ceems::cmd::lb::opts(),
+        "redfish-proxy" => ceems::cmd::redfish_proxy::opts(),
+        _ => return Ok(()),
+    };
+    ceems::config::load(&sub, &opts, m).map_err(|e| format!("{line}: {e}"))?;
+    Ok(())
+}
+
+#[test]
+fn every_command_and_config_of_the_reference_is_one_the_programs_take() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = vec![repo().join("docs/README.md")];
+    for sub in ["docs", "docs/reference"] {
+        for entry in std::fs::read_dir(repo().join(sub)).unwrap() {
+            let p = entry.unwrap().path();
+            if p.extension().is_some_and(|e| e == "md") {
+                files.push(p);
+            }
+        }
+    }
+    let mut commands = 0;
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (info, body) in blocks(&text) {
+            let lang = info.split_whitespace().next().unwrap_or("");
+            match lang {
+                "yaml" => {
+                    serde_norway::from_str::<serde_norway::Value>(&body)
+                        .unwrap_or_else(|e| panic!("{}: {e}\n{body}", file.display()));
+                }
+                "toml" => {
+                    toml::from_str::<toml::Table>(&body)
+                        .unwrap_or_else(|e| panic!("{}: {e}\n{body}", file.display()));
+                }
+                // Sample output; a `$ ` line in it is a command as typed.
+                "" | "sh" => {
+                    let joined = body.replace("\\\n", " ");
+                    let mut written: Vec<(String, PathBuf)> = Vec::new();
+                    let mut lines = joined.lines();
+                    while let Some(line) = lines.next() {
+                        let line = match lang {
+                            "sh" => line,
+                            _ => match line.strip_prefix("$ ") {
+                                Some(typed) => typed,
+                                None => continue,
+                            },
+                        };
+                        // `cat > PATH <<'TAG'`: the file the next lines hold.
+                        if let Some((path, tag)) = line
+                            .strip_prefix("cat > ")
+                            .and_then(|rest| rest.split_once(" <<"))
+                        {
+                            let tag = tag.trim_matches(['\'', '"', ' ']);
+                            let content: Vec<&str> =
+                                lines.by_ref().take_while(|l| *l != tag).collect();
+                            let name = Path::new(path.trim()).file_name().unwrap();
+                            let here = dir.path().join(format!(
+                                "{}-{}",
+                                written.len(),
+                                name.to_string_lossy()
+                            ));
+                            std::fs::write(&here, content.join("\n") + "\n").unwrap();
+                            written.push((path.trim().to_owned(), here));
+                            continue;
+                        }
+                        check_command(line, &written)
+                            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+                        if line.starts_with("ceems") || line.starts_with("redfish_proxy") {
+                            commands += 1;
+                        }
+                    }
+                }
+                other => panic!("{}: a `{other}` block no test checks", file.display()),
+            }
+        }
+    }
+    assert!(commands >= 6, "only {commands} command lines checked");
+}
