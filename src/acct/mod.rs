@@ -27,8 +27,8 @@ use table::{ColumnWidth, Style, Table};
 pub enum AcctError {
     #[error("unknown field `{0}` (--helpformat lists them)")]
     UnknownField(String),
-    #[error("config file not found in {0}")]
-    NoConfig(String),
+    #[error("no config file ({names}) in {dirs}; the stats-server's address goes in /etc/ceems/config.yml (see /usr/share/doc/ceems/guide/slurm.md)", names = CONFIG_NAMES.join(", "))]
+    NoConfig { dirs: String },
     #[error("{path}: {reason}")]
     Config { path: PathBuf, reason: String },
     /// CEEMS's words: a user asked for others' jobs.
@@ -152,7 +152,9 @@ pub fn load_settings(dirs: &[PathBuf]) -> Result<Settings, AcctError> {
         .find(|p| p.is_file());
     let Some(path) = found else {
         let list: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
-        return Err(AcctError::NoConfig(list.join(", ")));
+        return Err(AcctError::NoConfig {
+            dirs: list.join(", "),
+        });
     };
     let bad = |reason: String| AcctError::Config {
         path: path.clone(),
@@ -638,6 +640,18 @@ mod tests {
     fn elapsed_times_read_as_sacct_writes_them() {
         assert_eq!(elapsed(2962), "00:49:22");
         assert_eq!(elapsed(86400 + 61), "1-00:01:01");
+    }
+
+    #[test]
+    fn a_missing_config_names_the_files_and_places_looked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = load_settings(&[dir.path().to_owned()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("config.yml") && e.contains(&dir.path().display().to_string()),
+            "{e}"
+        );
     }
 
     #[test]

@@ -156,7 +156,7 @@ pub fn run(m: &ArgMatches) -> anyhow::Result<ExitCode> {
     let loaded = acct::load_settings(&dirs);
     crate::security::drop_set_id()?;
     let settings = match loaded {
-        Err(acct::AcctError::NoConfig(_)) if user_config_dir().is_some() => {
+        Err(acct::AcctError::NoConfig { .. }) if user_config_dir().is_some() => {
             dirs.extend(user_config_dir());
             acct::load_settings(&dirs)
         }
