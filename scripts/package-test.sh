@@ -30,7 +30,7 @@ check "rpm is an RPM with the binary and the units" \
   sh -c "test -s '$rpm' && head -c 4 '$rpm' | od -An -tx1 | grep -q 'ed ab ee db'"
 dpkg -i "$deb" >/dev/null
 check "binary and CEEMS's names installed" \
-  sh -c 'test -x /usr/bin/ceems && for l in ceems_exporter ceems_api_server redfish_proxy ceems_lb ceems_tool; do test "$(readlink /usr/bin/$l)" = ceems || exit 1; done'
+  sh -c 'test -x /usr/bin/ceems && for l in ceems_exporter ceems_api_server redfish_proxy ceems_lb ceems_tool ceems_k8s_admission_controller; do test "$(readlink /usr/bin/$l)" = ceems || exit 1; done'
 check "ceems_exporter --help runs the exporter" \
   sh -c '/usr/bin/ceems_exporter --help | grep -q -- --collector.slurm'
 check "ceems check-privileges passes as root" \
@@ -47,6 +47,6 @@ check "man pages and completions installed" \
   sh -c 'ls /usr/share/man/man1/ceems-exporter.1* && test -s /usr/share/bash-completion/completions/ceems && test -s /usr/share/zsh/vendor-completions/_ceems'
 dpkg --purge ceems >/dev/null
 check "removal leaves no binary or link" \
-  sh -c '! test -e /usr/bin/ceems && ! test -e /usr/bin/ceems_exporter && ! test -e /usr/bin/redfish_proxy && ! test -e /usr/bin/ceems_lb && ! test -e /usr/bin/ceems_tool && ! test -e /usr/bin/cacct'
+  sh -c '! test -e /usr/bin/ceems && ! test -e /usr/bin/ceems_exporter && ! test -e /usr/bin/redfish_proxy && ! test -e /usr/bin/ceems_lb && ! test -e /usr/bin/ceems_tool && ! test -e /usr/bin/ceems_k8s_admission_controller && ! test -e /usr/bin/cacct'
 echo "package: $passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -56,6 +56,11 @@ the file, the environment, the flag. CEEMS's YAML files are read too (see \
             super::redfish_proxy::opts(),
         ),
         ("mailprog", "Slurm's `MailProg`", super::mailprog::opts()),
+        (
+            "k8s-admission-controller",
+            "`ceems_k8s_admission_controller`",
+            super::k8s_admission_controller::opts(),
+        ),
     ] {
         out.push_str(&format!(
             "\n## `ceems {sub}` ({names})\n\n| Flag | Key in `[{sub}]` | Environment | Default | What |\n| --- | --- | --- | --- | --- |\n"

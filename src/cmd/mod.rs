@@ -4,6 +4,7 @@ pub mod assets;
 pub mod cacct;
 pub mod check_privileges;
 pub mod exporter;
+pub mod k8s_admission_controller;
 pub mod lb;
 pub mod mail_opts;
 pub mod mailprog;
@@ -26,6 +27,7 @@ const ARGV0_ALIASES: &[(&str, &str)] = &[
     ("ceems_lb", "lb"),
     ("ceems_tool", "tool"),
     ("cacct", "cacct"),
+    ("ceems_k8s_admission_controller", "k8s-admission-controller"),
 ];
 
 /// The git revision, branch and rustc version of this build (`build.rs`; "unknown" where the
@@ -60,7 +62,7 @@ pub fn cli() -> Command {
             "Compute energy and emissions monitoring for HPC batch jobs.\n\n\
              One binary for the whole stack: run `ceems <subcommand> --help` for each part. \
              Invoked through a link named ceems_exporter, ceems_api_server, redfish_proxy, ceems_lb, \
-             ceems_tool or cacct, \
+             ceems_tool, cacct or ceems_k8s_admission_controller, \
              it runs that subcommand directly.",
         )
         .subcommand_required(true)
@@ -73,6 +75,7 @@ pub fn cli() -> Command {
         .subcommand(mailprog::command())
         .subcommand(tool::command())
         .subcommand(cacct::command())
+        .subcommand(k8s_admission_controller::command())
         .subcommand(assets::command())
 }
 
@@ -86,6 +89,7 @@ fn dispatch(name: &str, matches: &clap::ArgMatches) -> anyhow::Result<ExitCode> 
         "mailprog" => mailprog::run(matches),
         "tool" => tool::run(matches),
         "cacct" => cacct::run(matches),
+        "k8s-admission-controller" => k8s_admission_controller::run(matches),
         "generate-assets" => assets::run(matches),
         other => anyhow::bail!("unknown subcommand {other}"),
     }

@@ -269,11 +269,21 @@ fn create_web_config(m: &ArgMatches) -> anyhow::Result<ExitCode> {
     let g = web::generate::web_config(&dir, flag("basic-auth"), tls, validity)?;
     // CEEMS's lines, which scripts read.
     eprintln!("web config file created at {}", g.web_config.display());
-    eprintln!(
-        "plain text password for basic auth is {}",
-        g.password.as_deref().unwrap_or("")
-    );
-    eprintln!("store the plain text password securely as you will need it to configure Prometheus");
+    match &g.password {
+        Some(password) => {
+            eprintln!("plain text password for basic auth is {password}");
+            eprintln!(
+                "store the plain text password securely as you will need it to configure Prometheus"
+            );
+        }
+        None => eprintln!("no basic auth (--basic-auth=false)"),
+    }
+    if let Some(cert) = &g.certificate {
+        eprintln!(
+            "certificate {} (a client verifies the server with it: Prometheus's ca_file, a Kubernetes webhook's caBundle as base64)",
+            cert.display()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

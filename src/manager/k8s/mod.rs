@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 pub mod accounting;
+pub mod admission;
 pub mod api;
 pub mod pod;
 pub mod podresources;
