@@ -9,13 +9,12 @@
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use common::http::{Request, Response, TestServer};
+use common::kube_api::stats_server_of;
 use serde_json::{json, Value};
 
 fn pod(uid: &str, ns: &str, owner: Option<&str>, phase: &str, version: &str) -> Value {
@@ -52,46 +51,6 @@ fn units(server: &common::Running, path: &str, user: &str) -> Vec<Value> {
         .as_array()
         .cloned()
         .unwrap_or_default()
-}
-
-/// A stats-server with one Kubernetes cluster, `kube`, whose API server is `api` (its CA and
-/// `token` in a kubeconfig), updating every second; `root` is an admin.
-fn stats_server_of(api: &TestServer, token: &str) -> (tempfile::TempDir, common::Running) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    // The server drops to nobody when started as root.
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let kubeconfig = dir.join("kubeconfig.yml");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nclusters:\n- name: lab\n  cluster:\n    server: {}\n    certificate-authority-data: {}\ncontexts:\n- name: lab\n  context: {{cluster: lab, user: ceems}}\ncurrent-context: lab\nusers:\n- name: ceems\n  user: {{token: {token}}}\n",
-            api.url(),
-            base64::engine::general_purpose::STANDARD.encode(&api.cert_pem)
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&kubeconfig, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let config = dir.join("ceems.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[stats-server.web]\nadmin-users = [\"root\"]\n\n[[stats-server.clusters]]\nid = \"kube\"\nmanager = \"k8s\"\nkubeconfig = \"{}\"\n",
-            kubeconfig.display()
-        ),
-    )
-    .unwrap();
-    let server = common::start_subcommand(
-        "stats-server",
-        dir,
-        &[
-            &format!("--config.file={}", config.display()),
-            &format!("--storage.data.path={}", dir.join("data").display()),
-            "--storage.update-interval=1s",
-        ],
-        &[],
-    );
-    (tmp, server)
 }
 
 #[test]

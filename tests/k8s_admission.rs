@@ -328,3 +328,113 @@ fn the_example_manifests_match_the_webhook() {
         .try_get_matches_from(argv)
         .expect("the Deployment's args parse");
 }
+
+/// The whole path: alice's Deployment goes through the webhook, its ReplicaSet's pod keeps her
+/// (as the API server applies the patches), the Kubernetes stand-in serves that pod in a
+/// namespace whose RoleBinding names bob, and the stats-server gives it to alice: hers in
+/// `/units`, not bob's; through the lb hers, her project's (bob's too), nobody else's.
+#[test]
+fn a_deployment_s_pod_is_its_creator_s_in_the_api_and_the_lb() {
+    use common::http::{Request, Response, TestServer};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let (_webhook, port) = start(dir.path(), &[]);
+    common::waitport(port);
+    let mutate = format!("http://127.0.0.1:{port}/ceems-admission-controller/mutate");
+    let ask = |body: Vec<u8>| post(&mutate, &body, &[]).0;
+    let mut deploy = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "train", "namespace": "physics"},
+        "spec": {"template": {"metadata": {"labels": {"app": "train"}},
+                              "spec": {"containers": [{"name": "c", "image": "x",
+                                  "resources": {"limits": {"cpu": "2", "memory": "1Gi"}}}]}}}});
+    let answer = ask(review("CREATE", "alice", &deploy, None));
+    apply(&mut deploy, &answer);
+    const POD: &str = "dddddddd-0000-4000-8000-000000000004";
+    let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": deploy.pointer("/spec/template/metadata").unwrap().clone(),
+        "spec": deploy.pointer("/spec/template/spec").unwrap().clone()});
+    let rs = "system:serviceaccount:kube-system:replicaset-controller";
+    let answer = ask(review("CREATE", rs, &pod, None));
+    apply(&mut pod, &answer);
+    // What the API server then stores and lists.
+    let meta = pod["metadata"].as_object_mut().unwrap();
+    meta.insert("name".into(), json!("train-abc12"));
+    meta.insert("namespace".into(), json!("physics"));
+    meta.insert("uid".into(), json!(POD));
+    meta.insert("resourceVersion".into(), json!("10"));
+    meta.insert("creationTimestamp".into(), json!("2026-11-25T10:00:00Z"));
+    pod["spec"]["nodeName"] = json!("cpu-01");
+    pod["status"] =
+        json!({"phase": "Running", "qosClass": "Guaranteed", "startTime": "2026-11-25T10:00:05Z"});
+    let listed = pod.clone();
+    let api = TestServer::start(
+        true,
+        Arc::new(move |req: &Request| match req.path() {
+            "/apis/rbac.authorization.k8s.io/v1/rolebindings" => Response::json(
+                200,
+                json!({"items": [{"metadata": {"name": "edit", "namespace": "physics"},
+                                  "subjects": [{"kind": "User", "name": "bob"}]}]}),
+            ),
+            "/api/v1/pods" if !req.target.contains("watch=1") => Response::json(
+                200,
+                json!({"kind": "PodList", "metadata": {"resourceVersion": "10"}, "items": [listed.clone()]}),
+            ),
+            "/api/v1/pods" => Response::raw(200, Vec::new()),
+            _ => Response::json(404, json!({"kind": "Status", "code": 404})),
+        }),
+    );
+    let (data, server) = common::kube_api::stats_server_of(&api, "t0ken");
+    let path = format!("/api/v1/units?running&uuid={POD}&field=uuid&field=username&field=project");
+    let mut mine = Value::Null;
+    let start_at = std::time::Instant::now();
+    while mine["data"].as_array().is_none_or(Vec::is_empty) {
+        assert!(
+            start_at.elapsed().as_secs() < 30,
+            "alice never sees her pod: {mine}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        mine = common::api_get(&server, &path, "alice");
+    }
+    assert_eq!(
+        mine["data"],
+        json!([{"uuid": POD, "username": "alice", "project": "physics"}])
+    );
+    assert_eq!(common::api_get(&server, &path, "bob")["data"], json!([]));
+
+    // Through the lb (reading the stats-server's database): alice's query is relayed, bob's
+    // is refused.
+    let store = TestServer::start(
+        false,
+        Arc::new(|_: &Request| {
+            Response::json(
+                200,
+                json!({"status": "success", "data": {"resultType": "vector", "result": []}}),
+            )
+        }),
+    );
+    let lb = common::start_subcommand(
+        "lb",
+        data.path(),
+        &[
+            &format!("--lb.backend=kube={}", store.url()),
+            &format!("--storage.data.path={}", data.path().join("data").display()),
+        ],
+        &[],
+    );
+    let query = format!(
+        "/kube/api/v1/query?query=ceems_compute_unit_cpu_user_seconds_total%7Buuid%3D%22{POD}%22%7D"
+    );
+    let status = |user: &str| match ureq::get(&lb.url(&query))
+        .set("X-Grafana-User", user)
+        .call()
+    {
+        Ok(r) => r.status(),
+        Err(ureq::Error::Status(s, _)) => s,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(status("alice"), 200);
+    // bob shares the namespace's project (its RoleBinding), whose jobs the lb lets members
+    // read, as CEEMS's does; a user of neither is refused.
+    assert_eq!(status("bob"), 200);
+    assert_eq!(status("carol"), 403);
+}

@@ -6,6 +6,7 @@ pub mod browser;
 pub mod ceems_pack;
 pub mod cgroup;
 pub mod http;
+pub mod kube_api;
 pub mod kubelet;
 pub mod lab;
 pub mod mail;
