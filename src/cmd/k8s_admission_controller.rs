@@ -82,20 +82,10 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     }
     let options = web::ServeOptions::new(usize::try_from(web_settings.max_requests).unwrap_or(0))
         .with_security(web_security);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("ceems-admission")
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(async move {
-        let listener = web::into_async(listener)
-            .with_context(|| format!("cannot listen on {}", web_settings.listen_address))?;
-        tracing::info!(address = %web_settings.listen_address, "admission controller listening");
-        let handler: web::Handler = Arc::new(|req| Box::pin(handle(req)));
-        web::serve(listener, options, handler, web::shutdown_signal()).await;
-        Ok::<_, anyhow::Error>(())
-    })?;
+    tracing::info!(address = %web_settings.listen_address, "admission controller listening");
+    let handler: web::Handler = Arc::new(|req| Box::pin(handle(req)));
+    web::serve_until_signal("ceems-admission", listener, options, handler)
+        .with_context(|| format!("cannot serve on {}", web_settings.listen_address))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -204,22 +204,12 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         rate: None,
     }
     .with_security(web::toolkit::WebSecurity::from_settings(&settings)?);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("ceems-redfish-proxy")
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(async move {
-        let listener = web::into_async(listener)
-            .with_context(|| format!("cannot listen on {}", web_settings.listen_address))?;
-        tracing::info!(address = %web_settings.listen_address, targets = r.targets.len(), bmc_networks = ?r.bmc_networks, "redfish proxy listening");
-        let handler: web::Handler = Arc::new(move |req| {
-            let proxy = Arc::clone(&proxy);
-            Box::pin(proxy.handle(req))
-        });
-        web::serve(listener, options, handler, web::shutdown_signal()).await;
-        Ok::<_, anyhow::Error>(())
-    })?;
+    tracing::info!(address = %web_settings.listen_address, targets = r.targets.len(), bmc_networks = ?r.bmc_networks, "redfish proxy listening");
+    let handler: web::Handler = Arc::new(move |req| {
+        let proxy = Arc::clone(&proxy);
+        Box::pin(proxy.handle(req))
+    });
+    web::serve_until_signal("ceems-redfish-proxy", listener, options, handler)
+        .with_context(|| format!("cannot serve on {}", web_settings.listen_address))?;
     Ok(ExitCode::SUCCESS)
 }

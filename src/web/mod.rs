@@ -87,6 +87,27 @@ pub fn into_async(listener: std::net::TcpListener) -> std::io::Result<TcpListene
     TcpListener::from_std(listener)
 }
 
+/// Serves `handler` on `listener` until SIGTERM or SIGINT, on a two-thread runtime of its own
+/// named `thread_name`: for the servers that do nothing but answer (the Redfish proxy, the
+/// admission webhook).
+pub fn serve_until_signal(
+    thread_name: &str,
+    listener: std::net::TcpListener,
+    options: ServeOptions,
+    handler: Handler,
+) -> std::io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(thread_name)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener = into_async(listener)?;
+        serve(listener, options, handler, shutdown_signal()).await;
+        Ok(())
+    })
+}
+
 pub fn text_response(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
     let mut resp = Response::new(Full::new(body.into()));
     *resp.status_mut() = status;

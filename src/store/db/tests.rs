@@ -307,27 +307,34 @@ async fn a_job_id_that_wrapped_is_two_tenures_each_its_users() {
     assert!(bob.iter().any(|t| t.uuid == "2" && t.start.is_none()));
 }
 
-/// A SQLite database written by the release before migration 0010 opens with its jobs, and
-/// its usage, rebuilt by the migration, already holds the group and allocated times CEEMS's
-/// usage answers need.
-#[tokio::test]
-async fn a_database_of_the_previous_schema_opens_with_its_usage_rebuilt() {
+/// A SQLite database at `path` with the migrations before `version` only, as an older release
+/// left it.
+async fn database_before(path: &std::path::Path, version: i64) -> sqlx::SqlitePool {
     use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
-    let tmp = tempfile::tempdir().unwrap();
-    let path = tmp.path().join("ceems.db");
     let options = SqliteConnectOptions::new()
-        .filename(&path)
+        .filename(path)
         .create_if_missing(true);
     let pool = SqlitePool::connect_with(options).await.unwrap();
     let mut previous = sqlx::migrate!("./migrations");
     let before: Vec<_> = previous
         .migrations
         .iter()
-        .filter(|m| m.version < 10)
+        .filter(|m| m.version < version)
         .cloned()
         .collect();
     previous.migrations = before.into();
     previous.run(&pool).await.unwrap();
+    pool
+}
+
+/// A SQLite database written by the release before migration 0010 opens with its jobs, and
+/// its usage, rebuilt by the migration, already holds the group and allocated times CEEMS's
+/// usage answers need.
+#[tokio::test]
+async fn a_database_of_the_previous_schema_opens_with_its_usage_rebuilt() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("ceems.db");
+    let pool = database_before(&path, 10).await;
     for (uuid, user, cpus, gpus) in [("1", "alice", 4, 0), ("2", "alice", 2, 1)] {
         sqlx::query(
             "INSERT INTO units (cluster_id, uuid, started_at, usr, grp, project, alloc_cpus,
@@ -376,22 +383,9 @@ async fn a_database_of_the_previous_schema_opens_with_its_usage_rebuilt() {
 /// a job never aggregated has none.
 #[tokio::test]
 async fn jobs_aggregated_before_the_measured_bits_keep_their_figures() {
-    use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("ceems.db");
-    let options = SqliteConnectOptions::new()
-        .filename(&path)
-        .create_if_missing(true);
-    let pool = SqlitePool::connect_with(options).await.unwrap();
-    let mut previous = sqlx::migrate!("./migrations");
-    let before: Vec<_> = previous
-        .migrations
-        .iter()
-        .filter(|m| m.version < 14)
-        .cloned()
-        .collect();
-    previous.migrations = before.into();
-    previous.run(&pool).await.unwrap();
+    let pool = database_before(&path, 14).await;
     for (uuid, updated) in [("1", Some(1600)), ("2", None)] {
         sqlx::query(
             "INSERT INTO units (cluster_id, uuid, started_at, usr, project, host_energy_joules,
