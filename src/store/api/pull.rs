@@ -77,18 +77,22 @@ impl Api {
                 .collect(),
             Err(_) => return,
         };
-        for cluster in &clusters {
+        let mut pulls = Vec::new();
+        'ids: for cluster in &clusters {
             for uuid in &asked {
                 if known.contains(&(cluster.clone(), uuid.to_string())) {
                     continue;
                 }
                 if !on_demand.budget.take(user, now) {
                     tracing::debug!(user, "on-demand pulls past the per-user budget");
-                    return;
+                    break 'ids;
                 }
-                on_demand.refresh.refresh(cluster, uuid, now).await;
+                pulls.push(on_demand.refresh.refresh(cluster, uuid, now));
             }
         }
+        // Together: the refresh's own gate bounds how many run at once, and the answer waits
+        // for the slowest rather than for their sum.
+        futures_util::future::join_all(pulls).await;
     }
 }
 
