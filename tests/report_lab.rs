@@ -219,8 +219,11 @@ fn a_sleeping_job_gets_the_cpu_finding_and_its_report_renders_in_a_browser() {
         burnt_report.contains(r#""title":"Power""#),
         "no power plot for the burner: {burnt_report}"
     );
-    // The lab has no GPU: the page says so instead of drawing an empty plot.
-    assert!(json.contains("No gpu use plot"), "{json}");
+    // The job asked for no GPU: no GPU plot, and no note about a missing one.
+    assert!(
+        !json.contains("No gpu use plot") && !plots.contains(&"GPU use"),
+        "{json}"
+    );
 
     // The text form, as `curl` on a login node gets it: the finding and a line per plot.
     let (status, text) = get(&server, &format!("{page}.txt"), Some("alice"));

@@ -36,6 +36,8 @@ struct PlotSpec {
     /// The top of the y axis at least: what the job asked for, so a plot shows how much of
     /// it was used.
     y_top: YTop,
+    /// Drawn only for a job that asked for GPUs.
+    gpus_only: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -51,24 +53,28 @@ const PLOTS: &[PlotSpec] = &[
         unit: "% of allocated cores",
         query: r#"100 * sum(rate(ceems_compute_unit_cpu_user_seconds_total{uuid="$uuid"}[$rate]) + rate(ceems_compute_unit_cpu_system_seconds_total{uuid="$uuid"}[$rate])) / sum(ceems_compute_unit_cpus{uuid="$uuid"})"#,
         y_top: YTop::Percent,
+        gpus_only: false,
     },
     PlotSpec {
         title: "Memory",
         unit: "bytes",
         query: r#"sum(ceems_compute_unit_memory_used_bytes{uuid="$uuid"})"#,
         y_top: YTop::MemoryRequest,
+        gpus_only: false,
     },
     PlotSpec {
         title: "GPU use",
         unit: "%",
         query: r#"100 * avg(ceems_compute_unit_gpu_utilization_ratio{uuid="$uuid"})"#,
         y_top: YTop::Percent,
+        gpus_only: true,
     },
     PlotSpec {
         title: "Power",
         unit: "W",
         query: r#"sum(uuid:ceems_host_power_watts:pue{uuid="$uuid"})"#,
         y_top: YTop::Data,
+        gpus_only: false,
     },
 ];
 
@@ -249,7 +255,8 @@ impl Reports {
                 let length = (end - start).max(1);
                 let step = (length / MAX_POINTS).max(self.scrape_interval).max(1);
                 let rate = format!("{}s", (4 * self.scrape_interval).max(step));
-                for spec in PLOTS {
+                let gpus = facts["alloc_gpus"].as_u64().unwrap_or(0) > 0;
+                for spec in PLOTS.iter().filter(|s| gpus || !s.gpus_only) {
                     let q = spec.query.replace("$uuid", job).replace("$rate", &rate);
                     let p = Arc::clone(prom);
                     let (s, e) = (start, end + step);
@@ -448,13 +455,11 @@ mod tests {
             body.contains("Read the job&#39;s error output"),
             "no advice: {body}"
         );
-        // CPU and memory are drawn; GPU has no series, power's Prometheus failed.
+        // CPU and memory are drawn; power's Prometheus failed; a job that asked for no GPU
+        // gets no GPU plot and no note about one.
         assert_eq!(body.matches("<svg").count(), 2, "{body}");
         assert_eq!(body.matches("<figure").count(), 2);
-        assert!(
-            body.contains("No gpu use plot: Prometheus has no series"),
-            "{body}"
-        );
+        assert!(!body.to_lowercase().contains("gpu use"), "{body}");
         assert!(body.contains("No power plot: ") && body.contains("connection refused"));
         for loader in [
             "<script", "<link", "<img", " src=", " href=", "@import", "url(",
@@ -481,7 +486,8 @@ mod tests {
             .collect();
         assert_eq!(drawn.len(), 2, "CPU and memory lines: {text}");
         assert!(drawn[0].trim_start().starts_with("CPU use") && drawn[1].contains("Memory"));
-        assert!(text.contains("No gpu use plot") && text.contains("connection refused"));
+        assert!(text.contains("No power plot") && text.contains("connection refused"));
+        assert!(!text.contains("No gpu use plot"), "{text}");
         assert!(!text.contains('<'), "markup in the text form: {text}");
 
         let json: Value = serde_json::from_str(
@@ -508,7 +514,8 @@ mod tests {
             "{} points",
             points.len()
         );
-        assert_eq!(data["notes"].as_array().unwrap().len(), 2);
+        // Power's failure alone: no note about GPUs for a job without any.
+        assert_eq!(data["notes"].as_array().unwrap().len(), 1, "{data}");
     }
 
     #[tokio::test]
