@@ -831,4 +831,9 @@ fn short_help_is_a_summary_and_long_help_has_everything() {
     let stats = help("stats-server", "-h");
     assert!(stats.contains("--prometheus.url") && stats.contains("--slurm.cluster-id"));
     assert!(!stats.contains("--prometheus.max-batch"), "{stats}");
+    let proxy = help("redfish-proxy", "-h");
+    assert!(
+        proxy.contains("--redfish.target") && proxy.contains("--redfish.bmc-network"),
+        "{proxy}"
+    );
 }

@@ -140,7 +140,8 @@ const SUMMARY_FLAGS: &[&str] = &[
     "web.admin-users",
     "lb.backend",
     "lb.ceems-api-url",
-    "redfish.targets",
+    "redfish.target",
+    "redfish.bmc-network",
     "stats-server.url",
     "smtp.host",
 ];

@@ -220,7 +220,6 @@ impl Owners {
     }
 }
 
-/// The names in an answer of `/users/admin?role=admin`.
 /// The ids of `/api/v1/clusters/admin`'s answer.
 fn cluster_ids(body: &str) -> Result<BTreeSet<String>, String> {
     let answer: serde_json::Value =
@@ -232,6 +231,7 @@ fn cluster_ids(body: &str) -> Result<BTreeSet<String>, String> {
         .collect())
 }
 
+/// The names in an answer of `/users/admin?role=admin`.
 fn admin_names(body: &str) -> Result<BTreeSet<String>, String> {
     let v: serde_json::Value =
         serde_json::from_str(body).map_err(|e| format!("the admins' list is not JSON: {e}"))?;

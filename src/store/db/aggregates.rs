@@ -517,7 +517,8 @@ pub const USAGE_SUMS: &[(&str, &str)] = &[
         "alloc_memory_byte_seconds",
         "1.0 * alloc_mem_bytes * aggregated_seconds",
     ),
-    // Jobs with each energy figure measured: a group of none has none.
+    // Jobs with each energy figure measured (the bits of `measured`: 2 HOST_ENERGY,
+    // 4 EMISSIONS, 16 GPU_ENERGY): a group of none has none.
     (
         "host_energy_units",
         "CASE WHEN measured & 2 <> 0 THEN 1.0 ELSE 0.0 END",
