@@ -64,6 +64,14 @@ impl Running {
         format!("http://127.0.0.1:{}{}", self.port, path)
     }
 
+    /// Whether it listens: any HTTP answer to /health, a degraded server's 503 included.
+    pub fn answers(&self) -> bool {
+        matches!(
+            ureq::get(&self.url("/health")).call(),
+            Ok(_) | Err(ureq::Error::Status(..))
+        )
+    }
+
     pub fn get(&self, path: &str) -> String {
         ureq::get(&self.url(path))
             .call()
@@ -148,10 +156,7 @@ pub fn start_listening(mut command: Command, what: &str) -> Running {
     let start = Instant::now();
     loop {
         // Any HTTP answer means it is up (a 401 behind basic auth included).
-        if matches!(
-            ureq::get(&running.url("/health")).call(),
-            Ok(_) | Err(ureq::Error::Status(..))
-        ) {
+        if running.answers() {
             return running;
         }
         if let Ok(Some(status)) = running.child.try_wait() {
