@@ -14,6 +14,7 @@ pub mod log;
 pub mod manager;
 pub mod metrics;
 pub mod notify;
+pub mod policy;
 pub mod proxy;
 pub mod registry;
 pub mod security;

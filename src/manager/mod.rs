@@ -68,6 +68,25 @@ pub fn is_unit_id(id: &str) -> bool {
         && !id.starts_with('-')
 }
 
+/// Whether `unit` may be named to a manager's command (`scancel`, `bkill`, `qdel`): an id and
+/// an owner that no command can read as an option.
+pub fn check_nameable(unit: &UnitRecord) -> Result<(), AccountingError> {
+    let user_ok = !unit.user.is_empty()
+        && !unit.user.starts_with('-')
+        && unit
+            .user
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'@'));
+    match is_unit_id(&unit.uuid) && user_ok {
+        true => Ok(()),
+        false => Err(AccountingError::Other(format!(
+            "unit `{}` of user `{}` cannot be named to a command",
+            unit.uuid.escape_debug(),
+            unit.user.escape_debug()
+        ))),
+    }
+}
+
 /// What an accounting source says of one unit: a row of the stats-server's `units` table.
 /// Fields a manager does not know stay empty.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -195,6 +214,9 @@ pub enum AccountingError {
     Command(#[from] CommandError),
     #[error("{0}")]
     Other(String),
+    /// The manager has no way, or no configured way, to do what was asked.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// A unit of an accounting answer, or the record that could not be read.
@@ -212,4 +234,14 @@ pub trait Accounting: Send + Sync + 'static {
     /// The cluster's projects and members, with the records that could not be read; None
     /// when this cluster's are not pulled.
     fn associations(&self) -> Option<Result<(Associations, Vec<ParseError>), AccountingError>>;
+    /// Ends the running `unit`, as the manager described it a moment ago, in the manager's own
+    /// way (Slurm's `scancel`, LSF's `bkill`, PBS's `qdel`, a pod's deletion), restricted to
+    /// the unit's owner where the manager can be told so. Returns what the manager said.
+    fn cancel(&self, unit: &UnitRecord) -> Result<String, AccountingError> {
+        let _ = unit;
+        Err(AccountingError::Unsupported(format!(
+            "ceems cannot end {} units",
+            self.manager()
+        )))
+    }
 }

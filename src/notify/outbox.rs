@@ -231,68 +231,134 @@ impl Notifier {
         now: i64,
         round: &mut Round,
     ) -> Result<(), StoreError> {
-        let queued = store
-            .fetch_all(&Sql::new(
-                "SELECT id, usr, mail_from, rcpt_to, raw FROM mail_outbox
-                 WHERE status = 'queued' ORDER BY id",
-            ))
-            .await?;
-        for (i, r) in queued.iter().enumerate() {
-            let id: i64 = r.get(0)?;
-            let user: String = r.get(1)?;
-            let from: String = r.get(2)?;
-            let to: String = r.get(3)?;
-            let envelope = (|| {
-                Envelope::new(
-                    Some(from.parse().map_err(|e| format!("sender `{from}`: {e}"))?),
-                    vec![to.parse().map_err(|e| format!("recipient `{to}`: {e}"))?],
-                )
-                .map_err(|e| e.to_string())
-            })();
-            let raw: Vec<u8> = r.get(4)?;
-            let result = match envelope {
-                Ok(envelope) => {
-                    self.delivery
-                        .send(&envelope, &raw, &format!("digest-{id:08}"))
-                        .await
-                }
-                Err(e) => Err(MailError::Refused(e)),
-            };
-            let (status, error) = match &result {
-                Ok(()) => ("sent", None),
-                Err(MailError::Refused(e)) => ("refused", Some(e.clone())),
-                Err(e) => ("queued", Some(e.to_string())),
-            };
-            store
-                .execute(
-                    &Sql::new(
-                        "UPDATE mail_outbox SET status = $2, attempts = attempts + 1, last_error = $3,
-                                sent_at = CASE WHEN $2 = 'sent' THEN $4 END
-                         WHERE id = $1",
-                    )
-                    .arg(id)
-                    .arg(status)
-                    .arg(error.clone())
-                    .arg(now),
-                )
-                .await?;
-            match result {
-                Ok(()) => round.sent += 1,
-                Err(MailError::Refused(e)) => {
-                    round.refused += 1;
-                    tracing::warn!(user = %user.escape_debug(), message = id, error = %e, "a digest was refused; not retried");
-                }
-                Err(e) => {
-                    // The server is down or says later: the rest would fail the same way.
-                    let left = queued.len() - i;
-                    round.deferred += left;
-                    tracing::warn!(messages = left, error = %e, "digests not delivered; retried next round");
-                    break;
-                }
-            }
-        }
+        let sent = deliver(store, &self.delivery, now, None).await?;
+        round.sent += sent.sent;
+        round.deferred += sent.deferred;
+        round.refused += sent.refused;
         Ok(())
     }
+}
+
+/// Queues one message in `tx` and returns its row; a message that cannot be built or has no
+/// recipient is kept as refused, with why.
+#[allow(clippy::too_many_arguments)]
+pub async fn enqueue(
+    tx: &mut Tx,
+    user: &str,
+    from: &Mailbox,
+    built: Result<(lettre::Address, super::Composed), String>,
+    message_id: &str,
+    now: i64,
+) -> Result<i64, StoreError> {
+    let (rcpt, raw, status, error) = match built {
+        Ok((to, composed)) => (to.to_string(), composed.raw, "queued", None),
+        Err(e) => (String::new(), Vec::new(), "refused", Some(e)),
+    };
+    let q = Sql::new(
+        "INSERT INTO mail_outbox (usr, mail_from, rcpt_to, message_id, raw, created_at, status, last_error)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
+    )
+    .arg(user)
+    .arg(from.email.to_string())
+    .arg(rcpt)
+    .arg(message_id)
+    .arg(raw)
+    .arg(now)
+    .arg(status)
+    .arg(error);
+    Ok(tx.fetch_one(&q).await?.get(0)?)
+}
+
+/// Sends the queued messages (only those of `only` when given), oldest first. Each is
+/// claimed (`sending`) before it goes, so two senders never send one message; one that a
+/// crash left `sending` is not sent again, since it may have gone.
+pub async fn deliver(
+    store: &Store,
+    delivery: &Delivery,
+    now: i64,
+    only: Option<&[i64]>,
+) -> Result<Round, StoreError> {
+    let mut round = Round::default();
+    let queued = store
+        .fetch_all(&Sql::new(
+            "SELECT id, usr, mail_from, rcpt_to, raw FROM mail_outbox
+             WHERE status = 'queued' ORDER BY id",
+        ))
+        .await?;
+    let queued: Vec<_> = queued
+        .into_iter()
+        .filter(|r| match only {
+            None => true,
+            Some(ids) => r.get::<i64>(0).is_ok_and(|id| ids.contains(&id)),
+        })
+        .collect();
+    for (i, r) in queued.iter().enumerate() {
+        let id: i64 = r.get(0)?;
+        let claimed = store
+            .execute(
+                &Sql::new(
+                    "UPDATE mail_outbox SET status = 'sending' WHERE id = $1 AND status = 'queued'",
+                )
+                .arg(id),
+            )
+            .await?;
+        if claimed == 0 {
+            continue;
+        }
+        let user: String = r.get(1)?;
+        let from: String = r.get(2)?;
+        let to: String = r.get(3)?;
+        let envelope = (|| {
+            Envelope::new(
+                Some(from.parse().map_err(|e| format!("sender `{from}`: {e}"))?),
+                vec![to.parse().map_err(|e| format!("recipient `{to}`: {e}"))?],
+            )
+            .map_err(|e| e.to_string())
+        })();
+        let raw: Vec<u8> = r.get(4)?;
+        let result = match envelope {
+            Ok(envelope) => {
+                delivery
+                    .send(&envelope, &raw, &format!("mail-{id:08}"))
+                    .await
+            }
+            Err(e) => Err(MailError::Refused(e)),
+        };
+        let (status, error) = match &result {
+            Ok(()) => ("sent", None),
+            Err(MailError::Refused(e)) => ("refused", Some(e.clone())),
+            Err(e) => ("queued", Some(e.to_string())),
+        };
+        let sent_at = (status == "sent").then_some(now);
+        store
+            .execute(
+                &Sql::new(
+                    "UPDATE mail_outbox SET status = $2, attempts = attempts + 1, last_error = $3,
+                            sent_at = $4
+                     WHERE id = $1",
+                )
+                .arg(id)
+                .arg(status)
+                .arg(error.clone())
+                .arg(sent_at),
+            )
+            .await?;
+        match result {
+            Ok(()) => round.sent += 1,
+            Err(MailError::Refused(e)) => {
+                round.refused += 1;
+                tracing::warn!(user = %user.escape_debug(), message = id, error = %e, "a message was refused; not retried");
+            }
+            Err(e) => {
+                // The server is down or says later: the rest would fail the same way.
+                let left = queued.len() - i;
+                round.deferred += left;
+                tracing::warn!(messages = left, error = %e, "messages not delivered; retried later");
+                break;
+            }
+        }
+    }
+    Ok(round)
 }
 
 async fn mark(tx: &mut Tx, row: i64, message: Option<i64>) -> Result<(), StoreError> {

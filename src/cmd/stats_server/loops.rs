@@ -95,8 +95,14 @@ pub(super) struct MailStats {
     pub(super) refused: AtomicU64,
 }
 
-pub(super) fn metrics(sources: &[Source], mail: &MailStats, api: &ApiActivity) -> String {
+pub(super) fn metrics(
+    sources: &[Source],
+    mail: &MailStats,
+    api: &ApiActivity,
+    policies: &super::policies::PolicyStats,
+) -> String {
     let mut set = MetricSet::new();
+    policies.encode(&mut set);
     set.counter(
         "ceems_stats_aggregate_yield_seconds_total",
         "Time queries for job aggregates waited for the API to be quiet (--prometheus.yield-to-api)",
@@ -355,7 +361,7 @@ fn hand_back_freed_memory() {
 
 /// The lease on `task`, or None (logged) while another server holds it or the database does
 /// not answer.
-async fn leased(store: &Store, task: &str) -> Option<db::Lease> {
+pub(super) async fn leased(store: &Store, task: &str) -> Option<db::Lease> {
     match store.lease(task).await {
         Ok(Some(lease)) => Some(lease),
         Ok(None) => {

@@ -28,6 +28,7 @@ use crate::store::report::Reports;
 use crate::web;
 
 mod loops;
+mod policies;
 mod settings;
 mod startup;
 
@@ -306,6 +307,7 @@ pub fn opts() -> Vec<Opt> {
         )
         .default(""),
     ]);
+    opts.extend(policies::opts());
     opts.extend(super::mail_opts::opts("notify."));
     opts.extend(crate::security::opts());
     opts.extend(config::log_opts());
@@ -383,6 +385,8 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         )
         .context("[stats-server.notify]")?;
 
+    let engine = policies::engine(&settings, &notify, external_url(&external, &listen), &prom)?;
+    let policy_interval: Duration = settings.get("policy.interval")?;
     let listener = web::bind_std(&listen)?;
     let security: crate::security::SecuritySettings = settings.get("security")?;
     let backup_dir = PathBuf::from(&storage.data.backup.path);
@@ -547,6 +551,16 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             },
         ));
         let mail = Arc::new(MailStats::default());
+        let policy_stats = Arc::new(policies::PolicyStats::default());
+        if let Some(engine) = engine {
+            tokio::spawn(policies::policy_loop(
+                Arc::clone(&store),
+                Arc::clone(&sources),
+                engine,
+                policy_interval,
+                Arc::clone(&policy_stats),
+            ));
+        }
         if let Some(notifier) = notifier {
             tokio::spawn(notify_loop(Arc::clone(&store), notifier, Arc::clone(&mail)));
         }
@@ -582,6 +596,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         let handler: web::Handler = Arc::new(move |req| {
             let sources = Arc::clone(&sources);
             let mail = Arc::clone(&mail);
+            let policy_stats = Arc::clone(&policy_stats);
             let api = Arc::clone(&api);
             let reports = Arc::clone(&reports);
             let cors = Arc::clone(&cors);
@@ -627,7 +642,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                         web::text_response(status, text)
                     }
                     "/metrics" => web::body_response(
-                        metrics(&sources, &mail, &api_activity),
+                        metrics(&sources, &mail, &api_activity, &policy_stats),
                         TEXT_CONTENT_TYPE,
                         web::accepts_gzip(&req),
                     ),

@@ -227,6 +227,16 @@ impl PodStore {
     }
 }
 
+/// A name as one segment of an API path.
+fn encode(name: &str) -> String {
+    name.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// One cluster's pods, followed by a thread of its own.
 pub struct K8sAccounting {
     store: Arc<Mutex<PodStore>>,
@@ -480,6 +490,35 @@ impl Accounting for K8sAccounting {
             .filter(|r| r.as_ref().is_ok_and(|r| r.uuid == id))
             .collect();
         Ok(Box::new(records.into_iter()))
+    }
+
+    /// Deletes the pod, on the condition that it is still the one of this uid (a pod made
+    /// again under its name is another unit).
+    fn cancel(&self, unit: &crate::manager::UnitRecord) -> Result<String, AccountingError> {
+        let meta = {
+            let store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+            store.pods.get(&unit.uuid).map(|h| h.pod.metadata.clone())
+        };
+        let Some(meta) = meta else {
+            return Err(AccountingError::Other(format!(
+                "pod {} is not known to the watch",
+                unit.uuid
+            )));
+        };
+        let path = format!(
+            "/api/v1/namespaces/{}/pods/{}",
+            encode(&meta.namespace),
+            encode(&meta.name)
+        );
+        let body = serde_json::json!({
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "preconditions": {"uid": unit.uuid},
+        });
+        self.client
+            .delete(&path, &body)
+            .map_err(|e| AccountingError::Other(e.to_string()))?;
+        Ok(format!("pod {}/{} deleted", meta.namespace, meta.name))
     }
 
     /// As CEEMS: a namespace's users are those of the users file, its RoleBindings' users and

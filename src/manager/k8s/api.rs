@@ -217,12 +217,34 @@ impl KubeClient {
 
     /// The answer to `GET <server><path>`, with the bearer token.
     fn call(&self, path: &str) -> Result<ureq::Response, KubeError> {
+        self.send("GET", path, None)
+    }
+
+    /// `DELETE <server><path>` with `body` (DeleteOptions), and the answer's body.
+    pub fn delete(&self, path: &str, body: &serde_json::Value) -> Result<String, KubeError> {
+        self.send("DELETE", path, Some(body))?
+            .into_string()
+            .map_err(|e| KubeError::Request {
+                url: format!("{}{path}", self.server),
+                message: e.to_string(),
+            })
+    }
+
+    fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<ureq::Response, KubeError> {
         let url = format!("{}{path}", self.server);
         let failed = |message: String| KubeError::Request {
             url: url.clone(),
             message,
         };
-        let mut request = self.agent.get(&url).set("Accept", "application/json");
+        let mut request = self
+            .agent
+            .request(method, &url)
+            .set("Accept", "application/json");
         let token = match &self.token {
             Token::None => None,
             Token::Value(t) => Some(t.clone()),
@@ -236,7 +258,13 @@ impl KubeClient {
         if let Some(t) = token {
             request = request.set("Authorization", &format!("Bearer {t}"));
         }
-        match request.call() {
+        let sent = match body {
+            Some(b) => request
+                .set("Content-Type", "application/json")
+                .send_string(&b.to_string()),
+            None => request.call(),
+        };
+        match sent {
             Ok(r) => Ok(r),
             Err(ureq::Error::Status(code, r)) => Err(KubeError::Status {
                 url: url.clone(),

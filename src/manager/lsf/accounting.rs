@@ -160,4 +160,12 @@ impl Accounting for LsfAccounting {
     fn associations(&self) -> Option<Result<(Associations, Vec<ParseError>), AccountingError>> {
         None
     }
+
+    /// `bkill -u USER ID`: LSF leaves the job alone when another user owns it.
+    fn cancel(&self, unit: &UnitRecord) -> Result<String, AccountingError> {
+        crate::manager::check_nameable(unit)?;
+        let args = ["-u".to_owned(), unit.user.clone(), unit.uuid.clone()];
+        let out = self.run("bkill", &args)?;
+        Ok(out.trim().to_owned())
+    }
 }

@@ -361,6 +361,30 @@ impl Accounting for PbsAccounting {
     fn associations(&self) -> Option<Result<(Associations, Vec<ParseError>), AccountingError>> {
         None
     }
+
+    /// `qdel ID`, run where `qstat` is; qdel has no owner filter, so the caller checks the
+    /// owner against qstat's answer just before.
+    fn cancel(&self, unit: &UnitRecord) -> Result<String, AccountingError> {
+        let Some(dir) = &self.bin_dir else {
+            return Err(AccountingError::Unsupported(
+                "no directory of PBS's commands (bin-dir): qdel cannot run".into(),
+            ));
+        };
+        crate::manager::check_nameable(unit)?;
+        let mut env: Vec<(&str, &str)> = vec![("TZ", "UTC")];
+        env.extend(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let out = command::run_env(
+            &dir.join("qdel"),
+            std::slice::from_ref(&unit.uuid),
+            &env,
+            self.timeout,
+            1 << 20,
+        )?;
+        Ok(match out.trim() {
+            "" => format!("qdel {}", unit.uuid),
+            said => said.to_owned(),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -16,6 +16,8 @@ pub const MAX_SACCTMGR_OUTPUT: u64 = 64 << 20;
 pub struct SlurmAccounting {
     pub sacct: SlurmCommand,
     pub sacctmgr: Option<SlurmCommand>,
+    /// `scancel`, for the stats-server's policies: beside sacct unless the entry names it.
+    pub scancel: SlurmCommand,
     /// `--clusters=<name>` for both commands, for a slurmdbd that serves several clusters.
     pub slurm_name: Option<String>,
     /// Where sacct's times without an offset are read (`--storage.data.time-zone`).
@@ -49,6 +51,17 @@ impl SlurmAccounting {
         if let Some(name) = &self.slurm_name {
             args.push(format!("--clusters={name}"));
         }
+        args
+    }
+
+    /// scancel's arguments for job `id` of `user`: scancel leaves the job alone when another
+    /// user owns it (a job id Slurm gave again).
+    pub fn scancel_args(&self, id: &str, user: &str) -> Vec<String> {
+        let mut args = vec![format!("--user={user}")];
+        if let Some(name) = &self.slurm_name {
+            args.push(format!("--clusters={name}"));
+        }
+        args.extend(["--".to_owned(), id.to_owned()]);
         args
     }
 
@@ -106,6 +119,17 @@ impl Accounting for SlurmAccounting {
                 .map_err(AccountingError::from),
         )
     }
+
+    fn cancel(&self, unit: &UnitRecord) -> Result<String, AccountingError> {
+        crate::manager::check_nameable(unit)?;
+        let out = self
+            .scancel
+            .run(&self.scancel_args(&unit.uuid, &unit.user), &[], 1 << 20)?;
+        Ok(match out.trim() {
+            "" => format!("scancel --user={} {}", unit.user, unit.uuid),
+            said => said.to_owned(),
+        })
+    }
 }
 
 /// The records of sacct's output, parsed in place; blank lines are skipped.
@@ -142,8 +166,8 @@ mod tests {
     use crate::manager::slurm::runner::RunMode;
     use std::time::Duration;
 
-    fn stand_in(dir: &std::path::Path, body: &str) -> SlurmCommand {
-        let path = dir.join("sacct");
+    fn stand_in(dir: &std::path::Path, name: &str, body: &str) -> SlurmCommand {
+        let path = dir.join(name);
         std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
@@ -162,12 +186,18 @@ mod tests {
         let acct = SlurmAccounting {
             sacct: stand_in(
                 tmp.path(),
+                "sacct",
                 &format!(
                     "[ \"$SLURM_TIME_FORMAT\" = %s ] || exit 7\nprintf '%s\\n\\nbroken\\n%s\\n' '{good}' '{}'",
                     good.replacen("1|", "2|", 1)
                 ),
             ),
             sacctmgr: None,
+            scancel: stand_in(
+                tmp.path(),
+                "scancel",
+                "echo \"$@\" > \"$(dirname \"$0\")/scancel.args\"",
+            ),
             slurm_name: Some("lab".into()),
             time_zone: jiff::tz::TimeZone::UTC,
         };
@@ -181,5 +211,16 @@ mod tests {
         assert_eq!(got[1].as_ref().unwrap_err().line, 3);
         assert_eq!(got[2].as_ref().unwrap().uuid, "2");
         assert!(acct.associations().is_none());
+
+        // A policy's cancel names the owner, so a job id Slurm gave again is left alone.
+        let job = got[0].as_ref().unwrap();
+        acct.cancel(job).unwrap();
+        let args = std::fs::read_to_string(tmp.path().join("scancel.args")).unwrap();
+        assert_eq!(args.trim(), "--user=alice --clusters=lab -- 1");
+        let odd = UnitRecord {
+            uuid: "--signal=KILL".into(),
+            ..job.clone()
+        };
+        assert!(acct.cancel(&odd).is_err());
     }
 }

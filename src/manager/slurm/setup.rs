@@ -32,6 +32,9 @@ struct SlurmCluster {
     slurm_env: Vec<String>,
     #[serde(default)]
     sacctmgr_path: Option<String>,
+    /// The stats-server's policies end jobs with it; default: `scancel` beside sacct.
+    #[serde(default)]
+    scancel_path: Option<PathBuf>,
     #[serde(default)]
     slurm_cluster_name: Option<String>,
     /// This cluster's slurmrestd, with `--slurm.source=slurmrestd`.
@@ -188,6 +191,9 @@ fn build(entry: &ClusterEntry<'_>) -> Result<Arc<dyn Accounting>, SetupError> {
         }));
     }
     let sacct = c.sacct_path.unwrap_or_else(|| slurm.sacct.path.clone());
+    let scancel = c
+        .scancel_path
+        .unwrap_or_else(|| sacct.with_file_name("scancel"));
     let explicit = entry.settings.explicit("slurm.run-as-user");
     let mode = run_mode(&slurm.run_as_user, explicit, &sacct).map_err(|e| entry.error(e))?;
     let command = |path: PathBuf| SlurmCommand {
@@ -211,6 +217,7 @@ fn build(entry: &ClusterEntry<'_>) -> Result<Arc<dyn Accounting>, SetupError> {
     Ok(Arc::new(SlurmAccounting {
         sacct: command(sacct),
         sacctmgr: (!sacctmgr.is_empty()).then(|| command(PathBuf::from(sacctmgr))),
+        scancel: command(scancel),
         slurm_name: c.slurm_cluster_name,
         time_zone,
     }))
