@@ -50,7 +50,7 @@ cargo clippy --all-targets --locked -- -D warnings
 (cd fuzz && CARGO_TARGET_DIR=../target cargo check --locked --bins)
 cargo test --locked
 if [ -n "${CEEMS_TEST_POSTGRES_URL:-}" ]; then
-  CEEMS_TEST_STORE=postgres cargo test --locked --lib -- store:: notify::
+  CEEMS_TEST_STORE=postgres cargo test --locked --lib -- store:: notify:: policy::
 fi
 # Build the .deb and .rpm, install the .deb, check it, remove it (root only).
 bash scripts/package-test.sh

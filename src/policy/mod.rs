@@ -19,3 +19,6 @@ pub mod usage;
 
 pub use config::Policy;
 pub use cycle::{Cycle, Engine, Mailer, PolicyError, Target};
+
+#[cfg(test)]
+mod tests;
