@@ -81,7 +81,7 @@ fn gpu_job(id: u32, user: &str) -> String {
 }
 
 struct Setup {
-    store: Store,
+    store: Arc<Store>,
     manager: Arc<Manager>,
     prometheus: Arc<Usage>,
     eml: std::path::PathBuf,
@@ -105,7 +105,7 @@ async fn setup(jobs: &[(u32, &str, f64)]) -> Setup {
     }
     let usage = jobs.iter().map(|(id, _, u)| (id.to_string(), *u)).collect();
     Setup {
-        store,
+        store: Arc::new(store),
         manager: Arc::new(manager),
         prometheus: Arc::new(Usage(usage, Mutex::new(0))),
         eml: tmp.path().join("eml"),
@@ -220,6 +220,32 @@ async fn an_idle_job_is_warned_twice_then_cancelled_once_and_busy_and_exempt_one
     );
     assert_eq!(to("ops@").len(), 3, "{sent:?}");
     assert!(to("bob@").is_empty() && to("carol@").is_empty(), "{sent:?}");
+    // The API answers them with the job, to its owner, when asked (ours: `field=actions`).
+    let api = crate::store::api::Api::new(Arc::clone(&s.store), "X-Grafana-User");
+    let answer = api
+        .handle(
+            "/api/v1/units",
+            Some("cluster_id=lab&uuid=1&field=uuid&field=actions"),
+            Some("alice"),
+            START + 700,
+        )
+        .await;
+    let body: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+    let actions = &body["data"][0]["actions"];
+    assert_eq!(actions.as_array().map(Vec::len), Some(3), "{body}");
+    assert_eq!(actions[2]["outcome"], "cancelled", "{body}");
+    let plain = api
+        .handle(
+            "/api/v1/units",
+            Some("cluster_id=lab&uuid=1"),
+            Some("alice"),
+            START + 700,
+        )
+        .await;
+    assert!(
+        !String::from_utf8_lossy(&plain.body).contains("actions"),
+        "not in CEEMS's answer"
+    );
     let totals = state::totals(&s.store).await.unwrap();
     assert!(
         totals.contains(&("idle-gpus".into(), "cancel".into(), "cancelled".into(), 1)),

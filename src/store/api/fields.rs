@@ -64,6 +64,7 @@ pub const UNIT_FIELDS: &[&str] = &[
     "time_limit_seconds",
     "memory_peak_bytes",
     "findings",
+    "actions",
 ];
 
 /// How many of `UNIT_FIELDS` are CEEMS's: a request that names no field gets these.

@@ -40,7 +40,8 @@ impl Api {
     /// Every unit field of the row `id`, CEEMS's and ours, as a JSON object (null when the
     /// job is gone), its times in the server's zone.
     pub async fn unit(&self, id: i64) -> Result<Value, ApiError> {
-        let rows = self.unit_rows(&[id]).await?;
+        let mut rows = self.unit_rows(&[id]).await?;
+        self.add_actions(&mut rows).await?;
         let Some(row) = rows.first() else {
             return Ok(Value::Null);
         };

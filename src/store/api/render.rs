@@ -61,6 +61,8 @@ pub(super) struct UnitRow {
     time_limit_seconds: Option<i64>,
     memory_peak_bytes: Option<f64>,
     findings: String,
+    /// What the policies did to the job, when the request asks (`field=actions`).
+    pub(super) actions: Option<Value>,
     /// Values of CEEMS's series queries; when there are any, the series objects are these.
     series: Map<String, Value>,
     /// What the manager said in its own words; where it did, CEEMS's fields say the same.
@@ -129,6 +131,7 @@ impl UnitRow {
             time_limit_seconds: r.get(37)?,
             memory_peak_bytes: r.get(38)?,
             findings: r.get(39)?,
+            actions: None,
             series: serde_json::from_str(&r.get::<String>(40)?).unwrap_or_default(),
             reported: serde_json::from_str(&r.get::<String>(41)?).unwrap_or_default(),
             measured: r.get(42)?,
@@ -202,6 +205,7 @@ impl UnitRow {
             time_limit_seconds: Some(7200),
             memory_peak_bytes: Some(4e9),
             findings: "[]".into(),
+            actions: None,
             series: Map::new(),
             reported: Default::default(),
             measured: 31,
@@ -349,6 +353,10 @@ impl UnitRow {
             "findings" => out.value(
                 name,
                 serde_json::from_str(&self.findings).unwrap_or(Value::Array(Vec::new())),
+            ),
+            "actions" => out.value(
+                name,
+                self.actions.clone().unwrap_or(Value::Array(Vec::new())),
             ),
             // A series this job has no value of (not aggregated yet, or no such device).
             _ => {}

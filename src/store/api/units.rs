@@ -142,8 +142,13 @@ impl Api {
             .map(|(id, _)| *id)
             .collect();
         let mut fresh = std::collections::HashMap::with_capacity(missing.len());
+        let with_actions = fields.has(UNIT_FIELDS, "actions");
         for chunk in missing.chunks(RENDER_CHUNK) {
-            for row in self.unit_rows(chunk).await? {
+            let mut rows = self.unit_rows(chunk).await?;
+            if with_actions {
+                self.add_actions(&mut rows).await?;
+            }
+            for row in rows {
                 let json = row.render(fields, &zone, &self.emissions_key);
                 fresh.insert(row.id, Rendered::from(json));
             }
@@ -177,6 +182,48 @@ impl Api {
             self.units.keep_answer(generation, k, &fresh, ids, &answer);
         }
         Ok(answer)
+    }
+
+    /// What the policies did to each of `rows`, oldest first (in one query).
+    pub(super) async fn add_actions(&self, rows: &mut [UnitRow]) -> Result<(), ApiError> {
+        let mut q = Sql::new(
+            "SELECT u.id, p.policy, p.stage, p.action, p.dry_run, p.decided_at, p.outcome,
+                    p.detail, p.done_at
+             FROM policy_actions p JOIN units u ON u.cluster_id = p.cluster_id
+                 AND u.uuid = p.uuid AND u.started_at = p.started_at
+             WHERE u.id IN (",
+        );
+        for (i, row) in rows.iter().enumerate() {
+            q.push(if i == 0 { "" } else { ", " }).bind(row.id);
+        }
+        q.push(") ORDER BY p.decided_at, p.id");
+        let mut by_id: std::collections::HashMap<i64, Vec<serde_json::Value>> =
+            std::collections::HashMap::new();
+        for r in self.fetch(q).await? {
+            let read = || -> Result<(i64, serde_json::Value), sqlx::Error> {
+                Ok((
+                    r.get(0)?,
+                    serde_json::json!({
+                        "policy": r.get::<String>(1)?,
+                        "stage": r.get::<i64>(2)?,
+                        "action": r.get::<String>(3)?,
+                        "dry_run": r.get::<i64>(4)? != 0,
+                        "decided_at": r.get::<i64>(5)?,
+                        "outcome": r.get::<String>(6)?,
+                        "detail": r.get::<String>(7)?,
+                        "done_at": r.get::<Option<i64>>(8)?,
+                    }),
+                ))
+            };
+            let (id, action) = read().map_err(query_failed)?;
+            by_id.entry(id).or_default().push(action);
+        }
+        for row in rows {
+            row.actions = Some(serde_json::Value::Array(
+                by_id.remove(&row.id).unwrap_or_default(),
+            ));
+        }
+        Ok(())
     }
 
     /// The rows of the jobs `ids` (those still there).

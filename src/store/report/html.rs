@@ -106,6 +106,13 @@ table{{border-collapse:collapse}}td,th{{text-align:left;padding:.2rem .8rem .2re
         }
         _ => h.push_str("<p>Nothing to report: no rule found a problem with this job (or its data is not in yet).</p>\n"),
     }
+    if let Some(list) = data.job["actions"].as_array().filter(|l| !l.is_empty()) {
+        h.push_str("<h2>What the site's policies did</h2>\n<ul>\n");
+        for a in list {
+            let _ = writeln!(h, "<li>{}</li>", escape(&super::action_line(a)));
+        }
+        h.push_str("</ul>\n");
+    }
     h.push_str("<h2>Over the job's life</h2>\n");
     for p in &data.plots {
         let _ = writeln!(

@@ -97,6 +97,35 @@ pub struct ReportData {
     pub notes: Vec<String>,
 }
 
+/// One decision of a policy about the job, as a line: when, which policy, what, how it ended.
+fn action_line(a: &Value) -> String {
+    let at = a["decided_at"]
+        .as_i64()
+        .and_then(|t| jiff::Timestamp::from_second(t).ok())
+        .map_or_else(String::new, |t| {
+            t.strftime("%Y-%m-%d %H:%M UTC").to_string()
+        });
+    let what = match (a["action"].as_str(), a["stage"].as_i64()) {
+        (Some("warn"), Some(n)) => format!("warning {n}"),
+        (Some(other), _) => other.to_owned(),
+        _ => "action".to_owned(),
+    };
+    let dry = if a["dry_run"].as_bool() == Some(true) {
+        " (dry run)"
+    } else {
+        ""
+    };
+    let detail = a["detail"]
+        .as_str()
+        .filter(|d| !d.is_empty())
+        .map_or_else(String::new, |d| format!(": {d}"));
+    format!(
+        "{at}: policy {}: {what}{dry}, {}{detail}",
+        a["policy"].as_str().unwrap_or("?"),
+        a["outcome"].as_str().unwrap_or("?")
+    )
+}
+
 /// Reports over the API's store and each cluster's Prometheus.
 pub struct Reports {
     api: Arc<Api>,

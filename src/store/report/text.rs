@@ -168,6 +168,12 @@ pub(super) fn render_text(cluster: &str, job: &str, data: &ReportData) -> String
             "  Nothing to report: no rule found a problem with this job (or its data is not in yet).\n",
         ),
     }
+    if let Some(list) = data.job["actions"].as_array().filter(|l| !l.is_empty()) {
+        t.push_str("\nWhat the site's policies did\n");
+        for a in list {
+            let _ = writeln!(t, "  {}", clean(&super::action_line(a)));
+        }
+    }
     if !data.plots.is_empty() || !data.notes.is_empty() {
         t.push_str("\nOver the job's life\n");
     }
