@@ -69,6 +69,9 @@ fn load(program: &str, text: &str) -> Result<(), String> {
     let settings = ceems::config::load(program, &opts, m).map_err(|e| e.to_string())?;
     if program == "stats-server" {
         ceems::cmd::stats_server::cluster_entries(&settings).map_err(|e| e.to_string())?;
+        if let Some(policies) = settings.table.get("policies") {
+            ceems::policy::config::parse(policies.clone())?;
+        }
     }
     Ok(())
 }

@@ -181,3 +181,27 @@ fn collectors_name_no_resource_manager() {
     }
     assert!(found.is_empty(), "collect/ imports manager/: {found:?}");
 }
+
+/// The policies act through a cluster's `Accounting` and know no manager by name.
+#[test]
+fn policies_name_no_resource_manager() {
+    let policy = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/policy");
+    let managers = ["slurm", "lsf", "k8s", "openpbs", "libvirt", "openstack"];
+    let mut found = Vec::new();
+    let files: Vec<PathBuf> = src_files()
+        .into_iter()
+        .filter(|p| p.starts_with(&policy) && !is_test_file(p))
+        .collect();
+    assert!(files.len() >= 5, "{files:?}");
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for line in code_before_tests(&text) {
+            if managers.iter().any(|m| {
+                line.contains(&format!("manager::{m}")) || line.contains(&format!("\"{m}\""))
+            }) {
+                found.push(format!("{}: {line}", path.display()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "policy/ names a manager: {found:?}");
+}

@@ -17,6 +17,9 @@ struct File {
     clusters: Vec<ClusterConfig>,
     #[serde(default)]
     updaters: Vec<UpdaterConfig>,
+    /// ceems's policies (not CEEMS's), beside its sections; keys as in TOML, `_` or `-`.
+    #[serde(default)]
+    policies: Vec<toml::Table>,
     /// The load balancer's section, when the file is shared with `ceems_lb`.
     #[serde(default)]
     #[allow(dead_code)]
@@ -247,6 +250,20 @@ pub fn to_table(text: &str, now: i64) -> Result<Table, String> {
         clusters.push(Value::Table(cluster(c, &updaters)?));
     }
     set("clusters", Some(Value::Array(clusters)));
+    if !file.policies.is_empty() {
+        let policies = file
+            .policies
+            .into_iter()
+            .map(|p| {
+                Value::Table(
+                    p.into_iter()
+                        .map(|(k, v)| (k.replace('_', "-"), v))
+                        .collect(),
+                )
+            })
+            .collect();
+        set("policies", Some(Value::Array(policies)));
+    }
     Ok(table)
 }
 
@@ -623,6 +640,19 @@ updaters:
         assert_eq!(lsf["lsf-bin-dir"].as_str(), Some("/opt/lsf/bin"));
         assert_eq!(lsf["lsf-env"][0].as_str(), Some("LSF_ENVDIR=/opt/lsf/conf"));
         assert!(lsf.get("sacct-path").is_none());
+    }
+
+    #[test]
+    fn policies_beside_ceems_sections_are_read_as_in_toml() {
+        let text = "ceems_api_server: {}\npolicies:\n  - name: idle-gpus\n    warn_after: [1h]\n    dry_run: false\n";
+        let table = to_table(text, 0).unwrap();
+        let policies = crate::policy::config::parse(table["policies"].clone()).unwrap();
+        assert_eq!(policies[0].name, "idle-gpus");
+        assert!(!policies[0].dry_run);
+        assert_eq!(
+            policies[0].warn_after,
+            [std::time::Duration::from_secs(3600)]
+        );
     }
 
     #[test]

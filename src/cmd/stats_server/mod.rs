@@ -386,7 +386,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         .context("[stats-server.notify]")?;
 
     let engine = policies::engine(&settings, &notify, external_url(&external, &listen), &prom)?;
-    let policy_interval: Duration = settings.get("policy.interval")?;
+    let policy_interval = policies::interval(&settings)?;
     let listener = web::bind_std(&listen)?;
     let security: crate::security::SecuritySettings = settings.get("security")?;
     let backup_dir = PathBuf::from(&storage.data.backup.path);

@@ -20,6 +20,21 @@ pub(super) fn opts() -> Vec<Opt> {
     ]
 }
 
+/// `--policy.interval`, at least a second.
+pub(super) fn interval(settings: &Layered) -> anyhow::Result<Duration> {
+    #[derive(Deserialize)]
+    struct Policy {
+        #[serde(deserialize_with = "config::de_duration")]
+        interval: Duration,
+    }
+    let p: Policy = settings.get("policy")?;
+    anyhow::ensure!(
+        p.interval >= Duration::from_secs(1),
+        "--policy.interval must be at least 1s"
+    );
+    Ok(p.interval)
+}
+
 /// The engine of the configured policies, or None when there are none. A policy that must
 /// mail someone while no mail is configured stops the start.
 pub(super) fn engine(
