@@ -159,7 +159,7 @@ running slurmctld || slurmctld
 wait_for 30 scontrol ping
 # A slurmctld started from an older configuration (no MailProg) reads it again.
 scontrol show config | grep -q '^MailProg *= /run/ceems-lab/mailprog' || scontrol reconfigure
-for spec in "alice 2001 physics" "bob 2002 chemistry"; do
+for spec in "alice 2001 physics" "bob 2002 chemistry" "carol 2003 physics"; do
   set -- $spec
   id -u "$1" >/dev/null 2>&1 || useradd -m -u "$2" "$1"
   home=$(getent passwd "$1" | cut -d: -f6)
