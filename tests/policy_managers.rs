@@ -1,0 +1,235 @@
+//! A policy's cancel through each manager's own tool, end to end through the stats-server:
+//! LSF's `bkill` (a stand-in command that logs its arguments) and the Kubernetes API (a
+//! stand-in API server that records the DELETE it is sent), with a Prometheus stand-in that
+//! answers every job's GPU use as 0.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use common::http::{Request, Response, TestServer};
+use common::lab::wait_until;
+use serde_json::json;
+
+/// Prometheus's query API, answering each job of a GPU-use query with one idle GPU and no
+/// other series (no power data).
+fn prometheus() -> TestServer {
+    TestServer::start(
+        false,
+        Arc::new(|req: &Request| {
+            let query = form_urlencoded::parse(&req.body)
+                .find(|(k, _)| k == "query")
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_default();
+            let ids = query
+                .split("uuid=~\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or_default()
+                .replace("\\\\", "");
+            let result: Vec<serde_json::Value> = match query.contains("ceems_gpu_usage") {
+                true => ids
+                    .split('|')
+                    .map(|id| json!({"metric": {"uuid": id, "gpuuuid": "GPU-0"}, "value": [1.8e9, "0"]}))
+                    .collect(),
+                false => Vec::new(),
+            };
+            Response::json(
+                200,
+                json!({"status": "success", "data": {"resultType": "vector", "result": result}}),
+            )
+        }),
+    )
+}
+
+const POLICY: &str = "[[stats-server.policies]]\nname = \"idle-gpus\"\nwarn-after = [\"1s\", \"2s\"]\ncancel-after = \"3s\"\ndry-run = false\nadmins = [\"ops@example.org\"]\n";
+
+fn start(dir: &Path, config: &str, prometheus: &TestServer) -> common::Running {
+    let file = dir.join("ceems.toml");
+    std::fs::write(&file, config).unwrap();
+    common::start_subcommand(
+        "stats-server",
+        dir,
+        &[
+            &format!("--config.file={}", file.display()),
+            &format!("--storage.data.path={}", dir.join("data").display()),
+            &format!("--prometheus.url={}", prometheus.url()),
+            &format!("--notify.eml-dir={}", dir.join("eml").display()),
+            "--storage.update-interval=1s",
+            "--policy.interval=1s",
+            "--web.admin-users=root",
+        ],
+        &[],
+    )
+}
+
+/// Subjects of the messages written, sorted.
+fn subjects(dir: &Path) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(dir.join("eml"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| {
+                    let text = std::fs::read_to_string(e.path()).ok()?;
+                    let s = text.lines().find_map(|l| l.strip_prefix("Subject: "))?;
+                    s.starts_with("[ceems").then(|| s.to_owned())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+fn scratch() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    // The server drops to nobody when started as root.
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    tmp
+}
+
+const BJOBS: &str = r#"{"COMMAND":"bjobs","JOBS":1,"RECORDS":[
+ {"JOBID":"8001","JOBINDEX":"0","USER":"alice","USER_GROUP":"phys","QUEUE":"gpu","JOB_NAME":"train","PROJ_NAME":"physics","STAT":"RUN","ALLOC_SLOT":"cn01:cn01","NALLOC_SLOT":"2","SUBMIT_TIME":"Nov 25 10:00:00 2026","START_TIME":"Nov 25 10:00:30 2026","RUN_TIME":"90 second(s)","GPU_NUM":"1","MEM":"1 Gbytes","MEMLIMIT":"","MEM_EFFICIENCY":"50.00%","EXEC_CWD":"/home/alice","RUNTIMELIMIT":""}
+]}"#;
+
+#[test]
+fn lsf_jobs_are_ended_with_bkill_naming_their_owner_once() {
+    let tmp = scratch();
+    let dir = tmp.path();
+    let bin = dir.join("lsf-bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::write(dir.join("bjobs.json"), BJOBS).unwrap();
+    for (name, body) in [
+        (
+            "bjobs",
+            format!("exec /bin/cat '{}'", dir.join("bjobs.json").display()),
+        ),
+        ("bacct", "exit 0".to_owned()),
+        (
+            "bkill",
+            format!(
+                "echo \"$@\" >> '{}'\necho \"Job <$3> is being terminated\"",
+                dir.join("bkill.args").display()
+            ),
+        ),
+    ] {
+        let path = bin.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let prom = prometheus();
+    let config = format!(
+        "[[stats-server.clusters]]\nid = \"lsf1\"\nmanager = \"lsf\"\nlsf-bin-dir = \"{}\"\n\n{POLICY}",
+        bin.display()
+    );
+    let server = start(dir, &config, &prom);
+    let args = dir.join("bkill.args");
+    wait_until("bkill", Duration::from_secs(60), || args.exists());
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        std::fs::read_to_string(&args).unwrap(),
+        "-u alice 8001\n",
+        "one bkill, naming the owner"
+    );
+    let sent = subjects(dir);
+    assert_eq!(
+        sent.iter()
+            .filter(|s| s.starts_with("[ceems] Job 8001"))
+            .count(),
+        3,
+        "{sent:?}"
+    );
+    let units = common::api_get(
+        &server,
+        "/api/v1/units?cluster_id=lsf1&uuid=8001&field=uuid&field=actions",
+        "alice",
+    );
+    let actions = &units["data"][0]["actions"];
+    assert_eq!(actions[2]["outcome"], "cancelled", "{units}");
+    assert_eq!(
+        actions[2]["detail"], "Job <8001> is being terminated",
+        "{units}"
+    );
+}
+
+#[test]
+fn pods_are_deleted_through_the_api_with_their_uid_as_precondition_once() {
+    const UID: &str = "aaaaaaaa-0000-4000-8000-000000000001";
+    let pod = json!({
+        "kind": "Pod",
+        "metadata": {"name": "trainer-0", "namespace": "ml", "uid": UID, "resourceVersion": "90",
+                     "creationTimestamp": "2026-11-25T10:00:00Z",
+                     "annotations": {"ceems.io/created-by": "alice"}},
+        "spec": {"nodeName": "gpu-01", "containers": [
+            {"resources": {"limits": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "1"}}}]},
+        "status": {"phase": "Running", "qosClass": "Burstable", "startTime": "2026-11-25T10:00:10Z"}
+    });
+    let api = TestServer::start(
+        true,
+        Arc::new(move |req: &Request| {
+            if req.header("authorization") != Some("Bearer s3cret") {
+                return Response::json(401, json!({"kind": "Status", "code": 401}));
+            }
+            match (req.method.as_str(), req.path()) {
+                ("GET", "/api/v1/pods") if !req.target.contains("watch=1") => Response::json(
+                    200,
+                    json!({"kind": "PodList", "metadata": {"resourceVersion": "100"}, "items": [pod.clone()]}),
+                ),
+                ("GET", "/api/v1/pods") => Response::raw(200, Vec::new()),
+                ("GET", "/apis/rbac.authorization.k8s.io/v1/rolebindings") => {
+                    Response::json(200, json!({"items": []}))
+                }
+                ("DELETE", "/api/v1/namespaces/ml/pods/trainer-0") => {
+                    Response::json(200, pod.clone())
+                }
+                _ => Response::json(404, json!({"kind": "Status", "code": 404})),
+            }
+        }),
+    );
+    let tmp = scratch();
+    let dir = tmp.path();
+    let kubeconfig = dir.join("kubeconfig.yml");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nclusters:\n- name: lab\n  cluster:\n    server: {}\n    certificate-authority-data: {}\ncontexts:\n- name: lab\n  context: {{cluster: lab, user: ceems}}\ncurrent-context: lab\nusers:\n- name: ceems\n  user: {{token: s3cret}}\n",
+            api.url(),
+            base64::engine::general_purpose::STANDARD.encode(&api.cert_pem)
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&kubeconfig, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let prom = prometheus();
+    let config = format!(
+        "[[stats-server.clusters]]\nid = \"kube\"\nmanager = \"k8s\"\nkubeconfig = \"{}\"\n\n{POLICY}",
+        kubeconfig.display()
+    );
+    let _server = start(dir, &config, &prom);
+    let deletes = || -> Vec<Request> {
+        api.seen()
+            .into_iter()
+            .filter(|r| r.method == "DELETE")
+            .collect()
+    };
+    wait_until("the pod's deletion", Duration::from_secs(60), || {
+        !deletes().is_empty()
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let sent = deletes();
+    assert_eq!(sent.len(), 1, "deleted once");
+    assert_eq!(sent[0].path(), "/api/v1/namespaces/ml/pods/trainer-0");
+    let body: serde_json::Value = serde_json::from_slice(&sent[0].body).unwrap();
+    assert_eq!(body["preconditions"]["uid"], UID, "{body}");
+    assert_eq!(body["kind"], "DeleteOptions");
+    let subjects = subjects(dir);
+    assert!(
+        subjects
+            .iter()
+            .any(|s| s.contains(&format!("Job {UID} was cancelled"))),
+        "{subjects:?}"
+    );
+}
