@@ -159,6 +159,9 @@ qmgr "set server scheduling=true"
 qmgr "set server job_history_enable=true"
 qmgr "set server mailer=/run/ceems-lab/pbs-mailer"
 qmgr "set server mail_from=pbs@$name"
+# The stats-server's policies end jobs with qdel as root from this host, outside the
+# complex's network namespace: an operator wherever it comes from.
+qmgr "set server operators=root@*"
 # Jobs in cgroups: the hook's defaults (cpuacct, cpuset, memory) work on the v1 hierarchies.
 qmgr "set hook pbs_cgroups enabled=true"
 

@@ -1,7 +1,7 @@
 //! A policy's cancel through each manager's own tool, end to end through the stats-server:
-//! LSF's `bkill` (a stand-in command that logs its arguments) and the Kubernetes API (a
-//! stand-in API server that records the DELETE it is sent), with a Prometheus stand-in that
-//! answers every job's GPU use as 0.
+//! LSF's `bkill` (a stand-in command that logs its arguments), the Kubernetes API (a stand-in
+//! API server that records the DELETE it is sent) and OpenPBS's real `qdel` on the PBS lab
+//! (`scripts/openpbs-lab.sh`), with a Prometheus stand-in that answers every job's use as 0.
 
 mod common;
 
@@ -31,7 +31,8 @@ fn prometheus() -> TestServer {
                 .and_then(|r| r.split('"').next())
                 .unwrap_or_default()
                 .replace("\\\\", "");
-            let result: Vec<serde_json::Value> = match query.contains("ceems_gpu_usage") {
+            let usage = query.contains("ceems_gpu_usage") || query.contains("ceems_cpu_usage");
+            let result: Vec<serde_json::Value> = match usage {
                 true => ids
                     .split('|')
                     .map(|id| json!({"metric": {"uuid": id, "gpuuuid": "GPU-0"}, "value": [1.8e9, "0"]}))
@@ -231,5 +232,137 @@ fn pods_are_deleted_through_the_api_with_their_uid_as_precondition_once() {
             .iter()
             .any(|s| s.contains(&format!("Job {UID} was cancelled"))),
         "{subjects:?}"
+    );
+}
+
+/// A CPU job of alice's on the real PBS complex, idle (a sleep): a CPU policy ends it with
+/// the real qdel, run by the stats-server as root (a PBS manager).
+#[test]
+fn pbs_jobs_are_ended_with_the_real_qdel_once() {
+    use common::lab::lab_script;
+    if !common::runnable("policy_openpbs_lab", lab_script("openpbs-lab.sh")) {
+        return;
+    }
+    const PBS_BIN: &str = "/opt/pbs/bin";
+    let pbs = |user: &str, program: &str, args: &[&str]| -> String {
+        let out = std::process::Command::new("runuser")
+            .args(["-u", user, "--", &format!("{PBS_BIN}/{program}")])
+            .args(args)
+            .current_dir("/tmp")
+            .output()
+            .expect("runuser");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let job = pbs(
+        "alice",
+        "qsub",
+        &[
+            "-N",
+            "idle",
+            "-l",
+            "select=1:ncpus=1",
+            "-l",
+            "walltime=00:05:00",
+            "-o",
+            "/dev/null",
+            "-e",
+            "/dev/null",
+            "--",
+            "/bin/sleep",
+            "300",
+        ],
+    );
+    assert!(!job.is_empty(), "qsub gave no id");
+    struct Qdel(String);
+    impl Drop for Qdel {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new(format!("{PBS_BIN}/qdel"))
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _qdel = Qdel(job.clone());
+    let state = || -> String {
+        let out = pbs("root", "qstat", &["-x", "-f", "-F", "json", &job]);
+        serde_json::from_str::<serde_json::Value>(&out)
+            .ok()
+            .and_then(|v| v["Jobs"][&job]["job_state"].as_str().map(str::to_owned))
+            .unwrap_or_default()
+    };
+    wait_until("the PBS job running", Duration::from_secs(60), || {
+        state() == "R"
+    });
+    let tmp = scratch();
+    let dir = tmp.path();
+    let prom = prometheus();
+    let config = format!(
+        "[[stats-server.clusters]]\nid = \"pbslab\"\nmanager = \"openpbs\"\nopenpbs-accounting-dir = \"/var/spool/pbs/server_priv/accounting\"\nopenpbs-bin-dir = \"{PBS_BIN}\"\n\n[[stats-server.policies]]\nname = \"idle-cores\"\nresource = \"cpu\"\nmax-gpus = 0\nwarn-after = [\"2s\"]\ncancel-after = \"4s\"\ndry-run = false\n"
+    );
+    let file = dir.join("ceems.toml");
+    std::fs::write(&file, config).unwrap();
+    let server = common::start_subcommand(
+        "stats-server",
+        dir,
+        &[
+            &format!("--config.file={}", file.display()),
+            &format!("--storage.data.path={}", dir.join("data").display()),
+            &format!("--prometheus.url={}", prom.url()),
+            &format!("--notify.eml-dir={}", dir.join("eml").display()),
+            "--storage.update-interval=1s",
+            "--storage.first-window=1h",
+            "--policy.interval=1s",
+            "--web.admin-users=root",
+            "--security.drop-privileges=false",
+        ],
+        &[],
+    );
+    let seen = || {
+        common::api_get(&server, &format!("/api/v1/units?cluster_id=pbslab&uuid={job}&field=uuid&field=started_at_ts&field=state&field=actions&field=alloc_gpus"), "alice")
+    };
+    let start = std::time::Instant::now();
+    while !matches!(state().as_str(), "F" | "E") {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no qdel: {} at {:?}",
+            seen(),
+            std::time::SystemTime::now()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let units = common::api_get(
+        &server,
+        &format!("/api/v1/units?cluster_id=pbslab&uuid={job}&field=uuid&field=actions"),
+        "alice",
+    );
+    let actions = units["data"][0]["actions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let outcomes: Vec<(&str, &str)> = actions
+        .iter()
+        .map(|a| {
+            (
+                a["action"].as_str().unwrap_or(""),
+                a["outcome"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [("warn", "mailed"), ("cancel", "cancelled")],
+        "{units}"
+    );
+    let history = pbs("root", "tracejob", &["-n", "1", &job]);
+    assert!(
+        history.contains("delete") || history.contains("Delete"),
+        "{history}"
+    );
+    assert_eq!(
+        subjects(dir)
+            .iter()
+            .filter(|s| s.contains(&format!("Job {job} was cancelled")))
+            .count(),
+        1
     );
 }
