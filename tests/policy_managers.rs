@@ -366,3 +366,37 @@ fn pbs_jobs_are_ended_with_the_real_qdel_once() {
         1
     );
 }
+
+/// A policy that cannot work stops the start and says why, naming the key.
+#[test]
+fn a_malformed_or_unmailable_policy_stops_the_start_naming_why() {
+    let tmp = scratch();
+    let refused = |policy: &str| -> String {
+        let file = tmp.path().join("ceems.toml");
+        std::fs::write(&file, policy).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ceems"))
+            .args(["stats-server", &format!("--config.file={}", file.display())])
+            .arg(format!(
+                "--storage.data.path={}",
+                tmp.path().join("data").display()
+            ))
+            .arg(format!(
+                "--web.listen-address=127.0.0.1:{}",
+                common::free_port()
+            ))
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = refused("[[stats-server.policies]]\nname = \"idle\"\nwarn-after = [\"an hour\"]\n");
+    assert!(
+        err.contains("policies[0].warn-after") && err.contains("an hour"),
+        "{err}"
+    );
+    let err = refused("[[stats-server.policies]]\nname = \"idle\"\ndry-run = false\n");
+    assert!(
+        err.contains("`idle` mails users or admins, but no mail is set up"),
+        "{err}"
+    );
+}

@@ -36,7 +36,8 @@ pub(super) fn interval(settings: &Layered) -> anyhow::Result<Duration> {
 }
 
 /// The engine of the configured policies, or None when there are none. A policy that must
-/// mail someone while no mail is configured stops the start.
+/// mail someone (a user it warns or whose job it cancels, or its admins) while no mail is
+/// configured stops the start.
 pub(super) fn engine(
     settings: &Layered,
     notify: &NotifySettings,
@@ -64,10 +65,7 @@ pub(super) fn engine(
             delivery,
         }),
         None => {
-            if let Some(p) = policies
-                .iter()
-                .find(|p| !p.admins.is_empty() || (!p.dry_run && !p.warn_after.is_empty()))
-            {
+            if let Some(p) = policies.iter().find(|p| !p.admins.is_empty() || !p.dry_run) {
                 anyhow::bail!(
                     "policies: `{}` mails users or admins, but no mail is set up: set --notify.smtp.host (or --notify.eml-dir to write the messages as files)",
                     p.name
