@@ -231,7 +231,7 @@ impl Notifier {
         now: i64,
         round: &mut Round,
     ) -> Result<(), StoreError> {
-        let sent = deliver(store, &self.delivery, now, None).await?;
+        let sent = deliver(store, &self.delivery, now).await?;
         round.sent += sent.sent;
         round.deferred += sent.deferred;
         round.refused += sent.refused;
@@ -269,15 +269,10 @@ pub async fn enqueue(
     Ok(tx.fetch_one(&q).await?.get(0)?)
 }
 
-/// Sends the queued messages (only those of `only` when given), oldest first. Each is
-/// claimed (`sending`) before it goes, so two senders never send one message; one that a
-/// crash left `sending` is not sent again, since it may have gone.
-pub async fn deliver(
-    store: &Store,
-    delivery: &Delivery,
-    now: i64,
-    only: Option<&[i64]>,
-) -> Result<Round, StoreError> {
+/// Sends the queued messages, oldest first (the digests' and the policies'). Each is claimed
+/// (`sending`) before it goes, so two senders never send one message; one that a crash left
+/// `sending` is not sent again, since it may have gone.
+pub async fn deliver(store: &Store, delivery: &Delivery, now: i64) -> Result<Round, StoreError> {
     let mut round = Round::default();
     let queued = store
         .fetch_all(&Sql::new(
@@ -285,13 +280,6 @@ pub async fn deliver(
              WHERE status = 'queued' ORDER BY id",
         ))
         .await?;
-    let queued: Vec<_> = queued
-        .into_iter()
-        .filter(|r| match only {
-            None => true,
-            Some(ids) => r.get::<i64>(0).is_ok_and(|id| ids.contains(&id)),
-        })
-        .collect();
     for (i, r) in queued.iter().enumerate() {
         let id: i64 = r.get(0)?;
         let claimed = store

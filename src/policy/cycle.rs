@@ -168,14 +168,19 @@ impl Engine {
                 .await?;
             }
         }
-        if let (Some(mailer), false) = (&self.mailer, outbox.is_empty()) {
-            let round = deliver(store, &mailer.delivery, now, Some(&outbox)).await?;
-            tracing::info!(
-                sent = round.sent,
-                deferred = round.deferred,
-                refused = round.refused,
-                "policy mail"
-            );
+        // Every queued message, this cycle's and any an SMTP server deferred before: a
+        // warning cannot wait for the next digest.
+        if let Some(mailer) = &self.mailer {
+            let round = deliver(store, &mailer.delivery, now).await?;
+            if round != Default::default() || !outbox.is_empty() {
+                tracing::info!(
+                    queued = outbox.len(),
+                    sent = round.sent,
+                    deferred = round.deferred,
+                    refused = round.refused,
+                    "policy mail"
+                );
+            }
         }
         Ok(cycle)
     }
@@ -407,12 +412,23 @@ impl Engine {
         let d = &pending.decision;
         let acct = Arc::clone(&target.accounting);
         let uuid = d.uuid.clone();
+        let start = d.started_at;
+        // The record of this tenure of the id, else another one (the id given again).
         let fresh = blocking(move || -> Result<Option<UnitRecord>, String> {
-            let records = acct.unit(&uuid).map_err(|e| e.to_string())?;
-            Ok(records.flatten().filter(|r| r.uuid == uuid).last())
+            let records: Vec<UnitRecord> = acct
+                .unit(&uuid)
+                .map_err(|e| e.to_string())?
+                .flatten()
+                .filter(|r| r.uuid == uuid)
+                .collect();
+            let ours = records.iter().position(|r| r.start == Some(start));
+            Ok(match ours {
+                Some(i) => records.into_iter().nth(i),
+                None => records.into_iter().last(),
+            })
         })
         .await?;
-        let (user, start) = (d.user.as_str(), d.started_at);
+        let user = d.user.as_str();
         let verdict = match fresh {
             Err(e) => Err(format!("cannot ask the manager about the job: {e}")),
             Ok(None) => Ok(("gone", "the manager no longer knows the job".to_owned(), None)),
