@@ -305,3 +305,84 @@ fn assert_same(
         through_rest.len()
     );
 }
+
+/// A policy's cancel through slurmrestd: `DELETE /slurm/v0.0.38/job/{id}` ends the real job,
+/// after the job's record was read the same way.
+#[test]
+fn a_policy_cancel_through_slurmrestd_ends_the_real_job() {
+    use ceems::manager::slurm::rest::{Endpoint, RestAccounting};
+    use ceems::manager::Accounting;
+    if !runnable("slurmrestd_lab", lab().and_then(|_| slurmrestd_tools())) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let owner = nix::unistd::User::from_name(SERVICE_USER).unwrap().unwrap();
+    nix::unistd::chown(dir.path(), Some(owner.uid), None).unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let socket = dir.path().join("slurmrestd.sock");
+    let _restd = slurmrestd("rest_auth/local", &format!("unix:{}", socket.display()));
+    wait_until("slurmrestd's socket", Duration::from_secs(10), || {
+        socket.exists()
+    });
+    // slurmrestd with rest_auth/local acts as its own user: a Slurm operator may cancel
+    // others' jobs, as a site makes the user its token names.
+    let _ = Command::new("sacctmgr")
+        .args([
+            "-i",
+            "add",
+            "user",
+            SERVICE_USER,
+            "account=physics",
+            "adminlevel=Operator",
+        ])
+        .output();
+    let _ = Command::new("sacctmgr")
+        .args([
+            "-i",
+            "modify",
+            "user",
+            SERVICE_USER,
+            "set",
+            "adminlevel=Operator",
+        ])
+        .output();
+    let job = submit("alice", "-J rest-policy --wrap 'sleep 300'");
+    let _cancel = CancelOnDrop(vec![job.clone()]);
+    let acct = RestAccounting {
+        endpoint: Endpoint::Unix(socket.clone()),
+        version: "v0.0.38".into(),
+        jwt: None,
+        slurm_name: None,
+        timeout: Duration::from_secs(30),
+    };
+    let mut record = None;
+    wait_until(
+        "the job running in accounting",
+        Duration::from_secs(60),
+        || {
+            record = acct.unit(&job).ok().and_then(|mut r| {
+                r.find_map(|r| r.ok().filter(|r| r.uuid == job && r.state == "RUNNING"))
+            });
+            record.is_some()
+        },
+    );
+    let record = record.unwrap();
+    // The operator level reaches slurmctld a moment after sacctmgr wrote it.
+    let mut said = Err(String::new());
+    wait_until("slurmrestd's cancel", Duration::from_secs(30), || {
+        said = acct.cancel(&record).map_err(|e| e.to_string());
+        said.is_ok()
+    });
+    let said = said.unwrap();
+    assert!(
+        said.contains(&format!("/slurm/v0.0.38/job/{job}")),
+        "{said}"
+    );
+    wait_until("the job cancelled", Duration::from_secs(60), || {
+        as_user("root", &format!("sacct -X -n -P -o State -j {job}")).starts_with("CANCELLED")
+    });
+}

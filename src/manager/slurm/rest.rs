@@ -142,11 +142,25 @@ impl RestAccounting {
 
     /// The body of `GET path`, at most `limit` bytes.
     pub fn get(&self, path: &str, limit: u64) -> Result<String, RestError> {
+        self.request("GET", path, limit)
+    }
+
+    /// The body of `method path`, at most `limit` bytes; a status other than 2xx is an error
+    /// with slurmrestd's reasons.
+    fn request(&self, method: &str, path: &str, limit: u64) -> Result<String, RestError> {
         let at = self.at(path);
         let headers = self.headers()?;
         let (status, body) = match &self.endpoint {
-            Endpoint::Unix(socket) => get_unix(socket, path, &headers, limit, self.timeout),
-            Endpoint::Http(url) => get_http(&format!("{url}{path}"), &headers, limit, self.timeout),
+            Endpoint::Unix(socket) => {
+                fetch_unix(method, socket, path, &headers, limit, self.timeout)
+            }
+            Endpoint::Http(url) => fetch_http(
+                method,
+                &format!("{url}{path}"),
+                &headers,
+                limit,
+                self.timeout,
+            ),
         }
         .map_err(|message| match message {
             Fetch::TooLarge => RestError::TooLarge {
@@ -196,14 +210,15 @@ fn read_limited(mut reader: impl Read, limit: u64) -> Result<String, Fetch> {
     }
 }
 
-fn get_http(
+fn fetch_http(
+    method: &str,
     url: &str,
     headers: &[(&str, String)],
     limit: u64,
     timeout: Duration,
 ) -> Result<(u16, String), Fetch> {
     let agent = ureq::AgentBuilder::new().timeout(timeout).build();
-    let mut request = agent.get(url);
+    let mut request = agent.request(method, url);
     for (k, v) in headers {
         request = request.set(k, v);
     }
@@ -220,7 +235,8 @@ fn get_http(
 }
 
 /// HTTP/1.1 over the unix socket, on a runtime of its own: callers are blocking threads.
-fn get_unix(
+fn fetch_unix(
+    method: &str,
     socket: &std::path::Path,
     path: &str,
     headers: &[(&str, String)],
@@ -243,7 +259,10 @@ fn get_unix(
                     .await
                     .map_err(|e| failed(&e))?;
             tokio::spawn(connection);
-            let mut request = hyper::Request::get(path).header("Host", "localhost");
+            let mut request = hyper::Request::builder()
+                .method(method)
+                .uri(path)
+                .header("Host", "localhost");
             for (k, v) in headers {
                 request = request.header(*k, v);
             }
@@ -285,6 +304,15 @@ impl Accounting for RestAccounting {
             &self.path("jobs", &[("start_time", &start), ("end_time", "now")]),
             MAX_ANSWER,
         )
+    }
+
+    /// `DELETE /slurm/<version>/job/<id>`: slurmctld's own API, as the token's user (who must
+    /// be allowed to cancel others' jobs: the slurm user, root or an operator).
+    fn cancel(&self, unit: &crate::manager::UnitRecord) -> Result<String, AccountingError> {
+        crate::manager::check_nameable(unit)?;
+        let path = format!("/slurm/{}/job/{}", self.version, unit.uuid);
+        self.request("DELETE", &path, MAX_SMALL_ANSWER)?;
+        Ok(format!("DELETE {path} through slurmrestd"))
     }
 
     fn unit(&self, id: &str) -> Result<UnitRecords, AccountingError> {
