@@ -29,6 +29,7 @@ mod pull;
 mod render;
 mod units;
 mod usage;
+mod waste;
 
 use answer::*;
 pub use answer::{Answer, ApiError};
@@ -277,6 +278,7 @@ impl Api {
             },
             "/stats/global" if admin_route => self.stats(&p, None).await,
             "/findings" if admin_route => self.findings_summary(&p, now).await,
+            "/waste" if admin_route => self.waste(&p, now).await,
             r if r.starts_with("/units/") && r.ends_with("/findings") && !admin_route => {
                 let ids = &r["/units/".len()..r.len() - "/findings".len()];
                 match ids.split_once('/') {
