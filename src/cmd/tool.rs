@@ -172,6 +172,25 @@ pub fn command() -> Command {
                         .args(window_args()),
                 ),
         )
+        .subcommand(
+            Command::new("report")
+                .about("Reports from the stats-server's database (ceems's)")
+                .subcommand_required(true)
+                .subcommand(
+                    Command::new("waste")
+                        .about("Who wasted most over a window: GPU-hours held idle, CPU-hours lost, unused memory, unreached time limits, and the energy and CO2 of it, per user, project or partition, most wasteful first")
+                        .arg(url("http://localhost:9020", "The stats-server's URL"))
+                        .arg(http_config())
+                        .arg(Arg::new("from").long("from").value_name("TIME").help("Jobs that ended from then: RFC 3339 or unix seconds [default: 30 days before --to]"))
+                        .arg(Arg::new("to").long("to").value_name("TIME").help("... until then [default: now]"))
+                        .arg(Arg::new("by").long("by").value_name("GROUP").default_value("user").value_parser(["user", "project", "partition"]).help("Rank users, projects or partitions"))
+                        .arg(Arg::new("sort").long("sort").value_name("FIGURE").default_value("idle_gpu_hours").help("The figure ranked by: idle_gpu_hours, lost_cpu_hours, unused_memory_tb_hours, overrequested_core_hours, waste_energy_kwh or waste_emissions_g"))
+                        .arg(Arg::new("cluster").long("cluster").value_name("ID").action(ArgAction::Append).help("Only this cluster (repeatable)"))
+                        .arg(Arg::new("as-user").long("as-user").value_name("USER").default_value("root").help("The admin the request is made as (one of the stats-server's --web.admin-users), in its --web.user-header-name"))
+                        .arg(Arg::new("user-header-name").long("user-header-name").value_name("HEADER").default_value("X-Grafana-User").help("The stats-server's --web.user-header-name"))
+                        .arg(Arg::new("csv").long("csv").action(ArgAction::SetTrue).help("CSV with the API's field names instead of a table")),
+                ),
+        )
 }
 
 /// `--http.config.file`: Prometheus's HTTP client config (basic auth, TLS, headers).
@@ -245,7 +264,11 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             Some(("create-ceems-tsdb-updater-queries", m)) => create_updater_queries(m),
             _ => anyhow::bail!("ceems tool tsdb: name a command"),
         },
-        _ => anyhow::bail!("ceems tool: name a command (config, check, tsdb)"),
+        Some(("report", m)) => match m.subcommand() {
+            Some(("waste", m)) => report_waste(m),
+            _ => anyhow::bail!("ceems tool report: name a command (waste)"),
+        },
+        _ => anyhow::bail!("ceems tool: name a command (config, check, tsdb, report)"),
     }
 }
 
@@ -304,6 +327,62 @@ fn check_web_configs(files: impl Iterator<Item = PathBuf>) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// `ceems tool report waste`: the stats-server's ranking, as a table or CSV on stdout.
+fn report_waste(m: &ArgMatches) -> anyhow::Result<ExitCode> {
+    let text = |name: &str| m.get_one::<String>(name).map_or("", |s| s.as_str());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let to = match text("to") {
+        "" => now,
+        t => crate::tool::parse_time(t).with_context(|| format!("--to `{t}`"))?,
+    };
+    let from = match text("from") {
+        "" => to - 30.0 * 86400.0,
+        t => crate::tool::parse_time(t).with_context(|| format!("--from `{t}`"))?,
+    };
+    anyhow::ensure!(from < to, "--from must come before --to");
+    let settings = client_settings(m, text("url"))?;
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    query
+        .append_pair("from", &(from as i64).to_string())
+        .append_pair("to", &(to as i64).to_string())
+        .append_pair("by", text("by"))
+        .append_pair("sort", text("sort"));
+    for c in m.get_many::<String>("cluster").into_iter().flatten() {
+        query.append_pair("cluster_id", c);
+    }
+    let url = format!("{}/api/v1/waste/admin?{}", settings.url, query.finish());
+    let agent = web::client::agent_for(
+        &settings,
+        web::client::Timeouts::all(Duration::from_secs(120)),
+    )
+    .map_err(anyhow::Error::msg)
+    .context("cannot make an HTTP client")?;
+    let mut request = agent
+        .get(&url)
+        .set(text("user-header-name"), text("as-user"));
+    for (k, v) in &settings.headers {
+        request = request.set(k, v);
+    }
+    let body = match request.call() {
+        Ok(r) => r.into_string()?,
+        Err(ureq::Error::Status(status, r)) => {
+            let why = r.into_string().unwrap_or_default();
+            let why = crate::tool::waste::rows(&why).err().unwrap_or(why);
+            anyhow::bail!("{url}: status {status}: {why}")
+        }
+        Err(e) => anyhow::bail!("{url}: {e}"),
+    };
+    let rows = crate::tool::waste::rows(&body).map_err(anyhow::Error::msg)?;
+    let by = text("by");
+    match m.get_flag("csv") {
+        true => print!("{}", crate::tool::waste::csv(&rows, by)),
+        false => print!("{}", crate::tool::waste::table(&rows, by)),
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn check_healthy(m: &ArgMatches) -> anyhow::Result<ExitCode> {

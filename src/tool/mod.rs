@@ -4,6 +4,7 @@
 pub mod relabel;
 pub mod rules;
 pub mod updater;
+pub mod waste;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
