@@ -13,3 +13,4 @@ pub mod report;
 mod shared_read;
 pub mod sql;
 pub mod unit_cache;
+pub mod waste;
