@@ -72,6 +72,9 @@ fn load(program: &str, text: &str) -> Result<(), String> {
         if let Some(policies) = settings.table.get("policies") {
             ceems::policy::config::parse(policies.clone())?;
         }
+        if let Some(campaigns) = settings.table.get("campaigns") {
+            ceems::notify::campaign::parse(campaigns.clone())?;
+        }
     }
     Ok(())
 }

@@ -52,10 +52,20 @@ fn the_waste_report_ranks_the_idle_gpu_user_first_as_a_table_and_as_csv() {
             store.execute(&q).await.unwrap();
         }
     });
+    // A campaign, run by the server at start: alice's idle GPUs pass its bound and share.
+    let config = tmp.path().join("ceems.toml");
+    std::fs::write(
+        &config,
+        "[[stats-server.campaigns]]\nname = \"idle-gpus\"\nmin-amount = 10.0\nquiet-weekdays = []\n",
+    )
+    .unwrap();
+    let eml = tmp.path().join("eml");
     let server = common::start_subcommand(
         "stats-server",
         tmp.path(),
         &[
+            &format!("--config.file={}", config.display()),
+            &format!("--notify.eml-dir={}", eml.display()),
             &format!("--storage.data.path={}", db.display()),
             "--slurm.sacct.path=true",
             "--slurm.sacctmgr.path=",
@@ -90,4 +100,22 @@ fn the_waste_report_ranks_the_idle_gpu_user_first_as_a_table_and_as_csv() {
     let (ok, _, err) = tool(&["--url", &url, "--from", "0", "--as-user", "alice"]);
     assert!(!ok);
     assert!(err.contains("403"), "{err}");
+    let campaign = || -> Vec<String> {
+        std::fs::read_dir(&eml)
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+                    .filter(|m| m.contains("Your jobs on lab"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    common::lab::wait_until(
+        "the campaign's mail",
+        std::time::Duration::from_secs(20),
+        || !campaign().is_empty(),
+    );
+    let mails = campaign();
+    assert_eq!(mails.len(), 1, "{mails:?}");
+    assert!(mails[0].contains("To: alice@"), "{}", mails[0]);
 }

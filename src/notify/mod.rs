@@ -3,6 +3,7 @@
 //! job's report (`ceems mailprog`). Messages are built by lettre, which encodes every header,
 //! so nothing from a job's record can add a header or a recipient.
 
+pub mod campaign;
 pub mod digest;
 pub mod outbox;
 pub mod smtp;

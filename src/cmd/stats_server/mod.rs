@@ -27,6 +27,7 @@ use crate::store::refresh::{JobRefresh, RefreshSource};
 use crate::store::report::Reports;
 use crate::web;
 
+mod campaigns;
 mod loops;
 mod policies;
 mod settings;
@@ -308,6 +309,7 @@ pub fn opts() -> Vec<Opt> {
         .default(""),
     ]);
     opts.extend(policies::opts());
+    opts.extend(campaigns::opts());
     opts.extend(super::mail_opts::opts("notify."));
     opts.extend(crate::security::opts());
     opts.extend(config::log_opts());
@@ -387,6 +389,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
 
     let engine = policies::engine(&settings, &notify, external_url(&external, &listen), &prom)?;
     let policy_interval = policies::interval(&settings)?;
+    let campaigns = campaigns::campaigns(&settings, &notify, external_url(&external, &listen))?;
     let listener = web::bind_std(&listen)?;
     let security: crate::security::SecuritySettings = settings.get("security")?;
     let backup_dir = PathBuf::from(&storage.data.backup.path);
@@ -552,6 +555,9 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         ));
         let mail = Arc::new(MailStats::default());
         let policy_stats = Arc::new(policies::PolicyStats::default());
+        if let Some((campaigns, every)) = campaigns {
+            tokio::spawn(campaigns::campaign_loop(Arc::clone(&store), campaigns, every));
+        }
         if let Some(engine) = engine {
             tokio::spawn(policies::policy_loop(
                 Arc::clone(&store),
