@@ -265,8 +265,15 @@ fn record(job: Job, names: &mut dyn NameIds) -> Result<UnitRecord, String> {
         workdir: text(job.working_directory),
         time_limit_seconds: job.time.limit.map(|m| m.saturating_mul(60)),
         name: text(job.name),
-        // slurmrestd's answers are not sacct's words.
-        reported: Default::default(),
+        // slurmrestd's answers are not sacct's words, but for a job never given nodes: both
+        // say `None assigned`, which CEEMS answers as the job's node list.
+        reported: crate::manager::Reported {
+            nodelist: match job.nodes.as_deref() {
+                Some(none @ "None assigned") => none.to_owned(),
+                _ => String::new(),
+            },
+            ..Default::default()
+        },
     })
 }
 
