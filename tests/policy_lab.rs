@@ -138,39 +138,80 @@ fn prometheus(gpu_port: u16) -> Prometheus {
     prom
 }
 
+/// What each test starts from: the lab to itself, an SMTP sink, the GPU stand-in and a
+/// Prometheus recording CEEMS's GPU rules over it; the jobs it starts are cancelled when
+/// dropped. None where the lab cannot run.
+struct Setup {
+    cancel: CancelOnDrop,
+    prom: Prometheus,
+    gpus: Gpus,
+    _stand_in: TestServer,
+    sink: SmtpSink,
+    tmp: tempfile::TempDir,
+    _lab: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Setup {
+    fn start() -> Option<Setup> {
+        if !runnable(
+            "policy_lab",
+            lab()
+                .and_then(|_| prometheus_tools())
+                .and_then(|_| aiosmtpd()),
+        ) {
+            return None;
+        }
+        let lab = LAB.lock().unwrap_or_else(|e| e.into_inner());
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            tmp.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let sink = SmtpSink::start(&tmp.path().join("mail"));
+        let gpus: Gpus = Arc::default();
+        let stand_in = gpu_stand_in(&gpus);
+        let prom = prometheus(stand_in.port);
+        Some(Setup {
+            cancel: CancelOnDrop(Vec::new()),
+            prom,
+            gpus,
+            _stand_in: stand_in,
+            sink,
+            tmp,
+            _lab: lab,
+        })
+    }
+
+    fn job(&mut self, user: &str, name: &str, used: f64) -> String {
+        start_gpu_job(user, name, &self.gpus, used, &mut self.cancel)
+    }
+
+    /// The stats-server's arguments: the policy's config (with `extra`) and `more`.
+    fn args(&self, extra: &str, more: &[String]) -> Vec<String> {
+        let mut args = vec![
+            config(self.tmp.path(), self.sink.port, extra),
+            "--policy.interval=1s".to_owned(),
+        ];
+        args.extend_from_slice(more);
+        args
+    }
+}
+
 #[test]
 fn an_idle_gpu_job_is_warned_twice_then_cancelled_once_across_a_kill() {
-    if !runnable(
-        "policy_lab",
-        lab()
-            .and_then(|_| prometheus_tools())
-            .and_then(|_| aiosmtpd()),
-    ) {
+    let Some(mut lab) = Setup::start() else {
         return;
-    }
-    let _lab = LAB.lock().unwrap_or_else(|e| e.into_inner());
-    let mut cancel = CancelOnDrop(Vec::new());
-    let tmp = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        tmp.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let sink = SmtpSink::start(&tmp.path().join("mail"));
-    let gpus: Gpus = Arc::default();
-    let stand_in = gpu_stand_in(&gpus);
-    let prom = prometheus(stand_in.port);
-    let alice = start_gpu_job("alice", "policy-idle", &gpus, 0.0, &mut cancel);
-    let bob = start_gpu_job("bob", "policy-busy", &gpus, 0.8, &mut cancel);
-    let args = [
-        config(tmp.path(), sink.port, "dry-run = false"),
-        "--policy.interval=1s".into(),
-    ];
+    };
+    let alice = lab.job("alice", "policy-idle", 0.0);
+    let bob = lab.job("bob", "policy-busy", 0.8);
+    let args = lab.args("dry-run = false", &[]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (sink, prom) = (&lab.sink, &lab.prom);
     let (first, data) = start_stats_server_with(&prom.url(), "1s", &args);
 
     wait_until("alice's second warning", Duration::from_secs(90), || {
-        about(&sink, &alice)
+        about(sink, &alice)
             .iter()
             .filter(|(to, s)| to == "alice@example.org" && s.contains("warning 2 of 2"))
             .count()
@@ -202,13 +243,13 @@ fn an_idle_gpu_job_is_warned_twice_then_cancelled_once_across_a_kill() {
         state(&alice).starts_with("CANCELLED")
     });
     wait_until("the cancel's mail", Duration::from_secs(30), || {
-        about(&sink, &alice)
+        about(sink, &alice)
             .iter()
             .any(|(to, s)| to == "alice@example.org" && s.contains("was cancelled"))
     });
     // A few more cycles: nothing is repeated.
     std::thread::sleep(Duration::from_secs(4));
-    let mails = about(&sink, &alice);
+    let mails = about(sink, &alice);
     let to_alice: Vec<&String> = mails
         .iter()
         .filter(|(to, _)| to == "alice@example.org")
@@ -240,7 +281,7 @@ fn an_idle_gpu_job_is_warned_twice_then_cancelled_once_across_a_kill() {
     ] {
         assert!(text.contains(part), "{part}: {text}");
     }
-    assert!(about(&sink, &bob).is_empty(), "bob's busy job got mail");
+    assert!(about(sink, &bob).is_empty(), "bob's busy job got mail");
     assert_eq!(state(&bob), "RUNNING");
     let metrics = second.get("/metrics");
     assert!(
@@ -261,41 +302,22 @@ fn an_idle_gpu_job_is_warned_twice_then_cancelled_once_across_a_kill() {
 
 #[test]
 fn a_dry_run_cancels_nothing_mails_only_the_admins_and_spares_the_exempt() {
-    if !runnable(
-        "policy_lab",
-        lab()
-            .and_then(|_| prometheus_tools())
-            .and_then(|_| aiosmtpd()),
-    ) {
+    let Some(mut lab) = Setup::start() else {
         return;
-    }
-    let _lab = LAB.lock().unwrap_or_else(|e| e.into_inner());
-    let mut cancel = CancelOnDrop(Vec::new());
-    let tmp = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        tmp.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let sink = SmtpSink::start(&tmp.path().join("mail"));
-    let gpus: Gpus = Arc::default();
-    let stand_in = gpu_stand_in(&gpus);
-    let prom = prometheus(stand_in.port);
-    let alice = start_gpu_job("alice", "policy-dry", &gpus, 0.0, &mut cancel);
-    let carol = start_gpu_job("carol", "policy-exempt", &gpus, 0.0, &mut cancel);
-    let args = [
-        config(tmp.path(), sink.port, ""),
-        "--policy.interval=1s".into(),
-    ];
+    };
+    let alice = lab.job("alice", "policy-dry", 0.0);
+    let carol = lab.job("carol", "policy-exempt", 0.0);
+    let args = lab.args("", &[]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (sink, prom) = (&lab.sink, &lab.prom);
     let (_server, _data) = start_stats_server_with(&prom.url(), "1s", &args);
     wait_until(
         "the dry run's three decisions",
         Duration::from_secs(90),
-        || about(&sink, &alice).len() == 3,
+        || about(sink, &alice).len() == 3,
     );
     std::thread::sleep(Duration::from_secs(4));
-    let mails = about(&sink, &alice);
+    let mails = about(sink, &alice);
     assert!(
         mails
             .iter()
@@ -303,7 +325,7 @@ fn a_dry_run_cancels_nothing_mails_only_the_admins_and_spares_the_exempt() {
         "{mails:?}"
     );
     assert_eq!(mails.len(), 3, "{mails:?}");
-    assert!(about(&sink, &carol).is_empty(), "carol is exempt");
+    assert!(about(sink, &carol).is_empty(), "carol is exempt");
     assert_eq!(state(&alice), "RUNNING");
     assert_eq!(state(&carol), "RUNNING");
 }
@@ -317,43 +339,23 @@ fn two_stats_servers_on_one_postgresql_cancel_once() {
             return;
         }
     };
-    if !runnable(
-        "policy_lab",
-        lab()
-            .and_then(|_| prometheus_tools())
-            .and_then(|_| aiosmtpd()),
-    ) {
+    let Some(mut lab) = Setup::start() else {
         return;
-    }
-    let _lab = LAB.lock().unwrap_or_else(|e| e.into_inner());
-    let mut cancel = CancelOnDrop(Vec::new());
-    let tmp = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        tmp.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let sink = SmtpSink::start(&tmp.path().join("mail"));
-    let gpus: Gpus = Arc::default();
-    let stand_in = gpu_stand_in(&gpus);
-    let prom = prometheus(stand_in.port);
-    let alice = start_gpu_job("alice", "policy-pg", &gpus, 0.0, &mut cancel);
+    };
+    let alice = lab.job("alice", "policy-pg", 0.0);
     let db = postgres_schema(&url, "policy_lab");
-    let args = [
-        config(tmp.path(), sink.port, "dry-run = false"),
-        "--policy.interval=1s".into(),
-        format!("--storage.database-url={db}"),
-    ];
+    let args = lab.args("dry-run = false", &[format!("--storage.database-url={db}")]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (sink, prom) = (&lab.sink, &lab.prom);
     let (_a, _da) = start_stats_server_with(&prom.url(), "1s", &args);
     let (_b, _db) = start_stats_server_with(&prom.url(), "1s", &args);
     wait_until("alice's job cancelled", Duration::from_secs(90), || {
         state(&alice).starts_with("CANCELLED")
     });
     std::thread::sleep(Duration::from_secs(5));
-    let to_alice = about(&sink, &alice)
+    let to_alice = about(sink, &alice)
         .into_iter()
         .filter(|(to, _)| to == "alice@example.org")
         .count();
-    assert_eq!(to_alice, 3, "{:?}", about(&sink, &alice));
+    assert_eq!(to_alice, 3, "{:?}", about(sink, &alice));
 }

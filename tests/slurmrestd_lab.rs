@@ -50,6 +50,25 @@ fn slurmrestd(auth: &str, listen: &str) -> KillOnDrop {
     KillOnDrop(child)
 }
 
+/// slurmrestd with `rest_auth/local` on a unix socket in a directory of its user's, once the
+/// socket is there.
+fn slurmrestd_on_socket() -> (tempfile::TempDir, std::path::PathBuf, KillOnDrop) {
+    let dir = tempfile::tempdir().unwrap();
+    let owner = nix::unistd::User::from_name(SERVICE_USER).unwrap().unwrap();
+    nix::unistd::chown(dir.path(), Some(owner.uid), None).unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let socket = dir.path().join("slurmrestd.sock");
+    let restd = slurmrestd("rest_auth/local", &format!("unix:{}", socket.display()));
+    wait_until("slurmrestd's socket", Duration::from_secs(10), || {
+        socket.exists()
+    });
+    (dir, socket, restd)
+}
+
 /// Every job the server holds, every field but the times of its own writes, by job id.
 fn jobs(server: &common::Running) -> std::collections::BTreeMap<String, serde_json::Value> {
     // CEEMS's fields and ours.
@@ -112,28 +131,7 @@ fn jobs_through_slurmrestd_equal_those_through_sacct() {
     if !runnable("slurmrestd_lab", lab().and_then(|_| slurmrestd_tools())) {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    nix::unistd::chown(
-        dir.path(),
-        Some(
-            nix::unistd::User::from_name(SERVICE_USER)
-                .unwrap()
-                .unwrap()
-                .uid,
-        ),
-        None,
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let socket = dir.path().join("slurmrestd.sock");
-    let _restd = slurmrestd("rest_auth/local", &format!("unix:{}", socket.display()));
-    wait_until("slurmrestd's socket", Duration::from_secs(10), || {
-        socket.exists()
-    });
+    let (dir, socket, _restd) = slurmrestd_on_socket();
 
     let done = submit("alice", "-J rest-ok -t 5 --wrap 'sleep 1'");
     let failed = submit("bob", "-J 'rest fails|x' --wrap 'exit 3'");
@@ -315,19 +313,7 @@ fn a_policy_cancel_through_slurmrestd_ends_the_real_job() {
     if !runnable("slurmrestd_lab", lab().and_then(|_| slurmrestd_tools())) {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let owner = nix::unistd::User::from_name(SERVICE_USER).unwrap().unwrap();
-    nix::unistd::chown(dir.path(), Some(owner.uid), None).unwrap();
-    std::fs::set_permissions(
-        dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let socket = dir.path().join("slurmrestd.sock");
-    let _restd = slurmrestd("rest_auth/local", &format!("unix:{}", socket.display()));
-    wait_until("slurmrestd's socket", Duration::from_secs(10), || {
-        socket.exists()
-    });
+    let (_dir, socket, _restd) = slurmrestd_on_socket();
     // slurmrestd with rest_auth/local acts as its own user: a Slurm operator may cancel
     // others' jobs, as a site makes the user its token names.
     let _ = Command::new("sacctmgr")

@@ -526,23 +526,7 @@ mod tests {
 
         // The real campaign queues alice's mail, then the server dies before sending it (the
         // SMTP server is down): the next round sends that one message, and no second.
-        let closed = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let down = campaigns(
-            "",
-            Delivery::smtp(&super::super::smtp::SmtpServer {
-                host: "127.0.0.1".into(),
-                port: closed,
-                security: super::super::smtp::Security::None,
-                ca_file: None,
-                login: None,
-                timeout: Duration::from_secs(5),
-            })
-            .unwrap(),
-        );
+        let down = campaigns("", super::super::smtp::unreachable());
         let r = down.round(&store, NOW).await.unwrap();
         assert_eq!((r.mailed_users, r.sent.sent), (1, 0), "{r:?}");
         let up = campaigns("", Delivery::Directory(out.clone()));

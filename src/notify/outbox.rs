@@ -466,21 +466,7 @@ mod tests {
     async fn a_server_that_is_down_gets_the_same_message_next_round_once() {
         let tmp = tempfile::tempdir().unwrap();
         let store = store_with(&[failed(1, "alice"), failed(2, "bob")], tmp.path()).await;
-        let closed = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
-        let down = notifier(
-            Delivery::smtp(&super::super::smtp::SmtpServer {
-                host: "127.0.0.1".into(),
-                port: closed,
-                security: super::super::smtp::Security::None,
-                ca_file: None,
-                login: None,
-                timeout: Duration::from_secs(5),
-            })
-            .unwrap(),
-        );
+        let down = notifier(super::super::smtp::unreachable());
         let first = down.round(&store, NOW).await.unwrap();
         assert_eq!(
             (first.queued, first.sent, first.deferred),

@@ -144,6 +144,25 @@ fn classify(e: lettre::transport::smtp::Error) -> MailError {
     }
 }
 
+/// Delivery to an SMTP port nothing listens on: every message is deferred, as when the
+/// server is down.
+#[cfg(test)]
+pub(crate) fn unreachable() -> Delivery {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    Delivery::smtp(&SmtpServer {
+        host: "127.0.0.1".into(),
+        port,
+        security: Security::None,
+        ca_file: None,
+        login: None,
+        timeout: Duration::from_secs(5),
+    })
+    .expect("an SMTP transport")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
