@@ -50,6 +50,39 @@ pub fn request_words(manager: &str) -> RequestWords {
     }
 }
 
+/// What to ask for instead, in the manager's syntax, to paste: memory `bytes` (a peak with its
+/// margin) rounded up to a whole GiB (256 MiB under one), or None where the manager has no
+/// such option (a VM's flavour).
+pub fn memory_request(manager: &str, bytes: f64) -> Option<String> {
+    const GIB: f64 = (1u64 << 30) as f64;
+    let (amount, unit) = match bytes {
+        b if b >= GIB => ((b / GIB).ceil() as u64, "G"),
+        b => (((b / (GIB / 4.0)).ceil().max(1.0) * 256.0) as u64, "M"),
+    };
+    match manager {
+        lsf::MANAGER => Some(format!("bsub -M {amount}{unit}B")),
+        openpbs::MANAGER => Some(format!("-l select=…:mem={amount}{}b", unit.to_lowercase())),
+        k8s::MANAGER => Some(format!("resources.requests.memory: {amount}{unit}i")),
+        libvirt::MANAGER | openstack::MANAGER => None,
+        _ => Some(format!("--mem={amount}{unit}")),
+    }
+}
+
+/// A time limit to ask for instead, in the manager's syntax: `seconds` rounded up to a
+/// quarter of an hour.
+pub fn time_request(manager: &str, seconds: i64) -> Option<String> {
+    let s = ((seconds.max(1) + 899) / 900) * 900;
+    let (d, h, m) = (s / 86400, s / 3600 % 24, s / 60 % 60);
+    match manager {
+        lsf::MANAGER => Some(format!("bsub -W {}:{m:02}", s / 3600)),
+        openpbs::MANAGER => Some(format!("-l walltime={:02}:{m:02}:00", s / 3600)),
+        k8s::MANAGER => Some(format!("activeDeadlineSeconds: {s}")),
+        libvirt::MANAGER | openstack::MANAGER => None,
+        _ if d > 0 => Some(format!("--time={d}-{h:02}:{m:02}:00")),
+        _ => Some(format!("--time={h:02}:{m:02}:00")),
+    }
+}
+
 /// Seconds since the epoch, as accounting records count them (0 before 1970).
 pub fn unix_now() -> i64 {
     std::time::SystemTime::now()
@@ -192,6 +225,52 @@ pub struct Associations {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn requests_to_paste_are_in_each_manager_s_syntax() {
+        let gib = (1u64 << 30) as f64;
+        assert_eq!(
+            super::memory_request("slurm", 17.2 * gib).as_deref(),
+            Some("--mem=18G")
+        );
+        assert_eq!(
+            super::memory_request("slurm", 0.3 * gib).as_deref(),
+            Some("--mem=512M")
+        );
+        assert_eq!(
+            super::memory_request("lsf", 17.2 * gib).as_deref(),
+            Some("bsub -M 18GB")
+        );
+        assert_eq!(
+            super::memory_request("openpbs", 2.0 * gib).as_deref(),
+            Some("-l select=…:mem=2gb")
+        );
+        assert_eq!(
+            super::memory_request("k8s", 2.5 * gib).as_deref(),
+            Some("resources.requests.memory: 3Gi")
+        );
+        assert_eq!(super::memory_request("openstack", gib), None);
+        assert_eq!(
+            super::time_request("slurm", 5000).as_deref(),
+            Some("--time=01:30:00")
+        );
+        assert_eq!(
+            super::time_request("slurm", 100_000).as_deref(),
+            Some("--time=1-04:00:00")
+        );
+        assert_eq!(
+            super::time_request("lsf", 5000).as_deref(),
+            Some("bsub -W 1:30")
+        );
+        assert_eq!(
+            super::time_request("openpbs", 100_000).as_deref(),
+            Some("-l walltime=28:00:00")
+        );
+        assert_eq!(
+            super::time_request("k8s", 60).as_deref(),
+            Some("activeDeadlineSeconds: 900")
+        );
+    }
+
     #[test]
     fn unit_ids_of_every_manager_and_nothing_else() {
         for id in [

@@ -187,10 +187,16 @@ pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
                         bytes(peak),
                         bytes(request)
                     ),
-                    format!(
-                        "Ask for less memory next time ({}): other jobs can then start on the node.",
-                        ask.memory
-                    ),
+                    match crate::manager::memory_request(&job.manager, peak * 1.25) {
+                        Some(paste) => format!(
+                            "Ask for less memory next time ({}): `{paste}` covers its peak and a quarter more; other jobs can then start on the node.",
+                            ask.memory
+                        ),
+                        None => format!(
+                            "Ask for less memory next time ({}): other jobs can then start on the node.",
+                            ask.memory
+                        ),
+                    },
                 ));
             }
         }
@@ -236,10 +242,19 @@ pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
                         duration(job.elapsed_seconds),
                         duration(limit)
                     ),
-                    format!(
-                        "Ask for a shorter time ({}): shorter jobs start sooner.",
-                        ask.time
-                    ),
+                    match crate::manager::time_request(
+                        &job.manager,
+                        job.elapsed_seconds + job.elapsed_seconds / 2,
+                    ) {
+                        Some(paste) => format!(
+                            "Ask for a shorter time ({}): `{paste}` covers its run time and a half; shorter jobs start sooner.",
+                            ask.time
+                        ),
+                        None => format!(
+                            "Ask for a shorter time ({}): shorter jobs start sooner.",
+                            ask.time
+                        ),
+                    },
                 ));
             }
         }
@@ -443,6 +458,8 @@ mod tests {
             "{}",
             f[0].message
         );
+        // The request to paste: its peak and a quarter, rounded up, in Slurm's syntax.
+        assert!(f[0].advice.contains("`--mem=256M`"), "{}", f[0].advice);
         // Small requests are not judged, nor requests with no memory figure.
         j.alloc_mem_bytes = 512 << 20;
         assert!(ids(&j).is_empty());
@@ -490,6 +507,15 @@ mod tests {
             f[0].message.contains("1 h 0 min of the 24 h 0 min"),
             "{}",
             f[0].message
+        );
+        // An hour's run: an hour and a half to ask for.
+        assert!(f[0].advice.contains("`--time=01:30:00`"), "{}", f[0].advice);
+        j.manager = "openpbs".into();
+        let pbs = evaluate(&j, &Thresholds::default());
+        assert!(
+            pbs[0].advice.contains("`-l walltime=01:30:00`"),
+            "{}",
+            pbs[0].advice
         );
         // Short or absent limits, and running jobs, are not judged.
         j.time_limit_seconds = Some(1800);
