@@ -131,7 +131,7 @@ impl Engine {
                 })
                 .collect();
             let answers = self
-                .ask(prometheus, policy.query().to_owned(), asks.clone(), now)
+                .ask(prometheus, policy.query().to_owned(), asks, now)
                 .await?;
             cycle.queries += answers.queries;
             let mut idle = Vec::new();
