@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use lettre::message::Mailbox;
 
-use super::config::{Action, Policy, Resource};
+use super::config::{Action, Policy, Resource, Window};
 use super::decide::{self, Use, Watched};
 use super::message::{self, Cost, Facts, Next};
 use super::state::{self, Decision};
@@ -128,6 +128,7 @@ impl Engine {
                 .map(|(j, d)| Ask {
                     uuid: j.uuid.clone(),
                     window: d.window,
+                    whole_life: policy.window == Window::SinceStart,
                 })
                 .collect();
             let answers = self
@@ -211,6 +212,7 @@ impl Engine {
             .map(|(j, d, _)| Ask {
                 uuid: j.uuid.clone(),
                 window: d.window,
+                whole_life: policy.window == Window::SinceStart,
             })
             .collect();
         let (power, gpu, emissions) = &self.cost_queries;

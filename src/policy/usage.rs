@@ -10,6 +10,9 @@ use crate::store::prometheus::{PromError, Prometheus};
 pub struct Ask {
     pub uuid: String,
     pub window: i64,
+    /// The window is the job's whole life so far: its series start with it, so a longer range
+    /// asks the same question. A window shorter than the life (a trailing one) is asked as is.
+    pub whole_life: bool,
 }
 
 /// The answers to one template, by job: one value per series (per device), and the queries
@@ -20,12 +23,13 @@ pub struct Answers {
     pub queries: usize,
 }
 
-/// Windows are rounded up to a whole minute, so jobs started close together share a query.
+/// Whole-life windows are rounded up to a whole minute, so jobs started close together share
+/// a query.
 const WINDOW_STEP: i64 = 60;
 
-/// Asks `template` (`$uuids`, `$range`) about `asks` at `now`: jobs sorted by window, `batch`
-/// at a time, each batch with the longest window of its jobs. A job's series start with it,
-/// so a longer range than its own adds nothing of another job's.
+/// Asks `template` (`$uuids`, `$range`) about `asks` at `now`, `batch` jobs a query: jobs
+/// asked over their whole life sorted by window, each batch with the longest of its jobs';
+/// the others grouped by their own window.
 pub fn ask(
     prometheus: &dyn Prometheus,
     template: &str,
@@ -33,12 +37,25 @@ pub fn ask(
     batch: usize,
     now: i64,
 ) -> Result<Answers, PromError> {
-    let mut sorted: Vec<&Ask> = asks.iter().collect();
-    sorted.sort_by_key(|a| a.window);
+    let mut lives: Vec<&Ask> = asks.iter().filter(|a| a.whole_life).collect();
+    lives.sort_by_key(|a| a.window);
+    let mut by_window: std::collections::BTreeMap<i64, Vec<&Ask>> = Default::default();
+    for a in asks.iter().filter(|a| !a.whole_life) {
+        by_window.entry(a.window.max(1)).or_default().push(a);
+    }
+    let mut groups: Vec<(i64, &[&Ask])> = lives
+        .chunks(batch.max(1))
+        .map(|chunk| {
+            let longest = chunk.iter().map(|a| a.window).max().unwrap_or(0).max(1);
+            let window = (longest + WINDOW_STEP - 1) / WINDOW_STEP * WINDOW_STEP;
+            (window, chunk)
+        })
+        .collect();
+    for (window, jobs) in &by_window {
+        groups.extend(jobs.chunks(batch.max(1)).map(|chunk| (*window, chunk)));
+    }
     let mut answers = Answers::default();
-    for chunk in sorted.chunks(batch.max(1)) {
-        let window = chunk.iter().map(|a| a.window).max().unwrap_or(0).max(1);
-        let window = (window + WINDOW_STEP - 1) / WINDOW_STEP * WINDOW_STEP;
+    for (window, chunk) in groups {
         let uuids: Vec<&str> = chunk.iter().map(|a| a.uuid.as_str()).collect();
         let promql = crate::store::aggregate::render(template, &uuids, window);
         answers.queries += 1;
@@ -74,6 +91,7 @@ mod tests {
             .map(|i| Ask {
                 uuid: i.to_string(),
                 window: 3600 + i * 10,
+                whole_life: true,
             })
             .collect();
         let p = Recorder(Mutex::new(Vec::new()));
@@ -91,5 +109,31 @@ mod tests {
         // The first batch's longest window, 3600 + 99 × 10 s, rounded up to the minute.
         assert!(sent[0].ends_with("[4620s])"), "{}", sent[0]);
         assert!(sent[2].contains("|249\""), "{}", sent[2]);
+    }
+
+    #[test]
+    fn trailing_windows_are_each_asked_over_their_own_span() {
+        let asks: Vec<Ask> = [("1", 600), ("2", 1200), ("3", 600)]
+            .iter()
+            .map(|(id, w)| Ask {
+                uuid: (*id).into(),
+                window: *w,
+                whole_life: false,
+            })
+            .collect();
+        let p = Recorder(Mutex::new(Vec::new()));
+        let a = ask(&p, r#"increase(x{uuid=~"$uuids"}[$range])"#, &asks, 100, 0).unwrap();
+        assert_eq!(a.queries, 2);
+        let sent = p.0.lock().unwrap();
+        assert!(
+            sent[0].contains("1|3") && sent[0].ends_with("[600s])"),
+            "{}",
+            sent[0]
+        );
+        assert!(
+            sent[1].contains("\"2\"") && sent[1].ends_with("[1200s])"),
+            "{}",
+            sent[1]
+        );
     }
 }
