@@ -108,6 +108,14 @@ pub(super) struct PolicyStats {
 }
 
 impl PolicyStats {
+    /// The counters from the database, where every server's actions are (kept as they were
+    /// when it does not answer).
+    async fn refresh_totals(&self, store: &Store) {
+        if let Ok(totals) = policy::state::totals(store).await {
+            *self.totals.lock().unwrap_or_else(|e| e.into_inner()) = totals;
+        }
+    }
+
     pub(super) fn encode(&self, set: &mut MetricSet) {
         let totals = self.totals.lock().unwrap_or_else(|e| e.into_inner());
         for (policy, stage, outcome, n) in totals.iter() {
@@ -156,9 +164,7 @@ pub(super) async fn policy_loop(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if let Ok(totals) = policy::state::totals(&store).await {
-            *stats.totals.lock().unwrap_or_else(|e| e.into_inner()) = totals;
-        }
+        stats.refresh_totals(&store).await;
         let Some(lease) = leased(&store, "policies").await else {
             continue;
         };
@@ -190,8 +196,6 @@ pub(super) async fn policy_loop(
             .cycle_millis
             .store(began.elapsed().as_millis() as u64, Ordering::Relaxed);
         lease.release().await;
-        if let Ok(totals) = policy::state::totals(&store).await {
-            *stats.totals.lock().unwrap_or_else(|e| e.into_inner()) = totals;
-        }
+        stats.refresh_totals(&store).await;
     }
 }

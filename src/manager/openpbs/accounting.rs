@@ -291,6 +291,13 @@ impl PbsAccounting {
         )
     }
 
+    /// What PBS's commands run with: `TZ=UTC` and the configured variables.
+    fn command_env(&self) -> Vec<(&str, &str)> {
+        let mut env: Vec<(&str, &str)> = vec![("TZ", "UTC")];
+        env.extend(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        env
+    }
+
     fn qstat(
         &self,
         args: &[&str],
@@ -299,8 +306,7 @@ impl PbsAccounting {
         let Some(dir) = &self.bin_dir else {
             return Ok(Vec::new());
         };
-        let mut env: Vec<(&str, &str)> = vec![("TZ", "UTC")];
-        env.extend(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let env = self.command_env();
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         let out = match command::run_env(&dir.join("qstat"), &args, &env, self.timeout, MAX_OUTPUT)
         {
@@ -371,8 +377,7 @@ impl Accounting for PbsAccounting {
             ));
         };
         crate::manager::check_nameable(unit)?;
-        let mut env: Vec<(&str, &str)> = vec![("TZ", "UTC")];
-        env.extend(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let env = self.command_env();
         let out = command::run_env(
             &dir.join("qdel"),
             std::slice::from_ref(&unit.uuid),
