@@ -182,41 +182,6 @@ pub async fn pending(store: &Store, cluster: &str) -> Result<Vec<Pending>, Store
     Ok(out)
 }
 
-/// Every decision about one job, oldest first, as the API and the report show them.
-pub async fn of_unit(
-    store: &Store,
-    cluster: &str,
-    uuid: &str,
-    started_at: i64,
-) -> Result<Vec<serde_json::Value>, StoreError> {
-    let q = Sql::new(
-        "SELECT policy, stage, action, dry_run, decided_at, outcome, detail, done_at, figures
-         FROM policy_actions
-         WHERE cluster_id = $1 AND uuid = $2 AND started_at = $3
-         ORDER BY decided_at, id",
-    )
-    .arg(cluster)
-    .arg(uuid)
-    .arg(started_at);
-    let mut out = Vec::new();
-    for r in store.fetch_all(&q).await? {
-        let dry: i64 = r.get(3)?;
-        let figures: String = r.get(8)?;
-        out.push(serde_json::json!({
-            "policy": r.get::<String>(0)?,
-            "stage": r.get::<i64>(1)?,
-            "action": r.get::<String>(2)?,
-            "dry_run": dry != 0,
-            "decided_at": r.get::<i64>(4)?,
-            "outcome": r.get::<String>(5)?,
-            "detail": r.get::<String>(6)?,
-            "done_at": r.get::<Option<i64>>(7)?,
-            "figures": serde_json::from_str::<serde_json::Value>(&figures).unwrap_or_default(),
-        }));
-    }
-    Ok(out)
-}
-
 /// How many actions each policy took, by stage name and outcome, since the database began:
 /// the counters of `/metrics`, the same on every server sharing the database.
 pub async fn totals(store: &Store) -> Result<Vec<(String, String, String, u64)>, StoreError> {

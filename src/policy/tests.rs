@@ -13,6 +13,7 @@ use crate::notify::smtp::Delivery;
 use crate::notify::Addresses;
 use crate::store::db::Store;
 use crate::store::prometheus::{PromError, Prometheus};
+use crate::store::sql::Sql;
 
 const START: i64 = 1_800_000_000;
 
@@ -188,7 +189,7 @@ async fn an_idle_job_is_warned_twice_then_cancelled_once_and_busy_and_exempt_one
         e.cycle(&s.store, &t, START + at).await.unwrap();
     }
     assert_eq!(*s.manager.cancelled.lock().unwrap(), ["1"]);
-    let alice = state::of_unit(&s.store, "lab", "1", START).await.unwrap();
+    let alice = of_unit(&s.store, "lab", "1", START).await.unwrap();
     assert_eq!(
         outcomes(&alice),
         [
@@ -198,11 +199,11 @@ async fn an_idle_job_is_warned_twice_then_cancelled_once_and_busy_and_exempt_one
         ]
     );
     assert_eq!(alice[2]["figures"]["held"], 1);
-    assert!(state::of_unit(&s.store, "lab", "2", START)
+    assert!(of_unit(&s.store, "lab", "2", START)
         .await
         .unwrap()
         .is_empty());
-    assert!(state::of_unit(&s.store, "lab", "3", START)
+    assert!(of_unit(&s.store, "lab", "3", START)
         .await
         .unwrap()
         .is_empty());
@@ -360,7 +361,7 @@ async fn a_job_id_given_again_to_another_user_is_left_alone() {
     }
     e.cycle(&s.store, &target(&s), START + 180).await.unwrap();
     assert!(s.manager.cancelled.lock().unwrap().is_empty());
-    let actions = state::of_unit(&s.store, "lab", "1", START).await.unwrap();
+    let actions = of_unit(&s.store, "lab", "1", START).await.unwrap();
     assert_eq!(actions[2]["outcome"], "refused");
     assert!(
         actions[2]["detail"].as_str().unwrap().contains("mallory"),
@@ -376,7 +377,7 @@ async fn a_manager_that_cannot_cancel_is_retried_then_reported() {
     for at in [60, 120, 180, 240, 300, 360] {
         e.cycle(&s.store, &target(&s), START + at).await.unwrap();
     }
-    let actions = state::of_unit(&s.store, "lab", "1", START).await.unwrap();
+    let actions = of_unit(&s.store, "lab", "1", START).await.unwrap();
     assert_eq!(actions.len(), 3);
     assert_eq!(actions[2]["outcome"], "failed");
     assert!(actions[2]["detail"]
@@ -409,4 +410,39 @@ async fn a_warning_the_smtp_server_deferred_goes_at_the_next_cycle_once() {
     }
     let sent = mails(&s);
     assert_eq!(sent.len(), 2, "the warning and its copy, once: {sent:?}");
+}
+
+/// Every decision about one job, oldest first, with the figures it was taken on.
+async fn of_unit(
+    store: &Store,
+    cluster: &str,
+    uuid: &str,
+    started_at: i64,
+) -> Result<Vec<serde_json::Value>, crate::store::db::StoreError> {
+    let q = Sql::new(
+        "SELECT policy, stage, action, dry_run, decided_at, outcome, detail, done_at, figures
+         FROM policy_actions
+         WHERE cluster_id = $1 AND uuid = $2 AND started_at = $3
+         ORDER BY decided_at, id",
+    )
+    .arg(cluster)
+    .arg(uuid)
+    .arg(started_at);
+    let mut out = Vec::new();
+    for r in store.fetch_all(&q).await? {
+        let dry: i64 = r.get(3)?;
+        let figures: String = r.get(8)?;
+        out.push(serde_json::json!({
+            "policy": r.get::<String>(0)?,
+            "stage": r.get::<i64>(1)?,
+            "action": r.get::<String>(2)?,
+            "dry_run": dry != 0,
+            "decided_at": r.get::<i64>(4)?,
+            "outcome": r.get::<String>(5)?,
+            "detail": r.get::<String>(6)?,
+            "done_at": r.get::<Option<i64>>(7)?,
+            "figures": serde_json::from_str::<serde_json::Value>(&figures).unwrap_or_default(),
+        }));
+    }
+    Ok(out)
 }
