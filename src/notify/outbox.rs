@@ -180,7 +180,7 @@ impl Notifier {
         for (user, jobs) in &by_user {
             let found: Vec<JobFindings> = jobs.iter().map(|c| c.job.clone()).collect();
             let id = message_id("digest", user, now, &self.from);
-            let (rcpt, raw, status, error) = match self.addresses.of(user).and_then(|to| {
+            let built = self.addresses.of(user).and_then(|to| {
                 let composed = compose(
                     &self.from,
                     to.clone(),
@@ -191,31 +191,17 @@ impl Notifier {
                     Some(digest::html(user, &found, &self.base_url)),
                 )?;
                 Ok((to, composed))
-            }) {
-                Ok((to, composed)) => (to.to_string(), composed.raw, "queued", None),
-                Err(e) => {
-                    tracing::warn!(user = %user.escape_debug(), error = %e, "a user's digest is skipped");
-                    round.refused += 1;
-                    (String::new(), Vec::new(), "refused", Some(e))
-                }
-            };
-            let q = Sql::new(
-                "INSERT INTO mail_outbox (usr, mail_from, rcpt_to, message_id, raw, created_at, status, last_error)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
-            )
-            .arg(user)
-            .arg(self.from.email.to_string())
-            .arg(rcpt)
-            .arg(id)
-            .arg(raw)
-            .arg(now)
-            .arg(status)
-            .arg(error);
-            let message: i64 = tx.fetch_one(&q).await?.get(0)?;
+            });
+            let queued = built.is_ok();
+            if let Err(e) = &built {
+                tracing::warn!(user = %user.escape_debug(), error = %e, "a user's digest is skipped");
+                round.refused += 1;
+            }
+            let message = enqueue(&mut tx, user, &self.from, built, &id, now).await?;
             for c in jobs {
                 mark(&mut tx, c.row, Some(message)).await?;
             }
-            round.queued += usize::from(status == "queued");
+            round.queued += usize::from(queued);
         }
         for row in &quiet {
             mark(&mut tx, *row, None).await?;
@@ -241,7 +227,6 @@ impl Notifier {
 
 /// Queues one message in `tx` and returns its row; a message that cannot be built or has no
 /// recipient is kept as refused, with why.
-#[allow(clippy::too_many_arguments)]
 pub async fn enqueue(
     tx: &mut Tx,
     user: &str,
