@@ -249,10 +249,12 @@ fn strip_key_line(message: &str) -> String {
     }
 }
 
-fn join_key(prefix: &str, rest: &str) -> String {
+/// `prefix` and the key under it: `policies` and `[0].name` make `policies[0].name`.
+pub fn join_key(prefix: &str, rest: &str) -> String {
     match (prefix.is_empty(), rest.is_empty()) {
         (true, _) => rest.to_owned(),
         (false, true) => prefix.to_owned(),
+        (false, false) if rest.starts_with('[') => format!("{prefix}{rest}"),
         (false, false) => format!("{prefix}.{rest}"),
     }
 }

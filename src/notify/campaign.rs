@@ -106,8 +106,8 @@ const WEEKDAYS: &[&str] = &["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
 /// The campaigns of the `campaigns` array, each checked; a bad one names its position and key.
 pub fn parse(value: toml::Value) -> Result<Vec<Campaign>, String> {
     let campaigns: Vec<Campaign> = serde_path_to_error::deserialize(value).map_err(|e| {
-        let key = e.path().to_string();
-        format!("campaigns.{key}: {}", e.into_inner())
+        let key = crate::config::join_key("campaigns", &e.path().to_string());
+        format!("{key}: {}", e.into_inner())
     })?;
     for (i, c) in campaigns.iter().enumerate() {
         let bad = |m: String| format!("campaigns[{i}] (`{}`): {m}", c.name);
@@ -549,6 +549,7 @@ mod tests {
         assert!(bad("quiet-weekdays = [\"Saturday\"]").contains("quiet-weekdays"));
         assert!(bad("holidays = [\"25/12\"]").contains("holidays"));
         assert!(bad("test-mode = true").contains("no"));
-        assert!(bad("gapp = \"1d\"").contains("gapp"));
+        let e = bad("gapp = \"1d\"");
+        assert!(e.contains("gapp") && e.starts_with("campaigns[0]"), "{e}");
     }
 }

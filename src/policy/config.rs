@@ -273,14 +273,8 @@ impl Policy {
 /// naming its position and key.
 pub fn parse(value: toml::Value) -> Result<Vec<Policy>, String> {
     let policies: Vec<Policy> = serde_path_to_error::deserialize(value).map_err(|e| {
-        let key = e.path().to_string();
-        format!(
-            "policies{}: {}",
-            key.strip_prefix('.')
-                .map_or(key.clone(), |k| format!(".{k}"))
-                .replace(".[", "["),
-            e.into_inner()
-        )
+        let key = crate::config::join_key("policies", &e.path().to_string());
+        format!("{key}: {}", e.into_inner())
     })?;
     let mut seen = std::collections::HashSet::new();
     for (i, p) in policies.iter().enumerate() {
