@@ -331,10 +331,11 @@ impl Engine {
     ) -> Facts<'a> {
         let stages = policy.stages();
         let warnings = policy.warn_after.len();
-        let next = stages.get(stage).map(|n| Next {
+        // This stage and the next, where both are (a row of the database names the stage).
+        let this = stage.checked_sub(1).and_then(|i| stages.get(i));
+        let next = this.zip(stages.get(stage)).map(|(this, n)| Next {
             action: n.action,
-            in_seconds: i64::try_from(n.after.saturating_sub(stages[stage - 1].after).as_secs())
-                .unwrap_or(0),
+            in_seconds: i64::try_from(n.after.saturating_sub(this.after).as_secs()).unwrap_or(0),
         });
         Facts {
             policy,
