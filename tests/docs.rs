@@ -72,6 +72,10 @@ fn load(program: &str, text: &str) -> Result<(), String> {
         if let Some(policies) = settings.table.get("policies") {
             ceems::policy::config::parse(policies.clone())?;
         }
+        if let Some(rules) = settings.table.get("finding-rules") {
+            ceems::store::rules::SiteRules::parse(rules.clone(), None)
+                .map_err(|e| e.to_string())?;
+        }
         if let Some(campaigns) = settings.table.get("campaigns") {
             ceems::notify::campaign::parse(campaigns.clone())?;
         }

@@ -173,6 +173,17 @@ pub fn command() -> Command {
                 ),
         )
         .subcommand(
+            Command::new("findings")
+                .about("The stats-server's findings (ceems's): --rerun judges the stored jobs of a window again with the rules in force, after the site's rules changed (reload them with SIGHUP first)")
+                .arg(Arg::new("rerun").long("rerun").action(ArgAction::SetTrue).help("Judge the jobs that ended between --from and --to (and those running) again"))
+                .arg(url("http://localhost:9020", "The stats-server's URL"))
+                .arg(http_config())
+                .arg(Arg::new("from").long("from").value_name("TIME").help("Jobs that ended from then: RFC 3339 or unix seconds [default: 1 day before --to]"))
+                .arg(Arg::new("to").long("to").value_name("TIME").help("... until then [default: now]"))
+                .arg(Arg::new("cluster").long("cluster").value_name("ID").action(ArgAction::Append).help("Only this cluster (repeatable)"))
+                .args(admin_args()),
+        )
+        .subcommand(
             Command::new("report")
                 .about("Reports from the stats-server's database (ceems's)")
                 .subcommand_required(true)
@@ -186,11 +197,18 @@ pub fn command() -> Command {
                         .arg(Arg::new("by").long("by").value_name("GROUP").default_value("user").value_parser(["user", "project", "partition"]).help("Rank users, projects or partitions"))
                         .arg(Arg::new("sort").long("sort").value_name("FIGURE").default_value("idle_gpu_hours").help("The figure ranked by: idle_gpu_hours, lost_cpu_hours, unused_memory_tb_hours, overrequested_core_hours, waste_energy_kwh or waste_emissions_g"))
                         .arg(Arg::new("cluster").long("cluster").value_name("ID").action(ArgAction::Append).help("Only this cluster (repeatable)"))
-                        .arg(Arg::new("as-user").long("as-user").value_name("USER").default_value("root").help("The admin the request is made as (one of the stats-server's --web.admin-users), in its --web.user-header-name"))
-                        .arg(Arg::new("user-header-name").long("user-header-name").value_name("HEADER").default_value("X-Grafana-User").help("The stats-server's --web.user-header-name"))
+                        .args(admin_args())
                         .arg(Arg::new("csv").long("csv").action(ArgAction::SetTrue).help("CSV with the API's field names instead of a table")),
                 ),
         )
+}
+
+/// Who an admin request of the stats-server is made as.
+fn admin_args() -> [Arg; 2] {
+    [
+        Arg::new("as-user").long("as-user").value_name("USER").default_value("root").help("The admin the request is made as (one of the stats-server's --web.admin-users), in its --web.user-header-name"),
+        Arg::new("user-header-name").long("user-header-name").value_name("HEADER").default_value("X-Grafana-User").help("The stats-server's --web.user-header-name"),
+    ]
 }
 
 /// `--http.config.file`: Prometheus's HTTP client config (basic auth, TLS, headers).
@@ -264,11 +282,12 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             Some(("create-ceems-tsdb-updater-queries", m)) => create_updater_queries(m),
             _ => anyhow::bail!("ceems tool tsdb: name a command"),
         },
+        Some(("findings", m)) => findings(m),
         Some(("report", m)) => match m.subcommand() {
             Some(("waste", m)) => report_waste(m),
             _ => anyhow::bail!("ceems tool report: name a command (waste)"),
         },
-        _ => anyhow::bail!("ceems tool: name a command (config, check, tsdb, report)"),
+        _ => anyhow::bail!("ceems tool: name a command (config, check, tsdb, findings, report)"),
     }
 }
 
@@ -329,8 +348,8 @@ fn check_web_configs(files: impl Iterator<Item = PathBuf>) -> ExitCode {
     }
 }
 
-/// `ceems tool report waste`: the stats-server's ranking, as a table or CSV on stdout.
-fn report_waste(m: &ArgMatches) -> anyhow::Result<ExitCode> {
+/// `--from` and `--to` as unix seconds; `--from` is `default_span` seconds before `--to`.
+fn admin_window(m: &ArgMatches, default_span: f64) -> anyhow::Result<(i64, i64)> {
     let text = |name: &str| m.get_one::<String>(name).map_or("", |s| s.as_str());
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -340,21 +359,24 @@ fn report_waste(m: &ArgMatches) -> anyhow::Result<ExitCode> {
         t => crate::tool::parse_time(t).with_context(|| format!("--to `{t}`"))?,
     };
     let from = match text("from") {
-        "" => to - 30.0 * 86400.0,
+        "" => to - default_span,
         t => crate::tool::parse_time(t).with_context(|| format!("--from `{t}`"))?,
     };
     anyhow::ensure!(from < to, "--from must come before --to");
+    Ok((from as i64, to as i64))
+}
+
+/// Calls an admin route of the stats-server at `--url` as `--as-user`; its body, or why not.
+fn admin_call(
+    m: &ArgMatches,
+    method: &str,
+    route: &str,
+    query: String,
+    why_of: impl Fn(String) -> String,
+) -> anyhow::Result<String> {
+    let text = |name: &str| m.get_one::<String>(name).map_or("", |s| s.as_str());
     let settings = client_settings(m, text("url"))?;
-    let mut query = form_urlencoded::Serializer::new(String::new());
-    query
-        .append_pair("from", &(from as i64).to_string())
-        .append_pair("to", &(to as i64).to_string())
-        .append_pair("by", text("by"))
-        .append_pair("sort", text("sort"));
-    for c in m.get_many::<String>("cluster").into_iter().flatten() {
-        query.append_pair("cluster_id", c);
-    }
-    let url = format!("{}/api/v1/waste/admin?{}", settings.url, query.finish());
+    let url = format!("{}{route}?{query}", settings.url);
     let agent = web::client::agent_for(
         &settings,
         web::client::Timeouts::all(Duration::from_secs(120)),
@@ -362,26 +384,81 @@ fn report_waste(m: &ArgMatches) -> anyhow::Result<ExitCode> {
     .map_err(anyhow::Error::msg)
     .context("cannot make an HTTP client")?;
     let mut request = agent
-        .get(&url)
+        .request(method, &url)
         .set(text("user-header-name"), text("as-user"));
     for (k, v) in &settings.headers {
         request = request.set(k, v);
     }
-    let body = match request.call() {
-        Ok(r) => r.into_string()?,
+    match request.call() {
+        Ok(r) => Ok(r.into_string()?),
         Err(ureq::Error::Status(status, r)) => {
-            let why = r.into_string().unwrap_or_default();
-            let why = crate::tool::waste::rows(&why).err().unwrap_or(why);
+            let why = why_of(r.into_string().unwrap_or_default());
             anyhow::bail!("{url}: status {status}: {why}")
         }
         Err(e) => anyhow::bail!("{url}: {e}"),
-    };
+    }
+}
+
+/// `ceems tool report waste`: the stats-server's ranking, as a table or CSV on stdout.
+fn report_waste(m: &ArgMatches) -> anyhow::Result<ExitCode> {
+    let text = |name: &str| m.get_one::<String>(name).map_or("", |s| s.as_str());
+    let (from, to) = admin_window(m, 30.0 * 86400.0)?;
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    query
+        .append_pair("from", &from.to_string())
+        .append_pair("to", &to.to_string())
+        .append_pair("by", text("by"))
+        .append_pair("sort", text("sort"));
+    for c in m.get_many::<String>("cluster").into_iter().flatten() {
+        query.append_pair("cluster_id", c);
+    }
+    let body = admin_call(m, "GET", "/api/v1/waste/admin", query.finish(), |why| {
+        crate::tool::waste::rows(&why).err().unwrap_or(why)
+    })?;
     let rows = crate::tool::waste::rows(&body).map_err(anyhow::Error::msg)?;
     let by = text("by");
     match m.get_flag("csv") {
         true => print!("{}", crate::tool::waste::csv(&rows, by)),
         false => print!("{}", crate::tool::waste::table(&rows, by)),
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ceems tool findings --rerun`: the stored jobs of the window judged again by the server.
+fn findings(m: &ArgMatches) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        m.get_flag("rerun"),
+        "ceems tool findings: --rerun is what it does (judge stored jobs again with the rules in force)"
+    );
+    let (from, to) = admin_window(m, 86400.0)?;
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    query
+        .append_pair("from", &from.to_string())
+        .append_pair("to", &to.to_string());
+    for c in m.get_many::<String>("cluster").into_iter().flatten() {
+        query.append_pair("cluster_id", c);
+    }
+    let error_of = |body: String| {
+        serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_owned))
+            .unwrap_or(body)
+    };
+    let body = admin_call(
+        m,
+        "POST",
+        "/api/v1/findings/rerun/admin",
+        query.finish(),
+        error_of,
+    )?;
+    let answer: serde_json::Value =
+        serde_json::from_str(&body).context("the stats-server's answer")?;
+    let data = &answer["data"];
+    println!(
+        "{} jobs judged again ({} site rules in force)",
+        data["jobs"].as_i64().unwrap_or(0),
+        data["site_rules"].as_i64().unwrap_or(0)
+    );
     Ok(ExitCode::SUCCESS)
 }
 

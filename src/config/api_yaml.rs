@@ -20,6 +20,9 @@ struct File {
     /// ceems's policies (not CEEMS's), beside its sections; keys as in TOML, `_` or `-`.
     #[serde(default)]
     policies: Vec<toml::Table>,
+    /// ceems's site rules of the findings, likewise.
+    #[serde(default)]
+    finding_rules: Vec<toml::Table>,
     /// The load balancer's section, when the file is shared with `ceems_lb`.
     #[serde(default)]
     #[allow(dead_code)]
@@ -250,9 +253,15 @@ pub fn to_table(text: &str, now: i64) -> Result<Table, String> {
         clusters.push(Value::Table(cluster(c, &updaters)?));
     }
     set("clusters", Some(Value::Array(clusters)));
-    if !file.policies.is_empty() {
-        let policies = file
-            .policies
+    // ceems's own sections beside CEEMS's, keys as TOML spells them.
+    for (key, items) in [
+        ("policies", file.policies),
+        ("finding-rules", file.finding_rules),
+    ] {
+        if items.is_empty() {
+            continue;
+        }
+        let items = items
             .into_iter()
             .map(|p| {
                 Value::Table(
@@ -262,7 +271,7 @@ pub fn to_table(text: &str, now: i64) -> Result<Table, String> {
                 )
             })
             .collect();
-        set("policies", Some(Value::Array(policies)));
+        set(key, Some(Value::Array(items)));
     }
     Ok(table)
 }
@@ -640,6 +649,15 @@ updaters:
         assert_eq!(lsf["lsf-bin-dir"].as_str(), Some("/opt/lsf/bin"));
         assert_eq!(lsf["lsf-env"][0].as_str(), Some("LSF_ENVDIR=/opt/lsf/conf"));
         assert!(lsf.get("sacct-path").is_none());
+    }
+
+    #[test]
+    fn finding_rules_beside_ceems_sections_are_read_as_in_toml() {
+        let text = "ceems_api_server: {}\nfinding_rules:\n  - id: short_gpu_job\n    when: job.alloc_gpus > 0\n    message: m\n";
+        let table = to_table(text, 0).unwrap();
+        let rules =
+            crate::store::rules::SiteRules::parse(table["finding-rules"].clone(), None).unwrap();
+        assert_eq!(rules.len(), 1);
     }
 
     #[test]

@@ -357,7 +357,12 @@ mod tests {
         store.register_cluster("lab", "slurm").await.unwrap();
         store.ingest("lab", &jobs, 0, NOW).await.unwrap();
         store
-            .refresh_findings("lab", &Thresholds::default(), NOW)
+            .refresh_findings(
+                "lab",
+                &Thresholds::default(),
+                &crate::store::rules::SiteRules::default(),
+                NOW,
+            )
             .await
             .unwrap();
         store

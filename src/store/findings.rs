@@ -73,6 +73,14 @@ pub struct Finding {
 pub struct JobFacts {
     /// The manager of the job's cluster, whose words the advice uses (empty: Slurm's).
     pub manager: String,
+    /// Who and where, for the site's rules ([`crate::store::rules`]).
+    pub name: String,
+    pub user: String,
+    pub project: String,
+    pub partition: String,
+    pub qos: String,
+    /// The manager's node list (`n[1-2]`).
+    pub nodes: String,
     pub state: String,
     pub exit_code: String,
     pub ended: bool,
@@ -95,7 +103,8 @@ pub struct JobFacts {
     pub measured: i64,
 }
 
-fn bytes(b: f64) -> String {
+/// `3.0 GiB`: a size in words.
+pub(crate) fn bytes(b: f64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = b.max(0.0);
     let mut i = 0;
@@ -110,7 +119,8 @@ fn bytes(b: f64) -> String {
     }
 }
 
-fn duration(s: i64) -> String {
+/// `1 h 5 min`: a time in words.
+pub(crate) fn duration(s: i64) -> String {
     let s = s.max(0);
     match (s / 3600, (s % 3600) / 60, s % 60) {
         (0, 0, sec) => format!("{sec} s"),

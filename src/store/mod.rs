@@ -10,6 +10,7 @@ pub mod ingest;
 pub mod prometheus;
 pub mod refresh;
 pub mod report;
+pub mod rules;
 mod shared_read;
 pub mod sql;
 pub mod unit_cache;

@@ -11,6 +11,7 @@ use super::aggregate::{self, Limits, Queries};
 use super::db::Store;
 use super::findings::Thresholds;
 use super::prometheus::Prometheus;
+use super::rules::SharedRules;
 use super::sql::Sql;
 use crate::manager::Accounting;
 
@@ -26,6 +27,8 @@ pub struct JobRefresh {
     queries: Queries,
     limits: Limits,
     thresholds: Thresholds,
+    /// The site's rules in force (swapped by SIGHUP).
+    rules: SharedRules,
     /// At most this many jobs are refreshed at once; others wait their turn within the timeout.
     gate: tokio::sync::Semaphore,
     /// When each job was last refreshed: a job polled until it ends is pulled at most every
@@ -59,10 +62,17 @@ impl JobRefresh {
             queries,
             limits,
             thresholds,
+            rules: SharedRules::default(),
             gate: tokio::sync::Semaphore::new(AT_ONCE),
             recent: Mutex::new(HashMap::new()),
             timeout,
         }
+    }
+
+    /// Judges with the site's rules too.
+    pub fn with_rules(mut self, rules: SharedRules) -> JobRefresh {
+        self.rules = rules;
+        self
     }
 
     /// The clusters whose jobs can be pulled.
@@ -182,7 +192,12 @@ impl JobRefresh {
             }
         }
         self.store
-            .refresh_findings(cluster, &self.thresholds, now)
+            .refresh_findings(
+                cluster,
+                &self.thresholds,
+                &super::rules::current(&self.rules),
+                now,
+            )
             .await?;
         Ok(out)
     }

@@ -203,6 +203,7 @@ pub(super) struct UpdatePlan {
     pub(super) queries: Queries,
     pub(super) limits: Limits,
     pub(super) thresholds: Thresholds,
+    pub(super) rules: crate::store::rules::SharedRules,
     pub(super) interval: Duration,
     pub(super) first_window: Duration,
     pub(super) retention: Duration,
@@ -215,6 +216,7 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
         queries,
         limits,
         thresholds,
+        rules,
         interval,
         first_window,
         retention,
@@ -322,7 +324,15 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                     }
                 }
             }
-            match store.refresh_findings(id, &thresholds, unix_now()).await {
+            match store
+                .refresh_findings(
+                    id,
+                    &thresholds,
+                    &crate::store::rules::current(&rules),
+                    unix_now(),
+                )
+                .await
+            {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(cluster = id, jobs = n, "findings updated"),
                 Err(e) => tracing::warn!(cluster = id, error = %e, "findings not updated"),

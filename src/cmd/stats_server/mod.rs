@@ -31,6 +31,7 @@ mod campaigns;
 mod loops;
 mod policies;
 mod settings;
+mod site_rules;
 mod startup;
 
 /// The longest a report waits for its job to be pulled and aggregated on demand.
@@ -310,6 +311,7 @@ pub fn opts() -> Vec<Opt> {
     ]);
     opts.extend(policies::opts());
     opts.extend(campaigns::opts());
+    opts.extend(site_rules::opts());
     opts.extend(super::mail_opts::opts("notify."));
     opts.extend(crate::security::opts());
     opts.extend(config::log_opts());
@@ -335,10 +337,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     let prom: PrometheusSettings = settings.get("prometheus")?;
     prom.queries.validate().map_err(anyhow::Error::msg)?;
     let admins: Vec<String> = settings.get("web.admin-users")?;
-    let thresholds: Thresholds = match settings.table.contains_key("findings") {
-        true => settings.get("findings")?,
-        false => Thresholds::default(),
-    };
+    let (thresholds, rules) = site_rules::load(&settings)?;
     let user_header: String = settings.get("web.user-header-name")?;
     let time_zone = match settings.get::<String>("storage.data.time-zone")?.as_str() {
         "" => jiff::tz::TimeZone::system(),
@@ -536,14 +535,17 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             limits.clone(),
             thresholds.clone(),
             REFRESH_TIMEOUT,
-        ));
+        )
+        .with_rules(Arc::clone(&rules)));
+        tokio::spawn(site_rules::reload_on_sighup(Arc::clone(&rules), settings.file.clone()));
         tokio::spawn(update_loop(
             Arc::clone(&store),
             Arc::clone(&sources),
             UpdatePlan {
                 queries: prom.queries,
                 limits: update_limits,
-                thresholds,
+                thresholds: thresholds.clone(),
+                rules: Arc::clone(&rules),
                 interval: storage.update_interval,
                 first_window: storage.first_window,
                 retention: match keep_old_units {
@@ -607,9 +609,13 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
             let reports = Arc::clone(&reports);
             let cors = Arc::clone(&cors);
             let api_activity = Arc::clone(&api_activity);
+            let (thresholds, rules) = (thresholds.clone(), Arc::clone(&rules));
             Box::pin(async move {
                 if let Some(preflight) = cors.preflight(&req) {
                     return preflight;
+                }
+                if req.method() == Method::POST && req.uri().path() == site_rules::RERUN_PATH {
+                    return site_rules::rerun(&req, &api, &sources, (&thresholds, &rules)).await;
                 }
                 if req.method() != Method::GET {
                     return web::text_response(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");

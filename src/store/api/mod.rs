@@ -27,6 +27,7 @@ mod in_flight;
 mod params;
 mod pull;
 mod render;
+mod rerun;
 mod units;
 mod usage;
 mod waste;

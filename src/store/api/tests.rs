@@ -36,7 +36,12 @@ pub(crate) async fn api_with(lines: &[String], admins: &[&str]) -> (Api, tempfil
         .unwrap();
     store.rebuild_usage("lab", NOW).await.unwrap();
     store
-        .refresh_findings("lab", &crate::store::findings::Thresholds::default(), NOW)
+        .refresh_findings(
+            "lab",
+            &crate::store::findings::Thresholds::default(),
+            &crate::store::rules::SiteRules::default(),
+            NOW,
+        )
         .await
         .unwrap();
     store

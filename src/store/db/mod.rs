@@ -6,6 +6,7 @@ mod aggregates;
 mod ceems_import;
 mod changes;
 mod connect;
+mod judge;
 mod retention;
 #[doc(hidden)]
 pub mod testing;

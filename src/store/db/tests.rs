@@ -48,9 +48,18 @@ async fn findings_are_refreshed_page_by_page_and_only_for_changed_jobs() {
     });
     store.ingest("lab", &jobs, 100, 1).await.unwrap();
     let t = crate::store::findings::Thresholds::default();
-    assert_eq!(store.refresh_findings("lab", &t, 2).await.unwrap(), 12_001);
     assert_eq!(
-        store.refresh_findings("lab", &t, 3).await.unwrap(),
+        store
+            .refresh_findings("lab", &t, &crate::store::rules::SiteRules::default(), 2)
+            .await
+            .unwrap(),
+        12_001
+    );
+    assert_eq!(
+        store
+            .refresh_findings("lab", &t, &crate::store::rules::SiteRules::default(), 3)
+            .await
+            .unwrap(),
         0,
         "nothing changed"
     );
@@ -63,7 +72,13 @@ async fn findings_are_refreshed_page_by_page_and_only_for_changed_jobs() {
     assert!(failed.contains("job_failed"), "{failed}");
     // A job written again is judged again.
     store.ingest("lab", &jobs[..1], 100, 4).await.unwrap();
-    assert_eq!(store.refresh_findings("lab", &t, 5).await.unwrap(), 1);
+    assert_eq!(
+        store
+            .refresh_findings("lab", &t, &crate::store::rules::SiteRules::default(), 5)
+            .await
+            .unwrap(),
+        1
+    );
 }
 
 /// A pod that failed with a timeout is told to change its activeDeadlineSeconds, not
@@ -79,7 +94,13 @@ async fn findings_advise_in_the_words_of_each_cluster_s_manager() {
     store.ingest("lab", &jobs, 100, 1).await.unwrap();
     let t = crate::store::findings::Thresholds::default();
     for cluster in ["kube", "lab"] {
-        assert_eq!(store.refresh_findings(cluster, &t, 2).await.unwrap(), 1);
+        assert_eq!(
+            store
+                .refresh_findings(cluster, &t, &crate::store::rules::SiteRules::default(), 2)
+                .await
+                .unwrap(),
+            1
+        );
     }
     let findings = |cluster: &str| {
         let q = Sql::new("SELECT findings FROM units WHERE cluster_id = $1").arg(cluster);

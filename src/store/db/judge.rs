@@ -1,0 +1,165 @@
+//! The findings pass: the built-in rules and the site's over the jobs of a cluster, a page of
+//! rows at a time, stored with each job.
+
+use super::{Store, StoreError};
+use crate::store::findings::{evaluate, JobFacts, Thresholds};
+use crate::store::rules::SiteRules;
+use crate::store::sql::{Backend, Sql};
+
+/// Which jobs a pass judges.
+#[derive(Debug, Clone, Copy)]
+enum Judged {
+    /// Those whose row or aggregates changed since their findings were written.
+    Changed,
+    /// Those that ended in the window (unix seconds), and the running ones started before
+    /// its end.
+    Between(i64, i64),
+}
+
+impl Store {
+    /// Recomputes the findings of the jobs of `cluster` whose row or aggregates changed since
+    /// their findings were written. Returns how many jobs were updated.
+    pub async fn refresh_findings(
+        &self,
+        cluster: &str,
+        thresholds: &Thresholds,
+        rules: &SiteRules,
+        now: i64,
+    ) -> Result<usize, StoreError> {
+        self.judge(cluster, thresholds, rules, Judged::Changed, now)
+            .await
+    }
+
+    /// Judges again, with the rules in force, the jobs of `cluster` that ended between `from`
+    /// and `to` (unix seconds) and those still running that started before `to`, whatever
+    /// their findings were: `ceems tool findings --rerun`. Returns how many were judged.
+    pub async fn rejudge_findings(
+        &self,
+        cluster: &str,
+        thresholds: &Thresholds,
+        rules: &SiteRules,
+        (from, to): (i64, i64),
+        now: i64,
+    ) -> Result<usize, StoreError> {
+        self.judge(cluster, thresholds, rules, Judged::Between(from, to), now)
+            .await
+    }
+
+    async fn judge(
+        &self,
+        cluster: &str,
+        thresholds: &Thresholds,
+        rules: &SiteRules,
+        which: Judged,
+        now: i64,
+    ) -> Result<usize, StoreError> {
+        // In pages by row id, so a first run over a million jobs holds one page in memory.
+        const PAGE: i64 = 5000;
+        // SQLite would pick the cluster's index over the row ids and sort a million rows per
+        // page; the unary plus keeps it on the primary key. PostgreSQL plans this well.
+        let cluster_col = match self.backend() {
+            Backend::Sqlite => "+cluster_id",
+            Backend::Postgres => "cluster_id",
+        };
+        // The advice is worded for the cluster's manager.
+        let manager: String = match self
+            .fetch_optional(&Sql::new("SELECT manager FROM clusters WHERE id = $1").arg(cluster))
+            .await?
+        {
+            Some(row) => row.get(0)?,
+            None => String::new(),
+        };
+        let which_sql = match which {
+            Judged::Changed => {
+                "(findings_updated_at IS NULL
+                  OR findings_updated_at < last_updated_at
+                  OR findings_updated_at < coalesce(aggregates_updated_at, 0))"
+            }
+            Judged::Between(..) => {
+                "((ended_at >= $4 AND ended_at <= $5) OR (ended_at IS NULL AND started_at <= $5))"
+            }
+        };
+        let mut after = 0i64;
+        let mut total = 0usize;
+        loop {
+            let q = Sql::new(&format!(
+                "SELECT id, state, exit_code, ended_at IS NOT NULL, elapsed_seconds,
+                        time_limit_seconds, alloc_cpus, alloc_mem_bytes, alloc_gpus,
+                        aggregated_seconds, cpu_seconds, memory_peak_bytes, memory_fail_count,
+                        CASE WHEN gpu_utilization_max IS NULL THEN NULL ELSE mean_gpu_utilization END,
+                        gpu_utilization_max, host_energy_joules, gpu_energy_joules, emissions_grams,
+                        measured, name, usr, project, partition, qos, nodes
+                 FROM units
+                 WHERE id > $2 AND {cluster_col} = $1 AND started_at > 0 AND {which_sql}
+                 ORDER BY id LIMIT $3"
+            ))
+            .arg(cluster)
+            .arg(after)
+            .arg(PAGE);
+            let q = match which {
+                Judged::Changed => q,
+                Judged::Between(from, to) => q.arg(from).arg(to),
+            };
+            let rows = self.fetch_all(&q).await?;
+            let Some(last) = rows.last() else {
+                break;
+            };
+            after = last.get(0)?;
+            // No finding is stored as NULL (read back as `[]`).
+            let mut updates: Vec<(i64, Option<String>)> = Vec::with_capacity(rows.len());
+            for r in &rows {
+                let facts = JobFacts {
+                    manager: manager.clone(),
+                    state: r.get(1)?,
+                    exit_code: r.get(2)?,
+                    ended: r.flag(3)?,
+                    elapsed_seconds: r.get(4)?,
+                    time_limit_seconds: r.get(5)?,
+                    alloc_cpus: r.get(6)?,
+                    alloc_mem_bytes: r.get(7)?,
+                    alloc_gpus: r.get(8)?,
+                    aggregated_seconds: r.get(9)?,
+                    cpu_seconds: r.get(10)?,
+                    memory_peak_bytes: r.get(11)?,
+                    memory_fail_count: r.get(12)?,
+                    mean_gpu_utilization: r.get(13)?,
+                    gpu_utilization_max: r.get(14)?,
+                    host_energy_joules: r.get(15)?,
+                    gpu_energy_joules: r.get(16)?,
+                    emissions_grams: r.get(17)?,
+                    measured: r.get(18)?,
+                    name: r.get(19)?,
+                    user: r.get(20)?,
+                    project: r.get(21)?,
+                    partition: r.get(22)?,
+                    qos: r.get(23)?,
+                    nodes: r.get(24)?,
+                };
+                let mut found = evaluate(&facts, thresholds);
+                found.extend(rules.evaluate(&facts));
+                found.sort_by_key(|f| std::cmp::Reverse(f.severity));
+                let json = (!found.is_empty())
+                    .then(|| serde_json::to_string(&found).ok())
+                    .flatten();
+                updates.push((r.get(0)?, json));
+            }
+            // One statement per page: row-by-row updates made a first run over a million
+            // jobs take minutes.
+            let mut q = Sql::new("UPDATE units SET findings = v.column2, findings_updated_at = ");
+            q.bind(now).push(" FROM (VALUES ");
+            for (i, (id, json)) in updates.iter().enumerate() {
+                q.push(if i == 0 { "(" } else { ", (" })
+                    .bind(*id)
+                    .push(", ")
+                    .bind(json.as_deref())
+                    .push(")");
+            }
+            q.push(") AS v WHERE units.id = v.column1");
+            self.execute(&q).await?;
+            let rows: Vec<i64> = updates.iter().map(|(id, _)| *id).collect();
+            self.written_units(&rows);
+            total += updates.len();
+        }
+        Ok(total)
+    }
+}
