@@ -81,6 +81,40 @@ async fn findings_are_refreshed_page_by_page_and_only_for_changed_jobs() {
     );
 }
 
+/// `ceems tool findings --rerun`: the jobs that ended in the window are judged again with a
+/// new rule, whatever their findings were; the others keep theirs.
+#[tokio::test]
+async fn a_rerun_judges_again_only_the_jobs_that_ended_in_its_window() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = testing::store(tmp.path()).await;
+    // Job 10 ended at 1795358926; job 11 a day later.
+    let jobs = numbered_jobs(2, |i, line| {
+        line.replace("1795358926", &(1795358926 + 86400 * i as i64).to_string())
+    });
+    store.ingest("lab", &jobs, 100, 1).await.unwrap();
+    let t = crate::store::findings::Thresholds::default();
+    let none = crate::store::rules::SiteRules::default();
+    store.refresh_findings("lab", &t, &none, 2).await.unwrap();
+    let table: toml::Table = "[[r]]\nid = \"tiny\"\nwhen = \"job.alloc_cpus == 1\"\nmessage = \"one core for {job.elapsed_seconds} s\"\n"
+        .parse()
+        .unwrap();
+    let rules = crate::store::rules::SiteRules::parse(table["r"].clone(), None).unwrap();
+    let judged = store
+        .rejudge_findings("lab", &t, &rules, (1795358900, 1795358999), 3)
+        .await
+        .unwrap();
+    assert_eq!(judged, 1);
+    let findings = |uuid: &'static str| {
+        let store = &store;
+        async move {
+            let q = Sql::new("SELECT coalesce(findings, '') FROM units WHERE uuid = $1").arg(uuid);
+            store.fetch_one(&q).await.unwrap().get::<String>(0).unwrap()
+        }
+    };
+    assert!(findings("10").await.contains("one core for 29 s"));
+    assert!(!findings("11").await.contains("tiny"));
+}
+
 /// A pod that failed with a timeout is told to change its activeDeadlineSeconds, not
 /// Slurm's --time; a Slurm job of the same database keeps Slurm's words.
 #[tokio::test]
