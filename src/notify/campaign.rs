@@ -53,6 +53,13 @@ pub struct Campaign {
     /// GPU use (ratio) below which a GPU counts as idle.
     #[serde(default = "default_gpu_idle")]
     pub gpu_idle_below: f64,
+    /// The admins get the ranking of the cluster's users on the figure, once a gap.
+    #[serde(default = "yes")]
+    pub admin_ranking: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_figure() -> String {
@@ -229,21 +236,37 @@ impl Campaigns {
                 .push((r.get(1)?, amount.unwrap_or(0.0)));
         }
         let mut mailed = 0;
-        for (cluster, users) in by_cluster {
+        for (cluster, mut users) in by_cluster {
             let total: f64 = users.iter().map(|u| u.1).sum();
-            for (user, amount) in users {
+            let mut told = Vec::new();
+            for (user, amount) in &users {
+                let (user, amount) = (user.as_str(), *amount);
                 let share = if total > 0.0 { amount / total } else { 0.0 };
                 if amount < c.min_amount || share < c.min_share || amount <= 0.0 {
                     continue;
                 }
-                if self.mailed_within(store, c, &cluster, &user, now).await? {
+                if self.mailed_within(store, c, &cluster, user, now).await? {
+                    told.push(user.to_owned());
                     continue;
                 }
-                let jobs = self.jobs(store, c, &cluster, &user, from, now).await?;
-                mailed += usize::from(
-                    self.mail(store, c, &cluster, &user, amount, share, &jobs, now)
-                        .await?,
-                );
+                let jobs = self.jobs(store, c, &cluster, user, from, now).await?;
+                if self
+                    .mail(store, c, &cluster, user, amount, share, &jobs, now)
+                    .await?
+                {
+                    mailed += 1;
+                    told.push(user.to_owned());
+                }
+            }
+            // The admins' ranking: an empty user in campaign_mails keeps it to once a gap.
+            if c.admin_ranking
+                && !c.admins.is_empty()
+                && total > 0.0
+                && !self.mailed_within(store, c, &cluster, "", now).await?
+            {
+                users.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+                self.ranking(store, c, &cluster, &users, total, &told, now)
+                    .await?;
             }
         }
         Ok(mailed)
@@ -337,29 +360,100 @@ impl Campaigns {
             "\nWhat to change: {advice}; each report says how, in your scheduler's words.\n\n{}\n",
             c.contact
         ));
+        let recipients: Vec<Recipient> = match c.test_mode {
+            true => c
+                .admins
+                .iter()
+                .map(|a| admin(a, format!("[ceems test] for {user}: {subject}")))
+                .collect(),
+            false => vec![(user.to_owned(), self.addresses.of(user), subject.clone())],
+        };
+        let mail = Mail {
+            user,
+            amount,
+            share,
+            body,
+        };
+        self.queue(store, c, cluster, recipients, mail, now).await?;
+        tracing::info!(campaign = %c.name, cluster, user, amount, share, test_mode = c.test_mode, "campaign mail queued");
+        Ok(true)
+    }
+
+    /// The admins' mail: the cluster's users ranked on the figure over the window, and which
+    /// of them this campaign told.
+    #[allow(clippy::too_many_arguments)]
+    async fn ranking(
+        &self,
+        store: &Store,
+        c: &Campaign,
+        cluster: &str,
+        ranked: &[(String, f64)],
+        total: f64,
+        told: &[String],
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let (_, what, _) = ABOUT
+            .iter()
+            .find(|a| a.0 == c.figure)
+            .copied()
+            .unwrap_or(ABOUT[0]);
+        let days = c.window.as_secs() / 86400;
+        let subject =
+            format!("[ceems] {cluster}, last {days} days: {total:.1} {what}; who had the most");
+        let mut body = format!(
+            "Campaign {}: over the last {days} days, cluster {cluster} had {total:.1} {what}.\nThe users with the most (mailed: told by this campaign within its gap{}):\n\n{:>4}  {:<16} {:>12} {:>7}  mailed\n",
+            c.name,
+            if c.test_mode { ", in test mode" } else { "" },
+            "rank",
+            "user",
+            c.figure,
+            "share"
+        );
+        for (i, (user, amount)) in ranked.iter().filter(|u| u.1 > 0.0).take(20).enumerate() {
+            body.push_str(&format!(
+                "{:>4}  {:<16} {amount:>12.1} {:>6.0} %  {}\n",
+                i + 1,
+                user.chars()
+                    .filter(|c| !c.is_control())
+                    .take(16)
+                    .collect::<String>(),
+                100.0 * amount / total,
+                if told.contains(user) { "yes" } else { "no" }
+            ));
+        }
+        body.push_str(
+            "\n`ceems tool report waste` ranks every figure, by user, project or partition.\n",
+        );
+        let recipients = c.admins.iter().map(|a| admin(a, subject.clone())).collect();
+        let mail = Mail {
+            user: "",
+            amount: total,
+            share: 1.0,
+            body,
+        };
+        self.queue(store, c, cluster, recipients, mail, now).await?;
+        tracing::info!(campaign = %c.name, cluster, admins = c.admins.len(), "campaign ranking queued for the admins");
+        Ok(())
+    }
+
+    /// Queues `mail` to each recipient and records it in `campaign_mails`, in one transaction.
+    async fn queue(
+        &self,
+        store: &Store,
+        c: &Campaign,
+        cluster: &str,
+        recipients: Vec<Recipient>,
+        mail: Mail<'_>,
+        now: i64,
+    ) -> Result<(), StoreError> {
         let date = std::time::SystemTime::UNIX_EPOCH
             + Duration::from_secs(u64::try_from(now).unwrap_or(0));
         let mut tx = store.write_tx().await?;
         let mut first = None;
-        let recipients: Vec<(String, Result<lettre::Address, String>, String)> = match c.test_mode {
-            true => c
-                .admins
-                .iter()
-                .map(|a| {
-                    (
-                        a.clone(),
-                        a.parse()
-                            .map_err(|e: lettre::address::AddressError| e.to_string()),
-                        format!("[ceems test] for {user}: {subject}"),
-                    )
-                })
-                .collect(),
-            false => vec![(user.to_owned(), self.addresses.of(user), subject.clone())],
-        };
         for (who, to, subject) in recipients {
             let id = message_id(
                 "campaign",
-                &format!("{}/{cluster}/{user}/{who}", c.name),
+                &format!("{}/{cluster}/{}/{who}", c.name, mail.user),
                 now,
                 &self.from,
             );
@@ -370,7 +464,7 @@ impl Campaigns {
                     &subject,
                     &id,
                     date,
-                    body.clone(),
+                    mail.body.clone(),
                     None,
                 )
                 .map(|m| (to, m))
@@ -385,18 +479,38 @@ impl Campaigns {
             )
             .arg(&c.name)
             .arg(cluster)
-            .arg(user)
+            .arg(mail.user)
             .arg(i64::from(c.test_mode))
             .arg(now)
-            .arg(amount)
-            .arg(share)
+            .arg(mail.amount)
+            .arg(mail.share)
             .arg(first),
         )
         .await?;
         tx.commit().await?;
-        tracing::info!(campaign = %c.name, cluster, user, amount, share, test_mode = c.test_mode, "campaign mail queued");
-        Ok(true)
+        Ok(())
     }
+}
+
+/// Who a message goes to: the name it is queued under, the address (or why none), the subject.
+type Recipient = (String, Result<lettre::Address, String>, String);
+
+/// One campaign message: about `user` (empty: the admins' ranking), their figure and share.
+struct Mail<'a> {
+    user: &'a str,
+    amount: f64,
+    share: f64,
+    body: String,
+}
+
+fn admin(address: &str, subject: String) -> Recipient {
+    (
+        address.to_owned(),
+        address
+            .parse()
+            .map_err(|e: lettre::address::AddressError| e.to_string()),
+        subject,
+    )
 }
 
 #[cfg(test)]
@@ -485,7 +599,9 @@ mod tests {
         let c = campaigns("", Delivery::Directory(out.clone()));
         let first = c.round(&store, NOW).await.unwrap();
         assert_eq!(first.mailed_users, 1, "{first:?}");
-        let sent = mails(&out);
+        let (ranking, sent): (Vec<_>, Vec<_>) = mails(&out)
+            .into_iter()
+            .partition(|m| m.0 == "ops@example.org");
         assert_eq!(sent.len(), 1);
         let (to, subject, body) = &sent[0];
         assert_eq!(to, "alice@example.org");
@@ -501,11 +617,35 @@ mod tests {
             let r = c.round(&store, at).await.unwrap();
             assert_eq!(r.mailed_users, 0, "{r:?}");
         }
-        assert_eq!(mails(&out).len(), 1);
+        assert_eq!(mails(&out).len(), 2);
+        // The admins' ranking: every user with some, most first, and who was mailed.
+        assert_eq!(ranking.len(), 1);
+        let (_, subject, body) = &ranking[0];
+        assert!(
+            subject.contains("lab, last 7 days: 143.0 GPU-hours"),
+            "{subject}"
+        );
+        let rows: Vec<Vec<&str>> = body
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .filter(|w| w.first().is_some_and(|r| r.parse::<u32>().is_ok()))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                vec!["1", "alice", "140.0", "98", "%", "yes"],
+                vec!["2", "carol", "3.0", "2", "%", "no"]
+            ],
+            "{body}"
+        );
         // Eight days on (a Saturday's next weekday), the gap is over.
         let again = c.round(&store, NOW + 11 * DAY).await.unwrap();
         assert_eq!(again.mailed_users, 1, "{again:?}");
-        assert!(mails(&out).iter().all(|m| m.0 == "alice@example.org"));
+        let all = mails(&out);
+        assert_eq!(all.len(), 4);
+        assert!(all
+            .iter()
+            .all(|m| m.0 == "alice@example.org" || m.0 == "ops@example.org"));
     }
 
     #[tokio::test]
@@ -513,7 +653,10 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let store = month(tmp.path()).await;
         let out = tmp.path().join("eml");
-        let test = campaigns("test-mode = true", Delivery::Directory(out.clone()));
+        let test = campaigns(
+            "test-mode = true\nadmin-ranking = false",
+            Delivery::Directory(out.clone()),
+        );
         test.round(&store, NOW).await.unwrap();
         let sent = mails(&out);
         assert_eq!(sent.len(), 1);
@@ -526,10 +669,10 @@ mod tests {
 
         // The real campaign queues alice's mail, then the server dies before sending it (the
         // SMTP server is down): the next round sends that one message, and no second.
-        let down = campaigns("", super::super::smtp::unreachable());
+        let down = campaigns("admin-ranking = false", super::super::smtp::unreachable());
         let r = down.round(&store, NOW).await.unwrap();
         assert_eq!((r.mailed_users, r.sent.sent), (1, 0), "{r:?}");
-        let up = campaigns("", Delivery::Directory(out.clone()));
+        let up = campaigns("admin-ranking = false", Delivery::Directory(out.clone()));
         let r = up.round(&store, NOW + 60).await.unwrap();
         assert_eq!((r.mailed_users, r.sent.sent), (0, 1), "{r:?}");
         let to_alice = mails(&out)
