@@ -1,7 +1,8 @@
 //! Findings and the job report end to end on the real Slurm lab, with the exporter on the lab's
 //! cgroups, a stand-in Redfish BMC for the node's power, Debian's Prometheus, and Debian's
 //! chromium rendering the page headless with JavaScript off: a job that asks for 2 cores and
-//! sleeps gets the CPU-efficiency finding, one that burns both cores does not, and the owner's
+//! sleeps gets the CPU-efficiency finding, one that burns both cores does not, one thread on
+//! the two cores is diagnosed as serial code, and the owner's
 //! report page shows the finding and a drawn plot per series Prometheus has.
 
 mod common;
@@ -166,8 +167,13 @@ fn a_sleeping_job_gets_the_cpu_finding_and_its_report_renders_in_a_browser() {
         "alice",
         &format!("-J report-burn -c 2 --mem=200M --time=10 --wrap 'python3 {BURNER} 25 & python3 {BURNER} 25; wait'"),
     );
-    let _cancel = CancelOnDrop(vec![sleeper.clone(), burner.clone()]);
-    let ids = [sleeper.clone(), burner.clone()];
+    // One thread on two cores: a serial program.
+    let serial = submit(
+        "alice",
+        &format!("-J report-serial -c 2 --mem=200M --time=10 --wrap 'python3 {BURNER} 25'"),
+    );
+    let _cancel = CancelOnDrop(vec![sleeper.clone(), burner.clone(), serial.clone()]);
+    let ids = [sleeper.clone(), burner.clone(), serial.clone()];
     wait_jobs_gone(&ids, Duration::from_secs(180));
 
     let (server, _data) = start_stats_server(&prom.url());
@@ -181,7 +187,7 @@ fn a_sleeping_job_gets_the_cpu_finding_and_its_report_renders_in_a_browser() {
             let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
             v["data"][0]["aggregates_status"] == "done"
         };
-        done(&sleeper) && done(&burner)
+        done(&sleeper) && done(&burner) && done(&serial)
     });
     // The update loop computes findings right after aggregates; one more pass is enough.
     std::thread::sleep(Duration::from_secs(3));
@@ -190,6 +196,12 @@ fn a_sleeping_job_gets_the_cpu_finding_and_its_report_renders_in_a_browser() {
     println!("findings: sleeper {slept:?}, burner {burnt:?}");
     assert!(slept.contains(&"cpu_efficiency".to_owned()), "{slept:?}");
     assert!(!burnt.contains(&"cpu_efficiency".to_owned()), "{burnt:?}");
+    let one_thread = findings(&server, &serial);
+    println!("findings: serial {one_thread:?}");
+    assert!(one_thread.contains(&"serial_code".to_owned()), "{one_thread:?}");
+    for (job, said) in [(&sleeper, &slept), (&burner, &burnt)] {
+        assert!(!said.contains(&"serial_code".to_owned()), "{job}: {said:?}");
+    }
 
     // Auth on the page.
     let page = format!("/report/lab/{sleeper}");

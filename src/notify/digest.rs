@@ -85,6 +85,9 @@ fn found(id: &str, n: usize, t: &Thresholds) -> String {
     let pct = |v: f64| format!("{v:.0}%");
     match id {
         "job_failed" => format!("{jobs} failed"),
+        "serial_code" => format!("{jobs} ran serial code on several cores"),
+        "cores_per_gpu" => format!("{jobs} asked for more cores per GPU than used"),
+        "memory_per_gpu" => format!("{jobs} asked for more memory per GPU than used"),
         "memory_exhausted" => format!("{jobs} ran out of memory"),
         "gpu_unused" => format!("{jobs} never used {its} GPUs"),
         "gpu_low_use" => format!(

@@ -24,6 +24,11 @@ pub struct Thresholds {
     pub time_limit_min_seconds: f64,
     /// Emissions of a car per km, for the comparison of the `energy` finding.
     pub car_grams_per_km: f64,
+    /// Cores per GPU above which a GPU job that keeps fewer busy gets `cores_per_gpu`.
+    pub cores_per_gpu_above: f64,
+    /// Memory per GPU (bytes) above which a GPU job that peaks under it gets
+    /// `memory_per_gpu`.
+    pub memory_per_gpu_above_bytes: f64,
 }
 
 impl Default for Thresholds {
@@ -37,6 +42,8 @@ impl Default for Thresholds {
             time_limit_min_seconds: 3600.0,
             // The EU fleet average of new cars in 2023 (EEA): about 108 g/km.
             car_grams_per_km: 108.0,
+            cores_per_gpu_above: 16.0,
+            memory_per_gpu_above_bytes: 128.0 * 1024.0 * 1024.0 * 1024.0,
         }
     }
 }
@@ -138,6 +145,10 @@ fn finding(id: &str, severity: Severity, message: String, advice: String) -> Fin
     }
 }
 
+/// Mean cores busy that make a job on several cores look serial.
+const SERIAL_LOW: f64 = 0.75;
+const SERIAL_HIGH: f64 = 1.25;
+
 /// The findings of one job, most severe first.
 pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
     let mut out = Vec::new();
@@ -148,7 +159,22 @@ pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
     if job.alloc_cpus > 0 && job.aggregated_seconds > 0 && cpu_seen {
         let used = job.cpu_seconds / job.aggregated_seconds as f64;
         let efficiency = 100.0 * used / job.alloc_cpus as f64;
-        if efficiency < t.cpu_efficiency_below {
+        // One core busy of several: a serial program, whatever the efficiency threshold.
+        let serial = job.alloc_cpus >= 2 && (SERIAL_LOW..=SERIAL_HIGH).contains(&used);
+        if serial {
+            out.push(finding(
+                "serial_code",
+                Severity::Warning,
+                format!(
+                    "It kept {used:.1} of its {} CPU cores busy ({efficiency:.0}% CPU efficiency, near 1/{}): the program looks serial.",
+                    job.alloc_cpus, job.alloc_cpus
+                ),
+                format!(
+                    "Ask for one core ({}), or make the program use the others (threads, MPI ranks, a parallel library) if it can.",
+                    ask.cores
+                ),
+            ));
+        } else if efficiency < t.cpu_efficiency_below {
             out.push(finding(
                 "cpu_efficiency",
                 Severity::Warning,
@@ -237,6 +263,54 @@ pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
                 ),
             )),
             _ => {}
+        }
+    }
+    // Cores and memory per GPU, beyond what the job used of them.
+    if job.alloc_gpus > 0 {
+        let gpus = job.alloc_gpus as f64;
+        let per_gpu = job.alloc_cpus as f64 / gpus;
+        let cores_used = (job.aggregated_seconds > 0 && cpu_seen)
+            .then(|| job.cpu_seconds / job.aggregated_seconds as f64);
+        if per_gpu > t.cores_per_gpu_above
+            && cores_used.is_some_and(|u| u <= t.cores_per_gpu_above * gpus)
+        {
+            out.push(finding(
+                "cores_per_gpu",
+                Severity::Info,
+                format!(
+                    "It asked for {} cores for {} GPU(s), {per_gpu:.0} per GPU, and kept {:.1} busy.",
+                    job.alloc_cpus,
+                    job.alloc_gpus,
+                    cores_used.unwrap_or_default()
+                ),
+                format!(
+                    "Ask for at most {:.0} cores per GPU ({}): the other cores can serve jobs that need no GPU.",
+                    t.cores_per_gpu_above, ask.cores
+                ),
+            ));
+        }
+        let mem_per_gpu = job.alloc_mem_bytes as f64 / gpus;
+        if mem_per_gpu > t.memory_per_gpu_above_bytes
+            && job
+                .memory_peak_bytes
+                .is_some_and(|p| p <= t.memory_per_gpu_above_bytes * gpus)
+        {
+            out.push(finding(
+                "memory_per_gpu",
+                Severity::Info,
+                format!(
+                    "It asked for {} of memory for {} GPU(s), {} per GPU, and peaked at {}.",
+                    bytes(job.alloc_mem_bytes as f64),
+                    job.alloc_gpus,
+                    bytes(mem_per_gpu),
+                    bytes(job.memory_peak_bytes.unwrap_or_default())
+                ),
+                format!(
+                    "Ask for at most {} per GPU ({}): the rest of the node's memory can serve other jobs.",
+                    bytes(t.memory_per_gpu_above_bytes),
+                    ask.memory
+                ),
+            ));
         }
     }
     // Time limit.
@@ -429,15 +503,15 @@ mod tests {
     #[test]
     fn cpu_efficiency_needs_data_and_counts_only_covered_time() {
         let mut j = ended("COMPLETED");
-        j.cpu_seconds = 0.9 * 3600.0; // 0.9 of 4 cores: 22%
+        j.cpu_seconds = 0.6 * 3600.0; // 0.6 of 4 cores: 15%
         let f = evaluate(&j, &Thresholds::default());
         assert_eq!(f[0].id, "cpu_efficiency");
         assert!(
-            f[0].message.contains("0.9 of its 4 CPU cores"),
+            f[0].message.contains("0.6 of its 4 CPU cores"),
             "{}",
             f[0].message
         );
-        assert!(f[0].message.contains("22%"), "{}", f[0].message);
+        assert!(f[0].message.contains("15%"), "{}", f[0].message);
         // Zero elapsed / no series: not judged.
         j.aggregated_seconds = 0;
         assert!(!ids(&j).contains(&"cpu_efficiency".to_owned()));
@@ -448,13 +522,100 @@ mod tests {
         assert_eq!(ids(&running), ["cpu_efficiency"]);
         // Threshold from the configuration.
         let mut j = ended("COMPLETED");
-        j.cpu_seconds = 1.2 * 3600.0; // 30%
+        j.cpu_seconds = 1.4 * 3600.0; // 35%
         assert!(ids(&j).is_empty());
         let strict = Thresholds {
             cpu_efficiency_below: 50.0,
             ..Default::default()
         };
         assert_eq!(evaluate(&j, &strict)[0].id, "cpu_efficiency");
+    }
+
+    #[test]
+    fn one_core_busy_of_several_is_serial_code_and_not_also_low_efficiency() {
+        let mut j = ended("COMPLETED");
+        j.cpu_seconds = 3600.0; // 1.0 of 4 cores: 25%, near 1/4
+        let f = evaluate(&j, &Thresholds::default());
+        assert_eq!(
+            f.iter().map(|f| f.id.as_str()).collect::<Vec<_>>(),
+            ["serial_code"]
+        );
+        assert!(
+            f[0].message
+                .contains("kept 1.0 of its 4 CPU cores busy (25% CPU efficiency, near 1/4)"),
+            "{}",
+            f[0].message
+        );
+        assert!(f[0].advice.contains("-c / --ntasks"), "{}", f[0].advice);
+        // Two cores busy of four, or one core asked for and busy: not serial.
+        for (cpus, used) in [(4, 2.0), (1, 1.0)] {
+            let j = JobFacts {
+                alloc_cpus: cpus,
+                cpu_seconds: used * 3600.0,
+                ..ended("COMPLETED")
+            };
+            assert!(
+                !ids(&j).contains(&"serial_code".to_owned()),
+                "{cpus} {used}"
+            );
+        }
+        // No CPU series: no verdict.
+        let unseen = JobFacts {
+            cpu_seconds: 3600.0,
+            measured: 0,
+            ..ended("COMPLETED")
+        };
+        assert!(!ids(&unseen).contains(&"serial_code".to_owned()));
+    }
+
+    #[test]
+    fn a_gpu_job_asking_for_more_cores_or_memory_per_gpu_than_it_used_is_told_the_site_s_bound() {
+        let gib = (1u64 << 30) as f64;
+        let job = JobFacts {
+            alloc_cpus: 64,
+            alloc_gpus: 2,
+            alloc_mem_bytes: 512 << 30,
+            cpu_seconds: 20.0 * 3600.0, // 20 cores busy of 64, under 16 per GPU
+            memory_peak_bytes: Some(100.0 * gib),
+            mean_gpu_utilization: Some(0.9),
+            gpu_utilization_max: Some(1.0),
+            ..ended("COMPLETED")
+        };
+        let f = evaluate(&job, &Thresholds::default());
+        let cores = f.iter().find(|f| f.id == "cores_per_gpu").unwrap();
+        assert_eq!(
+            cores.message,
+            "It asked for 64 cores for 2 GPU(s), 32 per GPU, and kept 20.0 busy."
+        );
+        assert!(cores.advice.starts_with("Ask for at most 16 cores per GPU"));
+        let memory = f.iter().find(|f| f.id == "memory_per_gpu").unwrap();
+        assert_eq!(
+            memory.message,
+            "It asked for 512.0 GiB of memory for 2 GPU(s), 256.0 GiB per GPU, and peaked at 100.0 GiB."
+        );
+        // The cores were busy, the memory used: nothing to say.
+        let busy = JobFacts {
+            cpu_seconds: 60.0 * 3600.0,
+            memory_peak_bytes: Some(400.0 * gib),
+            ..job.clone()
+        };
+        let said = ids(&busy);
+        assert!(!said.contains(&"cores_per_gpu".to_owned()), "{said:?}");
+        assert!(!said.contains(&"memory_per_gpu".to_owned()), "{said:?}");
+        // Within the bounds: nothing either.
+        let small = JobFacts {
+            alloc_cpus: 16,
+            alloc_mem_bytes: 64 << 30,
+            cpu_seconds: 8.0 * 3600.0,
+            memory_peak_bytes: Some(40.0 * gib),
+            ..job
+        };
+        let said = ids(&small);
+        assert!(
+            !said.contains(&"cores_per_gpu".to_owned())
+                && !said.contains(&"memory_per_gpu".to_owned()),
+            "{said:?}"
+        );
     }
 
     #[test]

@@ -225,6 +225,9 @@ pub fn current(rules: &SharedRules) -> Arc<SiteRules> {
 /// Ids of the built-in findings, which a site rule may not take.
 const BUILT_IN: &[&str] = &[
     "cpu_efficiency",
+    "serial_code",
+    "cores_per_gpu",
+    "memory_per_gpu",
     "memory_exhausted",
     "memory_underused",
     "gpu_unused",
