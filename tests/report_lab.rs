@@ -198,7 +198,10 @@ fn a_sleeping_job_gets_the_cpu_finding_and_its_report_renders_in_a_browser() {
     assert!(!burnt.contains(&"cpu_efficiency".to_owned()), "{burnt:?}");
     let one_thread = findings(&server, &serial);
     println!("findings: serial {one_thread:?}");
-    assert!(one_thread.contains(&"serial_code".to_owned()), "{one_thread:?}");
+    assert!(
+        one_thread.contains(&"serial_code".to_owned()),
+        "{one_thread:?}"
+    );
     for (job, said) in [(&sleeper, &slept), (&burner, &burnt)] {
         assert!(!said.contains(&"serial_code".to_owned()), "{job}: {said:?}");
     }

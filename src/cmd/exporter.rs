@@ -75,6 +75,8 @@ pub fn opts() -> Vec<Opt> {
     opts.extend(collect::alloy_targets::options());
     opts.extend(crate::security::opts());
     opts.extend(config::log_opts());
+    // Two threads: a node's cores are its jobs'.
+    opts.extend(config::runtime::opts("2"));
     opts
 }
 
@@ -121,6 +123,7 @@ struct Tables {
     security: toml::Table,
     compat: toml::Table,
     discoverer: toml::Table,
+    runtime: toml::Table,
 }
 
 /// What the HTTP handler needs.
@@ -458,7 +461,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
 
     // Collectors block on files on their own threads; two workers serve HTTP.
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(config::runtime::worker_threads(&settings)?)
         .max_blocking_threads(64)
         .thread_name("ceems-exporter")
         .enable_all()

@@ -36,6 +36,7 @@ pub fn opts() -> Vec<Opt> {
     );
     opts.extend(crate::security::opts());
     opts.extend(config::log_opts());
+    opts.extend(config::runtime::opts("2"));
     opts
 }
 
@@ -84,7 +85,8 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         .with_security(web_security);
     tracing::info!(address = %web_settings.listen_address, "admission controller listening");
     let handler: web::Handler = Arc::new(|req| Box::pin(handle(req)));
-    web::serve_until_signal("ceems-admission", listener, options, handler)
+    let workers = config::runtime::worker_threads(&settings)?;
+    web::serve_until_signal("ceems-admission", workers, listener, options, handler)
         .with_context(|| format!("cannot serve on {}", web_settings.listen_address))?;
     Ok(ExitCode::SUCCESS)
 }

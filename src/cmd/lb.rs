@@ -123,6 +123,7 @@ pub fn opts() -> Vec<Opt> {
     ]);
     opts.extend(crate::security::opts());
     opts.extend(config::log_opts());
+    opts.extend(config::runtime::opts("0"));
     opts
 }
 
@@ -396,7 +397,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         .with_security(web::toolkit::WebSecurity::from_settings(&settings)?)
         .with_munge(web::munge_auth(&settings, &user_header)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(config::runtime::worker_threads(&settings)?)
         .thread_name("ceems-lb")
         .enable_all()
         .build()

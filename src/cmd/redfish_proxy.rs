@@ -83,6 +83,7 @@ pub fn opts() -> Vec<Opt> {
     ]);
     opts.extend(crate::security::opts());
     opts.extend(config::log_opts());
+    opts.extend(config::runtime::opts("2"));
     opts
 }
 
@@ -209,7 +210,8 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         let proxy = Arc::clone(&proxy);
         Box::pin(proxy.handle(req))
     });
-    web::serve_until_signal("ceems-redfish-proxy", listener, options, handler)
+    let workers = config::runtime::worker_threads(&settings)?;
+    web::serve_until_signal("ceems-redfish-proxy", workers, listener, options, handler)
         .with_context(|| format!("cannot serve on {}", web_settings.listen_address))?;
     Ok(ExitCode::SUCCESS)
 }

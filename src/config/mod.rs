@@ -14,6 +14,7 @@ pub mod http_client;
 mod lb_yaml;
 mod opt;
 pub mod redfish_proxy_yaml;
+pub mod runtime;
 mod spelling;
 
 pub use opt::{Kind, Opt};

@@ -87,17 +87,18 @@ pub fn into_async(listener: std::net::TcpListener) -> std::io::Result<TcpListene
     TcpListener::from_std(listener)
 }
 
-/// Serves `handler` on `listener` until SIGTERM or SIGINT, on a two-thread runtime of its own
-/// named `thread_name`: for the servers that do nothing but answer (the Redfish proxy, the
-/// admission webhook).
+/// Serves `handler` on `listener` until SIGTERM or SIGINT, on a runtime of its own of
+/// `workers` threads named `thread_name`: for the servers that do nothing but answer (the
+/// Redfish proxy, the admission webhook).
 pub fn serve_until_signal(
     thread_name: &str,
+    workers: usize,
     listener: std::net::TcpListener,
     options: ServeOptions,
     handler: Handler,
 ) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .thread_name(thread_name)
         .enable_all()
         .build()?;

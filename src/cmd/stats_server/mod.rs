@@ -315,6 +315,7 @@ pub fn opts() -> Vec<Opt> {
     opts.extend(super::mail_opts::opts("notify."));
     opts.extend(crate::security::opts());
     opts.extend(config::log_opts());
+    opts.extend(config::runtime::opts("0"));
     opts
 }
 
@@ -494,8 +495,9 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         .collect::<anyhow::Result<_>>()?;
     let sources = Arc::new(sources);
 
+    let workers = config::runtime::worker_threads(&settings)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .thread_name("ceems-stats-server")
         .enable_all()
         .build()
@@ -513,7 +515,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 .await
                 .with_context(|| format!("recording cluster `{}`", s.cluster.id))?;
         }
-        tracing::info!(db = %db_name, clusters = sources.len(), admins = admins.len(), "stats-server started");
+        tracing::info!(db = %db_name, clusters = sources.len(), admins = admins.len(), workers, "stats-server started");
         let refresh = Arc::new(JobRefresh::new(
             Arc::clone(&store),
             sources
