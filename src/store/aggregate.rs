@@ -45,6 +45,9 @@ pub struct Queries {
     pub memory_peak_bytes: String,
     pub memory_fail_count: String,
     pub gpu_utilization_max: String,
+    /// Per-node CPU seconds of an ended multi-node job over its life ([`crate::store::nodes`]):
+    /// its `uuid` label is `job/hostname/cgrouphostname`.
+    pub node_cpu_seconds: String,
     /// CEEMS's queries: series → sub-key → template with `{{.UUIDs}}` (and `{{.Range}}`,
     /// `{{.ScrapeInterval}}`, `{{.RateInterval}}`, `{{.EvaluationInterval}}`). A series named
     /// `avg_…` is a mean weighted by time over the windows, any other a total.
@@ -70,6 +73,7 @@ impl Queries {
             memory_peak_bytes: off(),
             memory_fail_count: off(),
             gpu_utilization_max: off(),
+            node_cpu_seconds: off(),
             series,
         }
     }
@@ -116,6 +120,9 @@ impl Default for Queries {
             ),
             gpu_utilization_max: q(
                 r#"max by (uuid) (max_over_time(ceems_compute_unit_gpu_utilization_ratio{uuid=~"$uuids"}[$range]))"#,
+            ),
+            node_cpu_seconds: q(
+                r#"label_join(sum by (uuid, hostname, cgrouphostname) (increase(ceems_compute_unit_cpu_user_seconds_total{uuid=~"$uuids"}[$range]) + increase(ceems_compute_unit_cpu_system_seconds_total{uuid=~"$uuids"}[$range])), "uuid", "/", "uuid", "hostname", "cgrouphostname")"#,
             ),
             series: Default::default(),
         }
@@ -169,11 +176,17 @@ impl Queries {
                 }
             }
         }
-        for (field, _, q) in self.list() {
+        let nodes = ("node_cpu_seconds", &self.node_cpu_seconds);
+        for (field, q) in self
+            .list()
+            .map(|(f, _, q)| (format!("{f:?}"), q))
+            .into_iter()
+            .chain(std::iter::once((nodes.0.to_owned(), nodes.1.as_str())))
+        {
             let complete = q.contains("$uuids") && q.contains("$range");
             if !q.is_empty() && !complete {
                 return Err(format!(
-                    "prometheus query {field:?} must contain $uuids and $range: {q}"
+                    "prometheus query {field} must contain $uuids and $range: {q}"
                 ));
             }
         }
@@ -467,7 +480,7 @@ pub async fn update(
 }
 
 /// One instant query, off the async threads (the client blocks).
-async fn ask(
+pub(crate) async fn ask(
     prometheus: std::sync::Arc<dyn Prometheus>,
     promql: String,
     now: i64,

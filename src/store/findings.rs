@@ -29,6 +29,11 @@ pub struct Thresholds {
     /// Memory per GPU (bytes) above which a GPU job that peaks under it gets
     /// `memory_per_gpu`.
     pub memory_per_gpu_above_bytes: f64,
+    /// A node of a multi-node job is idle when its CPU time is under this share of the
+    /// busiest node's.
+    pub idle_node_share_below: f64,
+    /// A CPU job on several nodes with at most this many cores per node gets `thin_spread`.
+    pub thin_spread_cores_per_node: f64,
 }
 
 impl Default for Thresholds {
@@ -44,6 +49,8 @@ impl Default for Thresholds {
             car_grams_per_km: 108.0,
             cores_per_gpu_above: 16.0,
             memory_per_gpu_above_bytes: 128.0 * 1024.0 * 1024.0 * 1024.0,
+            idle_node_share_below: 0.05,
+            thin_spread_cores_per_node: 2.0,
         }
     }
 }
@@ -86,8 +93,10 @@ pub struct JobFacts {
     pub project: String,
     pub partition: String,
     pub qos: String,
-    /// The manager's node list (`n[1-2]`).
+    /// The job's nodes, comma-separated (`n1,n2`).
     pub nodes: String,
+    /// CPU seconds of each node of a multi-node job over its life (empty: not known).
+    pub node_cpu_seconds: Vec<(String, f64)>,
     pub state: String,
     pub exit_code: String,
     pub ended: bool,
@@ -313,6 +322,7 @@ pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
             ));
         }
     }
+    nodes(job, t, &ask, &mut out);
     // Time limit.
     if let (true, Some(limit)) = (job.ended, job.time_limit_seconds) {
         if limit as f64 >= t.time_limit_min_seconds && job.state == "COMPLETED" {
@@ -395,6 +405,67 @@ pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
     }
     out.sort_by_key(|f| std::cmp::Reverse(f.severity));
     out
+}
+
+/// Busiest node's CPU seconds under which a multi-node job is not judged for idle nodes: a
+/// job that did little did it on no node in particular.
+const IDLE_NODES_MIN_BUSY_SECONDS: f64 = 60.0;
+
+/// Multi-node jobs: nodes that did nothing, and cores or GPUs spread thin over nodes.
+fn nodes(
+    job: &JobFacts,
+    t: &Thresholds,
+    ask: &crate::manager::RequestWords,
+    out: &mut Vec<Finding>,
+) {
+    let count = job.nodes.split(',').filter(|n| !n.is_empty()).count();
+    if count < 2 {
+        return;
+    }
+    let busiest = job
+        .node_cpu_seconds
+        .iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    if let Some((top, top_seconds)) = busiest.filter(|b| b.1 >= IDLE_NODES_MIN_BUSY_SECONDS) {
+        let idle: Vec<&(String, f64)> = job
+            .node_cpu_seconds
+            .iter()
+            .filter(|(_, s)| *s < t.idle_node_share_below * top_seconds)
+            .collect();
+        if !idle.is_empty() {
+            let listed: Vec<String> = idle
+                .iter()
+                .take(10)
+                .map(|(n, s)| format!("{n} ({s:.1} CPU core-seconds)"))
+                .collect();
+            out.push(finding(
+                "idle_nodes",
+                Severity::Warning,
+                format!(
+                    "{} of its {count} nodes did almost nothing: {}{}, against {top_seconds:.0} on {top}.",
+                    idle.len(),
+                    listed.join(", "),
+                    if idle.len() > 10 { ", …" } else { "" }
+                ),
+                "Check that the program starts on every node it asks for (srun, or mpirun with the job's host list), or ask for fewer nodes.".to_owned(),
+            ));
+        }
+    }
+    let per_node = job.alloc_cpus as f64 / count as f64;
+    let (what, amount, per) = match job.alloc_gpus {
+        0 if per_node <= t.thin_spread_cores_per_node => ("cores", job.alloc_cpus, per_node),
+        g if g >= 2 && g as f64 / count as f64 <= 1.0 => ("GPUs", g, g as f64 / count as f64),
+        _ => return,
+    };
+    out.push(finding(
+        "thin_spread",
+        Severity::Info,
+        format!("It spread {amount} {what} over {count} nodes ({per:.1} per node)."),
+        format!(
+            "Ask for them on fewer nodes ({}, with the nodes' count): work within a node talks faster, and whole nodes stay free for jobs that need them.",
+            if what == "GPUs" { ask.gpus } else { ask.cores }
+        ),
+    ));
 }
 
 #[cfg(test)]
@@ -616,6 +687,72 @@ mod tests {
                 && !said.contains(&"memory_per_gpu".to_owned()),
             "{said:?}"
         );
+    }
+
+    #[test]
+    fn a_node_of_a_multi_node_job_that_did_nothing_is_named_with_its_figures() {
+        let two = |n2: f64| JobFacts {
+            nodes: "n1,n2".into(),
+            alloc_cpus: 8,
+            cpu_seconds: 4.0 * 3600.0,
+            node_cpu_seconds: vec![("n1".into(), 4.0 * 3600.0), ("n2".into(), n2)],
+            ..ended("COMPLETED")
+        };
+        let f = evaluate(&two(3.0), &Thresholds::default());
+        let idle = f.iter().find(|f| f.id == "idle_nodes").unwrap();
+        assert_eq!(idle.severity, Severity::Warning);
+        assert_eq!(
+            idle.message,
+            "1 of its 2 nodes did almost nothing: n2 (3.0 CPU core-seconds), against 14400 on n1."
+        );
+        // Both nodes busy; no per-node figures; a job that did little anywhere: not said.
+        assert!(!ids(&two(3600.0)).contains(&"idle_nodes".to_owned()));
+        let unknown = JobFacts {
+            node_cpu_seconds: vec![],
+            ..two(0.0)
+        };
+        assert!(!ids(&unknown).contains(&"idle_nodes".to_owned()));
+        let little = JobFacts {
+            node_cpu_seconds: vec![("n1".into(), 30.0), ("n2".into(), 0.0)],
+            ..two(0.0)
+        };
+        assert!(!ids(&little).contains(&"idle_nodes".to_owned()));
+    }
+
+    #[test]
+    fn cores_or_gpus_spread_one_or_two_per_node_are_said_once_per_job() {
+        let spread = |cpus: i64, gpus: i64, nodes: &str| JobFacts {
+            nodes: nodes.into(),
+            alloc_cpus: cpus,
+            alloc_gpus: gpus,
+            cpu_seconds: cpus as f64 * 3600.0,
+            mean_gpu_utilization: Some(0.9),
+            gpu_utilization_max: Some(1.0),
+            ..ended("COMPLETED")
+        };
+        let f = evaluate(&spread(4, 0, "n1,n2,n3,n4"), &Thresholds::default());
+        let thin = f.iter().find(|f| f.id == "thin_spread").unwrap();
+        assert_eq!(
+            thin.message,
+            "It spread 4 cores over 4 nodes (1.0 per node)."
+        );
+        assert!(thin.advice.contains("-c / --ntasks"), "{}", thin.advice);
+        let gpus = evaluate(&spread(64, 4, "n1,n2,n3,n4"), &Thresholds::default());
+        let thin = gpus.iter().find(|f| f.id == "thin_spread").unwrap();
+        assert_eq!(
+            thin.message,
+            "It spread 4 GPUs over 4 nodes (1.0 per node)."
+        );
+        for packed in [
+            spread(64, 0, "n1,n2"),
+            spread(4, 0, "n1"),
+            spread(64, 8, "n1,n2"),
+        ] {
+            assert!(
+                !ids(&packed).contains(&"thin_spread".to_owned()),
+                "{packed:?}"
+            );
+        }
     }
 
     #[test]

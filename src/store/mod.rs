@@ -7,6 +7,7 @@ pub mod api_yield;
 pub mod db;
 pub mod findings;
 pub mod ingest;
+pub mod nodes;
 pub mod prometheus;
 pub mod refresh;
 pub mod report;

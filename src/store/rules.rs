@@ -53,6 +53,8 @@ struct JobView<'a> {
     partition: &'a str,
     qos: &'a str,
     nodes: &'a str,
+    node_count: i64,
+    node_cpu_seconds: Option<std::collections::BTreeMap<&'a str, f64>>,
     state: &'a str,
     exit_code: &'a str,
     ended: bool,
@@ -84,6 +86,8 @@ pub const JOB_FIELDS: &[&str] = &[
     "partition",
     "qos",
     "nodes",
+    "node_count",
+    "node_cpu_seconds",
     "state",
     "exit_code",
     "ended",
@@ -154,6 +158,13 @@ fn view(job: &JobFacts) -> JobView<'_> {
         partition: &job.partition,
         qos: &job.qos,
         nodes: &job.nodes,
+        node_count: job.nodes.split(',').filter(|n| !n.is_empty()).count() as i64,
+        node_cpu_seconds: (!job.node_cpu_seconds.is_empty()).then(|| {
+            job.node_cpu_seconds
+                .iter()
+                .map(|(n, s)| (n.as_str(), *s))
+                .collect()
+        }),
         state: &job.state,
         exit_code: &job.exit_code,
         ended: job.ended,
@@ -226,6 +237,8 @@ pub fn current(rules: &SharedRules) -> Arc<SiteRules> {
 const BUILT_IN: &[&str] = &[
     "cpu_efficiency",
     "serial_code",
+    "idle_nodes",
+    "thin_spread",
     "cores_per_gpu",
     "memory_per_gpu",
     "memory_exhausted",

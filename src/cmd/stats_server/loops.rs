@@ -323,6 +323,21 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                         tracing::warn!(cluster = id, error = %e, "aggregates not updated; retried at the next interval");
                     }
                 }
+                let template = &s.queries.as_ref().unwrap_or(&queries).node_cpu_seconds;
+                let prometheus = Arc::clone(prometheus) as Arc<dyn Prometheus>;
+                match crate::store::nodes::update(&store, prometheus, template, id, unix_now())
+                    .await
+                {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(
+                        cluster = id,
+                        jobs = n,
+                        "per-node CPU time of multi-node jobs stored"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(cluster = id, error = %e, "per-node CPU time not stored; retried at the next interval")
+                    }
+                }
             }
             match store
                 .refresh_findings(

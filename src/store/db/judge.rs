@@ -1,6 +1,8 @@
 //! The findings pass: the built-in rules and the site's over the jobs of a cluster, a page of
 //! rows at a time, stored with each job.
 
+use std::collections::BTreeMap;
+
 use super::{Store, StoreError};
 use crate::store::findings::{evaluate, JobFacts, Thresholds};
 use crate::store::rules::SiteRules;
@@ -88,7 +90,7 @@ impl Store {
                         aggregated_seconds, cpu_seconds, memory_peak_bytes, memory_fail_count,
                         CASE WHEN gpu_utilization_max IS NULL THEN NULL ELSE mean_gpu_utilization END,
                         gpu_utilization_max, host_energy_joules, gpu_energy_joules, emissions_grams,
-                        measured, name, usr, project, partition, qos, nodes
+                        measured, name, usr, project, partition, qos, nodes, node_cpu_seconds
                  FROM units
                  WHERE id > $2 AND {cluster_col} = $1 AND started_at > 0 AND {which_sql}
                  ORDER BY id LIMIT $3"
@@ -134,6 +136,11 @@ impl Store {
                     partition: r.get(22)?,
                     qos: r.get(23)?,
                     nodes: r.get(24)?,
+                    node_cpu_seconds: r
+                        .get::<Option<String>>(25)?
+                        .and_then(|j| serde_json::from_str::<BTreeMap<String, f64>>(&j).ok())
+                        .map(|m| m.into_iter().collect())
+                        .unwrap_or_default(),
                 };
                 let mut found = evaluate(&facts, thresholds);
                 found.extend(rules.evaluate(&facts));

@@ -7,6 +7,7 @@ mod ceems_import;
 mod changes;
 mod connect;
 mod judge;
+mod nodes;
 mod retention;
 #[doc(hidden)]
 pub mod testing;
@@ -28,6 +29,7 @@ pub use aggregates::{
     measured, merge_series, AggregateDelta, AggregateTarget, SeriesFold, SeriesWeights, USAGE_SUMS,
 };
 pub use connect::{describe_postgres_url, is_postgres_url};
+pub use nodes::NodesDue;
 pub use retention::{backup_name, prune_backups};
 pub use tx::Lease;
 

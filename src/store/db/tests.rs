@@ -115,6 +115,38 @@ async fn a_rerun_judges_again_only_the_jobs_that_ended_in_its_window() {
     assert!(!findings("11").await.contains("tiny"));
 }
 
+/// Only ended multi-node jobs with their aggregates done are due for per-node figures, once;
+/// the figures stored have the job judged again.
+#[tokio::test]
+async fn per_node_figures_are_asked_once_per_ended_multi_node_job_and_judged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = testing::store(tmp.path()).await;
+    let jobs = numbered_jobs(2, |i, line| match i {
+        0 => line.replace("|localhost|", "|n[1-2]|"),
+        _ => line,
+    });
+    store.ingest("lab", &jobs, 100, 1).await.unwrap();
+    store
+        .execute(&Sql::new("UPDATE units SET aggregates_status = 'done'"))
+        .await
+        .unwrap();
+    let due = store.multi_node_jobs_due("lab", 10).await.unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].uuid, "10");
+    let t = crate::store::findings::Thresholds::default();
+    let none = crate::store::rules::SiteRules::default();
+    store.refresh_findings("lab", &t, &none, 2).await.unwrap();
+    store
+        .set_node_cpu_seconds(&[(due[0].row, r#"{"n1":900.0,"n2":0.0}"#.to_owned())])
+        .await
+        .unwrap();
+    assert!(store.multi_node_jobs_due("lab", 10).await.unwrap().is_empty());
+    assert_eq!(store.refresh_findings("lab", &t, &none, 3).await.unwrap(), 1);
+    let q = Sql::new("SELECT coalesce(findings, '') FROM units WHERE uuid = '10'");
+    let found: String = store.fetch_one(&q).await.unwrap().get(0).unwrap();
+    assert!(found.contains("idle_nodes") && found.contains("n2 (0.0 CPU core-seconds)"), "{found}");
+}
+
 /// A pod that failed with a timeout is told to change its activeDeadlineSeconds, not
 /// Slurm's --time; a Slurm job of the same database keeps Slurm's words.
 #[tokio::test]
