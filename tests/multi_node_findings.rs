@@ -117,12 +117,14 @@ fn a_two_node_job_with_an_idle_node_is_told_which_and_a_busy_one_is_not() {
     let idle = findings(&server, "7");
     let said = &idle.iter().find(|f| f.0 == "idle_nodes").unwrap().1;
     assert!(
-        said.starts_with("1 of its 2 nodes did almost nothing: n2 (")
-            && said.contains(" on n1."),
+        said.starts_with("1 of its 2 nodes did almost nothing: n2 (") && said.contains(" on n1."),
         "{said}"
     );
     let busy = findings(&server, "8");
     assert!(!busy.iter().any(|f| f.0 == "idle_nodes"), "{busy:?}");
     // Four cores per node: not spread thin.
-    assert!(!idle.iter().chain(&busy).any(|f| f.0 == "thin_spread"), "{idle:?}");
+    assert!(
+        !idle.iter().chain(&busy).any(|f| f.0 == "thin_spread"),
+        "{idle:?}"
+    );
 }

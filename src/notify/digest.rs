@@ -88,6 +88,7 @@ fn found(id: &str, n: usize, t: &Thresholds) -> String {
         "serial_code" => format!("{jobs} ran serial code on several cores"),
         "idle_nodes" => format!("{jobs} left some of {its} nodes idle"),
         "thin_spread" => format!("{jobs} spread thin over nodes"),
+        "mig_fit" => format!("{jobs} would fit a MIG slice"),
         "cores_per_gpu" => format!("{jobs} asked for more cores per GPU than used"),
         "memory_per_gpu" => format!("{jobs} asked for more memory per GPU than used"),
         "memory_exhausted" => format!("{jobs} ran out of memory"),

@@ -45,6 +45,8 @@ pub struct Queries {
     pub memory_peak_bytes: String,
     pub memory_fail_count: String,
     pub gpu_utilization_max: String,
+    /// The highest GPU memory of the job on any GPU, in bytes.
+    pub gpu_memory_peak_bytes: String,
     /// Per-node CPU seconds of an ended multi-node job over its life ([`crate::store::nodes`]):
     /// its `uuid` label is `job/hostname/cgrouphostname`.
     pub node_cpu_seconds: String,
@@ -73,6 +75,7 @@ impl Queries {
             memory_peak_bytes: off(),
             memory_fail_count: off(),
             gpu_utilization_max: off(),
+            gpu_memory_peak_bytes: off(),
             node_cpu_seconds: off(),
             series,
         }
@@ -121,6 +124,9 @@ impl Default for Queries {
             gpu_utilization_max: q(
                 r#"max by (uuid) (max_over_time(ceems_compute_unit_gpu_utilization_ratio{uuid=~"$uuids"}[$range]))"#,
             ),
+            gpu_memory_peak_bytes: q(
+                r#"max by (uuid) (max_over_time(ceems_compute_unit_gpu_memory_used_bytes{uuid=~"$uuids"}[$range]))"#,
+            ),
             node_cpu_seconds: q(
                 r#"label_join(sum by (uuid, hostname, cgrouphostname) (increase(ceems_compute_unit_cpu_user_seconds_total{uuid=~"$uuids"}[$range]) + increase(ceems_compute_unit_cpu_system_seconds_total{uuid=~"$uuids"}[$range])), "uuid", "/", "uuid", "hostname", "cgrouphostname")"#,
             ),
@@ -144,10 +150,11 @@ enum Field {
     MemoryPeak,
     MemoryFails,
     GpuUtilizationMax,
+    GpuMemoryPeak,
 }
 
 impl Queries {
-    fn list(&self) -> [(Field, AggregateKind, &str); 12] {
+    fn list(&self) -> [(Field, AggregateKind, &str); 13] {
         use AggregateKind::*;
         [
             (Field::CpuSeconds, Total, &self.cpu_seconds),
@@ -162,6 +169,7 @@ impl Queries {
             (Field::MemoryPeak, Max, &self.memory_peak_bytes),
             (Field::MemoryFails, Max, &self.memory_fail_count),
             (Field::GpuUtilizationMax, Max, &self.gpu_utilization_max),
+            (Field::GpuMemoryPeak, Max, &self.gpu_memory_peak_bytes),
         ]
     }
 
@@ -608,6 +616,7 @@ async fn query_batch(
                     Field::MemoryPeak => d.memory_peak_bytes = Some(add),
                     Field::MemoryFails => d.memory_fail_count = Some(add),
                     Field::GpuUtilizationMax => d.gpu_utilization_max = Some(add),
+                    Field::GpuMemoryPeak => d.gpu_memory_peak_bytes = Some(add),
                 }
             }
         }
@@ -818,6 +827,16 @@ mod tests {
         assert_eq!(row.1, 100.0 * 1500.0);
         assert_eq!(row.2, 1073741824.0);
         assert_eq!((row.3, row.4.as_str(), row.5), (1500, "done", 2500));
+        // The GPU memory peak is the highest window's.
+        let peak: Option<f64> = store
+            .fetch_one(&Sql::new(
+                "SELECT gpu_memory_peak_bytes FROM units WHERE uuid = '1'",
+            ))
+            .await
+            .unwrap()
+            .get(0)
+            .unwrap();
+        assert_eq!(peak, Some(1073741824.0));
 
         // Done jobs are not asked again.
         fake.asked.lock().unwrap().clear();

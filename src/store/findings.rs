@@ -34,6 +34,12 @@ pub struct Thresholds {
     pub idle_node_share_below: f64,
     /// A CPU job on several nodes with at most this many cores per node gets `thin_spread`.
     pub thin_spread_cores_per_node: f64,
+    /// Memory of the site's smallest MIG slice (bytes; 0: the site has none): a one-GPU job
+    /// that peaked under it and kept its GPU under `mig-utilization-below` gets `mig_fit`.
+    pub mig_memory_bytes: f64,
+    pub mig_utilization_below: f64,
+    /// How a user asks for that slice (`--gres=gpu:1g.10gb:1`), said in the advice.
+    pub mig_request: String,
 }
 
 impl Default for Thresholds {
@@ -51,6 +57,10 @@ impl Default for Thresholds {
             memory_per_gpu_above_bytes: 128.0 * 1024.0 * 1024.0 * 1024.0,
             idle_node_share_below: 0.05,
             thin_spread_cores_per_node: 2.0,
+            // An H100's or H200's 1g slice; 0 where the site has no MIG.
+            mig_memory_bytes: 10.0 * 1024.0 * 1024.0 * 1024.0,
+            mig_utilization_below: 15.0,
+            mig_request: String::new(),
         }
     }
 }
@@ -112,6 +122,8 @@ pub struct JobFacts {
     pub memory_fail_count: Option<f64>,
     pub mean_gpu_utilization: Option<f64>,
     pub gpu_utilization_max: Option<f64>,
+    /// The highest GPU memory it used on one GPU.
+    pub gpu_memory_peak_bytes: Option<f64>,
     pub host_energy_joules: f64,
     pub gpu_energy_joules: f64,
     pub emissions_grams: f64,
@@ -323,6 +335,31 @@ pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
         }
     }
     nodes(job, t, &ask, &mut out);
+    // A small GPU job: a MIG slice would do.
+    if let (1, true, Some(max), Some(mean), Some(peak)) = (
+        job.alloc_gpus,
+        job.ended,
+        job.gpu_utilization_max,
+        job.mean_gpu_utilization,
+        job.gpu_memory_peak_bytes,
+    ) {
+        if max > 0.0 && 100.0 * mean < t.mig_utilization_below && peak <= t.mig_memory_bytes {
+            out.push(finding(
+                "mig_fit",
+                Severity::Info,
+                format!(
+                    "It kept its GPU {:.0}% busy on average and used at most {} of its memory: a MIG slice of {} would have done.",
+                    100.0 * mean,
+                    bytes(peak),
+                    bytes(t.mig_memory_bytes)
+                ),
+                match t.mig_request.as_str() {
+                    "" => format!("Ask for a MIG slice instead of a whole GPU ({}; your admins name the slices): the rest of the GPU serves others.", ask.gpus),
+                    request => format!("Ask for a MIG slice instead of a whole GPU (`{request}`): the rest of the GPU serves others."),
+                },
+            ));
+        }
+    }
     // Time limit.
     if let (true, Some(limit)) = (job.ended, job.time_limit_seconds) {
         if limit as f64 >= t.time_limit_min_seconds && job.state == "COMPLETED" {
@@ -753,6 +790,64 @@ mod tests {
                 "{packed:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_small_one_gpu_job_is_told_a_mig_slice_would_do() {
+        let gib = (1u64 << 30) as f64;
+        let small = JobFacts {
+            alloc_gpus: 1,
+            mean_gpu_utilization: Some(0.08),
+            gpu_utilization_max: Some(0.4),
+            gpu_memory_peak_bytes: Some(6.0 * gib),
+            ..ended("COMPLETED")
+        };
+        let f = evaluate(&small, &Thresholds::default());
+        let mig = f.iter().find(|f| f.id == "mig_fit").unwrap();
+        assert_eq!(
+            mig.message,
+            "It kept its GPU 8% busy on average and used at most 6.0 GiB of its memory: a MIG slice of 10.0 GiB would have done."
+        );
+        assert!(mig.advice.contains("--gres=gpu"), "{}", mig.advice);
+        let named = Thresholds {
+            mig_request: "--gres=gpu:1g.10gb:1".into(),
+            ..Default::default()
+        };
+        let f = evaluate(&small, &named);
+        assert!(f
+            .iter()
+            .any(|f| f.id == "mig_fit" && f.advice.contains("`--gres=gpu:1g.10gb:1`")));
+        // Too much memory, a busy GPU, two GPUs, an unused GPU, no memory figure, no MIG: no.
+        for other in [
+            JobFacts {
+                gpu_memory_peak_bytes: Some(30.0 * gib),
+                ..small.clone()
+            },
+            JobFacts {
+                mean_gpu_utilization: Some(0.6),
+                ..small.clone()
+            },
+            JobFacts {
+                alloc_gpus: 2,
+                ..small.clone()
+            },
+            JobFacts {
+                gpu_utilization_max: Some(0.0),
+                mean_gpu_utilization: Some(0.0),
+                ..small.clone()
+            },
+            JobFacts {
+                gpu_memory_peak_bytes: None,
+                ..small.clone()
+            },
+        ] {
+            assert!(!ids(&other).contains(&"mig_fit".to_owned()), "{other:?}");
+        }
+        let no_mig = Thresholds {
+            mig_memory_bytes: 0.0,
+            ..Default::default()
+        };
+        assert!(!evaluate(&small, &no_mig).iter().any(|f| f.id == "mig_fit"));
     }
 
     #[test]

@@ -38,6 +38,7 @@ async fn aggregated_api() -> (Api, tempfile::TempDir) {
             mean_memory_bytes: Some(536_870_912.0),
             mean_gpu_utilization: Some(0.5),
             memory_peak_bytes: None,
+            gpu_memory_peak_bytes: None,
             memory_fail_count: None,
             gpu_utilization_max: None,
             series: Vec::new(),

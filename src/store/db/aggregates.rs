@@ -39,6 +39,7 @@ pub struct AggregateDelta {
     pub memory_peak_bytes: Option<f64>,
     pub memory_fail_count: Option<f64>,
     pub gpu_utilization_max: Option<f64>,
+    pub gpu_memory_peak_bytes: Option<f64>,
     /// Values of CEEMS's series queries for this window: (series, sub-key, value).
     pub series: Vec<(String, String, f64)>,
     /// The [`measured`] figures Prometheus answered for this job in this window.
@@ -368,6 +369,9 @@ impl Store {
                     gpu_utilization_max = CASE WHEN $17 IS NULL THEN gpu_utilization_max
                         WHEN gpu_utilization_max IS NULL OR $17 > gpu_utilization_max THEN $17
                         ELSE gpu_utilization_max END,
+                    gpu_memory_peak_bytes = CASE WHEN $21 IS NULL THEN gpu_memory_peak_bytes
+                        WHEN gpu_memory_peak_bytes IS NULL OR $21 > gpu_memory_peak_bytes THEN $21
+                        ELSE gpu_memory_peak_bytes END,
                     aggregates_until = $12,
                     aggregates_status = CASE WHEN $13 THEN 'done' ELSE 'partial' END,
                     aggregates_updated_at = $14,
@@ -394,7 +398,8 @@ impl Store {
             .arg(d.gpu_utilization_max)
             .arg(d.counted_until)
             .arg(series)
-            .arg(d.measured);
+            .arg(d.measured)
+            .arg(d.gpu_memory_peak_bytes);
             tx.execute(&q).await?;
         }
         tx.commit().await?;

@@ -90,7 +90,8 @@ impl Store {
                         aggregated_seconds, cpu_seconds, memory_peak_bytes, memory_fail_count,
                         CASE WHEN gpu_utilization_max IS NULL THEN NULL ELSE mean_gpu_utilization END,
                         gpu_utilization_max, host_energy_joules, gpu_energy_joules, emissions_grams,
-                        measured, name, usr, project, partition, qos, nodes, node_cpu_seconds
+                        measured, name, usr, project, partition, qos, nodes, node_cpu_seconds,
+                        gpu_memory_peak_bytes
                  FROM units
                  WHERE id > $2 AND {cluster_col} = $1 AND started_at > 0 AND {which_sql}
                  ORDER BY id LIMIT $3"
@@ -141,6 +142,7 @@ impl Store {
                         .and_then(|j| serde_json::from_str::<BTreeMap<String, f64>>(&j).ok())
                         .map(|m| m.into_iter().collect())
                         .unwrap_or_default(),
+                    gpu_memory_peak_bytes: r.get(26)?,
                 };
                 let mut found = evaluate(&facts, thresholds);
                 found.extend(rules.evaluate(&facts));

@@ -140,11 +140,21 @@ async fn per_node_figures_are_asked_once_per_ended_multi_node_job_and_judged() {
         .set_node_cpu_seconds(&[(due[0].row, r#"{"n1":900.0,"n2":0.0}"#.to_owned())])
         .await
         .unwrap();
-    assert!(store.multi_node_jobs_due("lab", 10).await.unwrap().is_empty());
-    assert_eq!(store.refresh_findings("lab", &t, &none, 3).await.unwrap(), 1);
+    assert!(store
+        .multi_node_jobs_due("lab", 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store.refresh_findings("lab", &t, &none, 3).await.unwrap(),
+        1
+    );
     let q = Sql::new("SELECT coalesce(findings, '') FROM units WHERE uuid = '10'");
     let found: String = store.fetch_one(&q).await.unwrap().get(0).unwrap();
-    assert!(found.contains("idle_nodes") && found.contains("n2 (0.0 CPU core-seconds)"), "{found}");
+    assert!(
+        found.contains("idle_nodes") && found.contains("n2 (0.0 CPU core-seconds)"),
+        "{found}"
+    );
 }
 
 /// A pod that failed with a timeout is told to change its activeDeadlineSeconds, not
