@@ -48,7 +48,7 @@ pub struct Queries {
     /// The highest GPU memory of the job on any GPU, in bytes.
     pub gpu_memory_peak_bytes: String,
     /// Per-node CPU seconds of an ended multi-node job over its life ([`crate::store::nodes`]):
-    /// its `uuid` label is `job/hostname/cgrouphostname`.
+    /// its `uuid` label is `job/hostname/cgrouphostname/instance`.
     pub node_cpu_seconds: String,
     /// CEEMS's queries: series → sub-key → template with `{{.UUIDs}}` (and `{{.Range}}`,
     /// `{{.ScrapeInterval}}`, `{{.RateInterval}}`, `{{.EvaluationInterval}}`). A series named
@@ -128,7 +128,7 @@ impl Default for Queries {
                 r#"max by (uuid) (max_over_time(ceems_compute_unit_gpu_memory_used_bytes{uuid=~"$uuids"}[$range]))"#,
             ),
             node_cpu_seconds: q(
-                r#"label_join(sum by (uuid, hostname, cgrouphostname) (increase(ceems_compute_unit_cpu_user_seconds_total{uuid=~"$uuids"}[$range]) + increase(ceems_compute_unit_cpu_system_seconds_total{uuid=~"$uuids"}[$range])), "uuid", "/", "uuid", "hostname", "cgrouphostname")"#,
+                r#"label_join(sum by (uuid, hostname, cgrouphostname, instance) (increase(ceems_compute_unit_cpu_user_seconds_total{uuid=~"$uuids"}[$range]) + increase(ceems_compute_unit_cpu_system_seconds_total{uuid=~"$uuids"}[$range])), "uuid", "/", "uuid", "hostname", "cgrouphostname", "instance")"#,
             ),
             series: Default::default(),
         }

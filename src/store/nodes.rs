@@ -46,18 +46,29 @@ pub async fn update(
     Ok(figures.len())
 }
 
-/// The answer's `job/hostname/cgrouphostname` series as a JSON object of CPU seconds by node:
-/// the cgroup's host where slurmd runs several nodes per host, else the exporter's host.
+/// The answer's `job/hostname/cgrouphostname/instance` series as a JSON object of CPU seconds
+/// by node: the cgroup's host where slurmd runs several nodes per host, else the exporter's
+/// host, else (an exporter without hostname labels) the scrape target's host.
 pub fn per_node(uuid: &str, answer: &[(String, f64)]) -> String {
     let mut nodes: BTreeMap<&str, f64> = BTreeMap::new();
     for (label, seconds) in answer {
-        let mut parts = label.splitn(3, '/');
-        let (Some(job), host, cgroup_host) = (parts.next(), parts.next(), parts.next()) else {
+        let mut parts = label.splitn(4, '/');
+        let (Some(job), host, cgroup_host, instance) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
             continue;
         };
-        let node = match (cgroup_host, host) {
-            (Some(c), _) if !c.is_empty() => c,
-            (_, Some(h)) if !h.is_empty() => h,
+        // `host:port`, or `[v6]:port`: the host.
+        let target = instance.map(|i| match i.rsplit_once(':') {
+            Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => {
+                h.trim_start_matches('[').trim_end_matches(']')
+            }
+            _ => i,
+        });
+        let node = match (cgroup_host, host, target) {
+            (Some(c), _, _) if !c.is_empty() => c,
+            (_, Some(h), _) if !h.is_empty() => h,
+            (_, _, Some(t)) if !t.is_empty() => t,
             _ => continue,
         };
         if job == uuid && seconds.is_finite() {
@@ -74,18 +85,20 @@ mod tests {
     #[test]
     fn series_are_summed_by_node_and_other_jobs_or_unlabelled_ones_are_left_out() {
         let answer = vec![
-            ("7/n1/".to_owned(), 100.0),
-            ("7/n2/".to_owned(), 0.5),
-            ("7/vm/node3".to_owned(), 3.0),
-            ("7/vm/node3".to_owned(), 1.0),
-            ("8/n1/".to_owned(), 9.0),
-            ("7//".to_owned(), 9.0),
+            ("7/n1//n1:9010".to_owned(), 100.0),
+            ("7/n2//n2:9010".to_owned(), 0.5),
+            ("7/vm/node3/vm:9010".to_owned(), 3.0),
+            ("7/vm/node3/vm:9010".to_owned(), 1.0),
+            ("7///n5.example.org:9010".to_owned(), 2.0),
+            ("7///[fd00::6]:9010".to_owned(), 2.5),
+            ("8/n1//n1:9010".to_owned(), 9.0),
+            ("7///".to_owned(), 9.0),
             ("7".to_owned(), 9.0),
-            ("7/n4/".to_owned(), f64::NAN),
+            ("7/n4//n4:9010".to_owned(), f64::NAN),
         ];
         assert_eq!(
             per_node("7", &answer),
-            r#"{"n1":100.0,"n2":0.5,"node3":4.0}"#
+            r#"{"fd00::6":2.5,"n1":100.0,"n2":0.5,"n5.example.org":2.0,"node3":4.0}"#
         );
         assert_eq!(per_node("7", &[]), "{}");
     }
