@@ -174,6 +174,16 @@ impl Campaign {
                 .any(|h| h.parse::<jiff::civil::Date>().is_ok_and(|h| h == date))
     }
 
+    /// What its figure is, and what to change, in words.
+    fn words(&self) -> (&'static str, &'static str) {
+        let (_, what, advice) = ABOUT
+            .iter()
+            .find(|a| a.0 == self.figure)
+            .copied()
+            .unwrap_or(ABOUT[0]);
+        (what, advice)
+    }
+
     fn index(&self) -> usize {
         WASTE_FIELDS
             .iter()
@@ -334,11 +344,7 @@ impl Campaigns {
         jobs: &[(String, String, f64)],
         now: i64,
     ) -> Result<bool, StoreError> {
-        let (_, what, advice) = ABOUT
-            .iter()
-            .find(|a| a.0 == c.figure)
-            .copied()
-            .unwrap_or(ABOUT[0]);
+        let (what, advice) = c.words();
         let days = c.window.as_secs() / 86400;
         let subject =
             format!("[ceems] Your jobs on {cluster} over the last {days} days: {amount:.1} {what}");
@@ -392,11 +398,7 @@ impl Campaigns {
         told: &[String],
         now: i64,
     ) -> Result<(), StoreError> {
-        let (_, what, _) = ABOUT
-            .iter()
-            .find(|a| a.0 == c.figure)
-            .copied()
-            .unwrap_or(ABOUT[0]);
+        let (what, _) = c.words();
         let days = c.window.as_secs() / 86400;
         let subject =
             format!("[ceems] {cluster}, last {days} days: {total:.1} {what}; who had the most");
