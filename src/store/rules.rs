@@ -326,15 +326,39 @@ impl SiteRules {
     /// decided (a figure it reads is null) does not fire; a placeholder that cannot be
     /// computed reads `unknown`.
     pub fn evaluate(&self, job: &JobFacts) -> Vec<Finding> {
-        if self.rules.is_empty() {
-            return Vec::new();
+        self.judge(&job.manager).evaluate(job)
+    }
+
+    /// A judge of the jobs of one manager's cluster: CEL's environment and the functions are
+    /// made once for all of them (making them per job was most of a rule's cost).
+    pub fn judge(&self, manager: &str) -> Judge<'_> {
+        Judge {
+            rules: self,
+            root: (!self.rules.is_empty()).then(|| context(manager)),
         }
+    }
+}
+
+/// [`SiteRules`] ready to judge the jobs of one manager (not `Send`: made and used between
+/// two awaits).
+pub struct Judge<'a> {
+    rules: &'a SiteRules,
+    root: Option<Context<'static, 'static>>,
+}
+
+impl Judge<'_> {
+    /// See [`SiteRules::evaluate`].
+    pub fn evaluate(&self, job: &JobFacts) -> Vec<Finding> {
+        let Some(root) = &self.root else {
+            return Vec::new();
+        };
         let Ok(value) = cel::to_value(view(job)) else {
             return Vec::new();
         };
-        let mut ctx = context(&job.manager);
+        let mut ctx = root.new_inner_scope();
         ctx.add_variable_from_value("job", value);
         self.rules
+            .rules
             .iter()
             .filter(|r| matches!(r.when.execute(&ctx), Ok(Value::Bool(true))))
             .map(|r| Finding {

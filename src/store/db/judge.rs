@@ -110,6 +110,8 @@ impl Store {
             after = last.get(0)?;
             // No finding is stored as NULL (read back as `[]`).
             let mut updates: Vec<(i64, Option<String>)> = Vec::with_capacity(rows.len());
+            // Made for the page and gone before the next await (CEL's context is not Send).
+            let judge = rules.judge(&manager);
             for r in &rows {
                 let facts = JobFacts {
                     manager: manager.clone(),
@@ -145,13 +147,14 @@ impl Store {
                     gpu_memory_peak_bytes: r.get(26)?,
                 };
                 let mut found = evaluate(&facts, thresholds);
-                found.extend(rules.evaluate(&facts));
+                found.extend(judge.evaluate(&facts));
                 found.sort_by_key(|f| std::cmp::Reverse(f.severity));
                 let json = (!found.is_empty())
                     .then(|| serde_json::to_string(&found).ok())
                     .flatten();
                 updates.push((r.get(0)?, json));
             }
+            drop(judge);
             // One statement per page: row-by-row updates made a first run over a million
             // jobs take minutes.
             let mut q = Sql::new("UPDATE units SET findings = v.column2, findings_updated_at = ");
