@@ -8,8 +8,9 @@ use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 use cel::common::ast::{EntryExpr, Expr};
+use cel::objects::Key;
 use cel::{Context, IdedExpr, Program, Value};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::store::db::measured;
 use crate::store::findings::{Finding, JobFacts, Severity};
@@ -42,43 +43,7 @@ pub struct RuleError {
     reason: String,
 }
 
-/// What a rule sees of a job, in base units and percent; a figure Prometheus never gave is
-/// `null`, and a comparison with `null` is an error, so such a rule does not fire.
-#[derive(Debug, Serialize)]
-struct JobView<'a> {
-    manager: &'a str,
-    name: &'a str,
-    user: &'a str,
-    project: &'a str,
-    partition: &'a str,
-    qos: &'a str,
-    nodes: &'a str,
-    node_count: i64,
-    node_cpu_seconds: Option<std::collections::BTreeMap<&'a str, f64>>,
-    state: &'a str,
-    exit_code: &'a str,
-    ended: bool,
-    elapsed_seconds: i64,
-    time_limit_seconds: Option<i64>,
-    alloc_cpus: i64,
-    alloc_mem_bytes: i64,
-    alloc_gpus: i64,
-    aggregated_seconds: i64,
-    cpu_seconds: Option<f64>,
-    cpu_cores_used: Option<f64>,
-    cpu_efficiency: Option<f64>,
-    memory_peak_bytes: Option<f64>,
-    memory_use_percent: Option<f64>,
-    memory_fail_count: Option<f64>,
-    gpu_utilization_mean: Option<f64>,
-    gpu_utilization_max: Option<f64>,
-    gpu_memory_peak_bytes: Option<f64>,
-    host_energy_joules: Option<f64>,
-    gpu_energy_joules: Option<f64>,
-    emissions_grams: Option<f64>,
-}
-
-/// The fields of `job`, as [`JobView`] names them (a test keeps the two alike).
+/// The fields of `job`, as [`field`] makes them (a test keeps the two alike).
 pub const JOB_FIELDS: &[&str] = &[
     "manager",
     "name",
@@ -148,55 +113,82 @@ const CEL_FUNCTIONS: &[&str] = &[
     "@not_strictly_false",
 ];
 
-fn view(job: &JobFacts) -> JobView<'_> {
+/// Field `name` of `job`, as a rule sees it: base units and percent; a figure Prometheus never
+/// gave is `null`, and a comparison with `null` is an error, so such a rule does not fire.
+fn field(job: &JobFacts, name: &str) -> Value {
     let seen = |bit| measured::has(job.measured, bit);
-    let covered = job.aggregated_seconds > 0 && seen(measured::CPU);
-    let cores_used = covered.then(|| job.cpu_seconds / job.aggregated_seconds as f64);
-    JobView {
-        manager: &job.manager,
-        name: &job.name,
-        user: &job.user,
-        project: &job.project,
-        partition: &job.partition,
-        qos: &job.qos,
-        nodes: &job.nodes,
-        node_count: job.nodes.split(',').filter(|n| !n.is_empty()).count() as i64,
-        node_cpu_seconds: (!job.node_cpu_seconds.is_empty()).then(|| {
+    let cores_used = (job.aggregated_seconds > 0 && seen(measured::CPU))
+        .then(|| job.cpu_seconds / job.aggregated_seconds as f64);
+    let text = |s: &str| Value::from(s.to_owned());
+    let real = |v: Option<f64>| v.map_or(Value::Null, Value::Float);
+    match name {
+        "manager" => text(&job.manager),
+        "name" => text(&job.name),
+        "user" => text(&job.user),
+        "project" => text(&job.project),
+        "partition" => text(&job.partition),
+        "qos" => text(&job.qos),
+        "nodes" => text(&job.nodes),
+        "node_count" => Value::Int(job.nodes.split(',').filter(|n| !n.is_empty()).count() as i64),
+        "node_cpu_seconds" if job.node_cpu_seconds.is_empty() => Value::Null,
+        "node_cpu_seconds" => Value::from(
             job.node_cpu_seconds
                 .iter()
-                .map(|(n, s)| (n.as_str(), *s))
-                .collect()
-        }),
-        state: &job.state,
-        exit_code: &job.exit_code,
-        ended: job.ended,
-        elapsed_seconds: job.elapsed_seconds,
-        time_limit_seconds: job.time_limit_seconds,
-        alloc_cpus: job.alloc_cpus,
-        alloc_mem_bytes: job.alloc_mem_bytes,
-        alloc_gpus: job.alloc_gpus,
-        aggregated_seconds: job.aggregated_seconds,
-        cpu_seconds: seen(measured::CPU).then_some(job.cpu_seconds),
-        cpu_cores_used: cores_used,
-        cpu_efficiency: cores_used
-            .filter(|_| job.alloc_cpus > 0)
-            .map(|used| 100.0 * used / job.alloc_cpus as f64),
-        memory_peak_bytes: job.memory_peak_bytes,
-        memory_use_percent: job
-            .memory_peak_bytes
-            .filter(|_| job.alloc_mem_bytes > 0)
-            .map(|peak| 100.0 * peak / job.alloc_mem_bytes as f64),
-        memory_fail_count: job.memory_fail_count,
-        gpu_utilization_mean: job
-            .gpu_utilization_max
-            .and(job.mean_gpu_utilization)
-            .map(|m| 100.0 * m),
-        gpu_utilization_max: job.gpu_utilization_max.map(|m| 100.0 * m),
-        gpu_memory_peak_bytes: job.gpu_memory_peak_bytes,
-        host_energy_joules: seen(measured::HOST_ENERGY).then_some(job.host_energy_joules),
-        gpu_energy_joules: seen(measured::GPU_ENERGY).then_some(job.gpu_energy_joules),
-        emissions_grams: seen(measured::EMISSIONS).then_some(job.emissions_grams),
+                .map(|(n, s)| (n.clone(), Value::Float(*s)))
+                .collect::<std::collections::HashMap<String, Value>>(),
+        ),
+        "state" => text(&job.state),
+        "exit_code" => text(&job.exit_code),
+        "ended" => Value::Bool(job.ended),
+        "elapsed_seconds" => Value::Int(job.elapsed_seconds),
+        "time_limit_seconds" => job.time_limit_seconds.map_or(Value::Null, Value::Int),
+        "alloc_cpus" => Value::Int(job.alloc_cpus),
+        "alloc_mem_bytes" => Value::Int(job.alloc_mem_bytes),
+        "alloc_gpus" => Value::Int(job.alloc_gpus),
+        "aggregated_seconds" => Value::Int(job.aggregated_seconds),
+        "cpu_seconds" => real(seen(measured::CPU).then_some(job.cpu_seconds)),
+        "cpu_cores_used" => real(cores_used),
+        "cpu_efficiency" => real(
+            cores_used
+                .filter(|_| job.alloc_cpus > 0)
+                .map(|used| 100.0 * used / job.alloc_cpus as f64),
+        ),
+        "memory_peak_bytes" => real(job.memory_peak_bytes),
+        "memory_use_percent" => real(
+            job.memory_peak_bytes
+                .filter(|_| job.alloc_mem_bytes > 0)
+                .map(|peak| 100.0 * peak / job.alloc_mem_bytes as f64),
+        ),
+        "memory_fail_count" => real(job.memory_fail_count),
+        "gpu_utilization_mean" => real(
+            job.gpu_utilization_max
+                .and(job.mean_gpu_utilization)
+                .map(|m| 100.0 * m),
+        ),
+        "gpu_utilization_max" => real(job.gpu_utilization_max.map(|m| 100.0 * m)),
+        "gpu_memory_peak_bytes" => real(job.gpu_memory_peak_bytes),
+        "host_energy_joules" => real(seen(measured::HOST_ENERGY).then_some(job.host_energy_joules)),
+        "gpu_energy_joules" => real(seen(measured::GPU_ENERGY).then_some(job.gpu_energy_joules)),
+        "emissions_grams" => real(seen(measured::EMISSIONS).then_some(job.emissions_grams)),
+        _ => Value::Null,
     }
+}
+
+/// `job` as a CEL map of the fields in `used` only: building all of them for every job was
+/// most of what a rule cost.
+fn job_value(job: &JobFacts, used: &[&'static str]) -> Value {
+    let map: std::collections::HashMap<Key, Value> = used
+        .iter()
+        .map(|name| (Key::from(*name), field(job, name)))
+        .collect();
+    Value::Map(cel::objects::Map { map: Arc::new(map) })
+}
+
+/// The fields of `job` the rules read; all of them where one hands `job` itself around.
+#[derive(Debug, Default)]
+struct Usage {
+    fields: std::collections::BTreeSet<&'static str>,
+    whole: bool,
 }
 
 /// A message or advice: text and CEL expressions in turn.
@@ -223,6 +215,8 @@ pub struct SiteRule {
 #[derive(Debug, Default)]
 pub struct SiteRules {
     rules: Vec<SiteRule>,
+    /// The fields of `job` any rule reads.
+    used: Vec<&'static str>,
 }
 
 /// The rules in force, swapped whole when SIGHUP reloads them.
@@ -266,6 +260,7 @@ impl SiteRules {
                 reason: e.into_inner().to_string(),
             })?;
         let mut seen = HashSet::new();
+        let mut usage = Usage::default();
         let mut rules = Vec::with_capacity(configs.len());
         for (i, c) in configs.into_iter().enumerate() {
             let refuse = |field: &str, snippet: &str, reason: String| RuleError {
@@ -299,10 +294,11 @@ impl SiteRules {
                     format!("a second rule with id `{}`", c.id),
                 ));
             }
-            let when = compile(&c.when).map_err(|e| refuse("when", &c.when, e))?;
-            let message =
-                Template::parse(&c.message).map_err(|e| refuse("message", &c.message, e))?;
-            let advice = Template::parse(&c.advice).map_err(|e| refuse("advice", &c.advice, e))?;
+            let when = compile(&c.when, &mut usage).map_err(|e| refuse("when", &c.when, e))?;
+            let message = Template::parse(&c.message, &mut usage)
+                .map_err(|e| refuse("message", &c.message, e))?;
+            let advice = Template::parse(&c.advice, &mut usage)
+                .map_err(|e| refuse("advice", &c.advice, e))?;
             rules.push(SiteRule {
                 id: c.id,
                 severity: c.severity,
@@ -311,7 +307,11 @@ impl SiteRules {
                 advice,
             });
         }
-        Ok(SiteRules { rules })
+        let used = match usage.whole {
+            true => JOB_FIELDS.to_vec(),
+            false => usage.fields.into_iter().collect(),
+        };
+        Ok(SiteRules { rules, used })
     }
 
     pub fn len(&self) -> usize {
@@ -352,11 +352,8 @@ impl Judge<'_> {
         let Some(root) = &self.root else {
             return Vec::new();
         };
-        let Ok(value) = cel::to_value(view(job)) else {
-            return Vec::new();
-        };
         let mut ctx = root.new_inner_scope();
-        ctx.add_variable_from_value("job", value);
+        ctx.add_variable_from_value("job", job_value(job, &self.rules.used));
         self.rules
             .rules
             .iter()
@@ -421,7 +418,7 @@ fn show(v: &Value) -> String {
 }
 
 /// Compiles `source` and checks that it names only `job`, its fields and known functions.
-fn compile(source: &str) -> Result<Program, String> {
+fn compile(source: &str, usage: &mut Usage) -> Result<Program, String> {
     let program = Program::compile(source).map_err(|e| {
         e.errors
             .iter()
@@ -430,33 +427,38 @@ fn compile(source: &str) -> Result<Program, String> {
             .join("; ")
     })?;
     let mut bound = Vec::new();
-    check(program.expression(), &mut bound)?;
+    check(program.expression(), &mut bound, usage)?;
     Ok(program)
 }
 
 /// Walks the expression: every free name is `job`, every `job.x` a field of [`JOB_FIELDS`],
 /// every call a known function. Names a macro binds (`[1,2].all(x, x > 0)`) are allowed
 /// inside it.
-fn check(e: &IdedExpr, bound: &mut Vec<String>) -> Result<(), String> {
+fn check(e: &IdedExpr, bound: &mut Vec<String>, usage: &mut Usage) -> Result<(), String> {
     match &e.expr {
-        Expr::Ident(name) if name == "job" || name.starts_with('@') || bound.contains(name) => {
+        Expr::Ident(name) if name == "job" => {
+            // `job` itself, not one of its fields: every field is needed.
+            usage.whole = true;
             Ok(())
         }
+        Expr::Ident(name) if name.starts_with('@') || bound.contains(name) => Ok(()),
         Expr::Ident(name) => Err(format!(
             "unknown name `{name}` (a rule reads `job.<field>`)"
         )),
-        Expr::Select(s) => {
-            if matches!(&s.operand.expr, Expr::Ident(n) if n == "job")
-                && !JOB_FIELDS.contains(&s.field.as_str())
-            {
-                return Err(format!(
+        Expr::Select(s) if matches!(&s.operand.expr, Expr::Ident(n) if n == "job") => {
+            match JOB_FIELDS.iter().find(|f| **f == s.field) {
+                Some(f) => {
+                    usage.fields.insert(f);
+                    Ok(())
+                }
+                None => Err(format!(
                     "a job has no field `{}` (fields: {})",
                     s.field,
                     JOB_FIELDS.join(", ")
-                ));
+                )),
             }
-            check(&s.operand, bound)
         }
+        Expr::Select(s) => check(&s.operand, bound, usage),
         Expr::Call(c) => {
             let operator = c.func_name.starts_with('_') || c.func_name.starts_with('!');
             if !operator
@@ -466,26 +468,28 @@ fn check(e: &IdedExpr, bound: &mut Vec<String>) -> Result<(), String> {
                 return Err(format!("unknown function `{}`", c.func_name));
             }
             if let Some(t) = &c.target {
-                check(t, bound)?;
+                check(t, bound, usage)?;
             }
-            c.args.iter().try_for_each(|a| check(a, bound))
+            c.args.iter().try_for_each(|a| check(a, bound, usage))
         }
         Expr::Comprehension(c) => {
-            check(&c.iter_range, bound)?;
-            check(&c.accu_init, bound)?;
+            check(&c.iter_range, bound, usage)?;
+            check(&c.accu_init, bound, usage)?;
             let depth = bound.len();
             bound.push(c.iter_var.clone());
             bound.push(c.accu_var.clone());
             let inner = [&c.loop_cond, &c.loop_step, &c.result]
                 .into_iter()
-                .try_for_each(|x| check(x, bound));
+                .try_for_each(|x| check(x, bound, usage));
             bound.truncate(depth);
             inner
         }
-        Expr::List(l) => l.elements.iter().try_for_each(|x| check(x, bound)),
+        Expr::List(l) => l.elements.iter().try_for_each(|x| check(x, bound, usage)),
         Expr::Map(m) => m.entries.iter().try_for_each(|entry| match &entry.expr {
-            EntryExpr::MapEntry(me) => check(&me.key, bound).and_then(|_| check(&me.value, bound)),
-            EntryExpr::StructField(f) => check(&f.value, bound),
+            EntryExpr::MapEntry(me) => {
+                check(&me.key, bound, usage).and_then(|_| check(&me.value, bound, usage))
+            }
+            EntryExpr::StructField(f) => check(&f.value, bound, usage),
         }),
         Expr::Struct(_) => Err("message types are not known here".to_owned()),
         Expr::Literal(_) | Expr::Unspecified => Ok(()),
@@ -494,7 +498,7 @@ fn check(e: &IdedExpr, bound: &mut Vec<String>) -> Result<(), String> {
 
 impl Template {
     /// `text {expr} text`; `{{` and `}}` stand for braces.
-    fn parse(source: &str) -> Result<Template, String> {
+    fn parse(source: &str, usage: &mut Usage) -> Result<Template, String> {
         let mut pieces = Vec::new();
         let mut text = String::new();
         let mut chars = source.chars().peekable();
@@ -517,7 +521,8 @@ impl Template {
                             None => return Err(format!("`{{{expr}` is not closed with `}}`")),
                         }
                     }
-                    let program = compile(&expr).map_err(|e| format!("in `{{{expr}}}`: {e}"))?;
+                    let program =
+                        compile(&expr, usage).map_err(|e| format!("in `{{{expr}}}`: {e}"))?;
                     if !text.is_empty() {
                         pieces.push(Piece::Text(std::mem::take(&mut text)));
                     }
@@ -730,21 +735,37 @@ mod tests {
     }
 
     #[test]
-    fn the_fields_a_rule_may_name_are_those_a_job_has() {
-        let Ok(Value::Map(map)) = cel::to_value(view(&gpu_job())) else {
-            panic!("a job's view is a map");
+    fn every_field_a_rule_may_name_has_a_value_and_only_the_read_ones_are_built() {
+        let job = JobFacts {
+            node_cpu_seconds: vec![("n1".into(), 1.0)],
+            gpu_memory_peak_bytes: Some(1.0),
+            host_energy_joules: 1.0,
+            gpu_energy_joules: 1.0,
+            emissions_grams: 1.0,
+            memory_fail_count: Some(0.0),
+            measured: 31,
+            ..gpu_job()
         };
-        let mut keys: Vec<String> = map
-            .map
-            .keys()
-            .map(|k| match k {
-                cel::objects::Key::String(s) => s.to_string(),
-                other => panic!("{other:?}"),
-            })
-            .collect();
-        keys.sort();
-        let mut fields: Vec<&str> = JOB_FIELDS.to_vec();
-        fields.sort();
-        assert_eq!(keys, fields);
+        for name in JOB_FIELDS {
+            assert_ne!(field(&job, name), Value::Null, "{name}");
+        }
+        let r = rules(SHORT_GPU).unwrap();
+        let mut used = r.used.clone();
+        used.sort();
+        assert_eq!(
+            used,
+            [
+                "alloc_gpus",
+                "cpu_efficiency",
+                "elapsed_seconds",
+                "ended",
+                "memory_peak_bytes"
+            ]
+        );
+        let whole =
+            rules("[[finding-rules]]\nid = \"x\"\nwhen = 'size(job) > 0'\nmessage = \"m\"\n")
+                .unwrap();
+        assert_eq!(whole.used.len(), JOB_FIELDS.len());
+        assert_eq!(whole.evaluate(&job).len(), 1);
     }
 }
