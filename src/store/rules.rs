@@ -263,11 +263,14 @@ impl SiteRules {
         let mut usage = Usage::default();
         let mut rules = Vec::with_capacity(configs.len());
         for (i, c) in configs.into_iter().enumerate() {
-            let refuse = |field: &str, snippet: &str, reason: String| RuleError {
-                location: locate(file, text.as_deref(), snippet),
+            let at = |field: &str, snippet: &str, nth: usize, reason: String| RuleError {
+                location: locate(file, text.as_deref(), snippet, nth),
                 key: format!("finding-rules[{i}].{field}"),
                 reason,
             };
+            let refuse = |field: &str, snippet: &str, reason: String| at(field, snippet, 0, reason);
+            // An id is found quoted: `id = "gpu"`, not the first line holding `gpu`.
+            let quoted = format!("\"{}\"", c.id);
             if c.id.trim().is_empty()
                 || !c
                     .id
@@ -276,21 +279,22 @@ impl SiteRules {
             {
                 return Err(refuse(
                     "id",
-                    &c.id,
+                    &quoted,
                     format!("`{}`: an id is letters, digits and `_`", c.id),
                 ));
             }
             if BUILT_IN.contains(&c.id.as_str()) {
                 return Err(refuse(
                     "id",
-                    &c.id,
+                    &quoted,
                     format!("`{}` is a built-in finding", c.id),
                 ));
             }
             if !seen.insert(c.id.clone()) {
-                return Err(refuse(
+                return Err(at(
                     "id",
-                    &c.id,
+                    &quoted,
+                    1,
                     format!("a second rule with id `{}`", c.id),
                 ));
             }
@@ -552,16 +556,21 @@ impl Template {
     }
 }
 
-/// `config file F line N: ` for the first line of `file` holding the first line of
+/// `config file F line N: ` for the `nth` (from 0) line of `file` holding the first line of
 /// `snippet`, or empty when the file or the line cannot be found.
-fn locate(file: Option<&Path>, text: Option<&str>, snippet: &str) -> String {
+fn locate(file: Option<&Path>, text: Option<&str>, snippet: &str, nth: usize) -> String {
     let (Some(file), Some(text)) = (file, text) else {
         return String::new();
     };
     let Some(needle) = snippet.lines().map(str::trim).find(|l| !l.is_empty()) else {
         return String::new();
     };
-    match text.lines().position(|l| l.contains(needle)) {
+    let mut found = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.contains(needle))
+        .map(|(n, _)| n);
+    match found.nth(nth) {
         Some(n) => format!("config file {} line {}: ", file.display(), n + 1),
         None => String::new(),
     }
