@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::bmc::{Flavor, PowerModel, StandinBmc};
 use common::browser::{browse, chromium, screenshot};
 use common::lab::{
-    lab, prometheus_scraping, prometheus_tools, start_stats_server, submit, wait_jobs_gone,
+    lab, prometheus_scraping, prometheus_tools, start_stats_server_with, submit, wait_jobs_gone,
     wait_until, write_burner, CancelOnDrop, BURNER,
 };
 use common::{runnable, start_exporter};
@@ -167,16 +167,35 @@ fn a_sleeping_job_gets_the_cpu_finding_and_its_report_renders_in_a_browser() {
         "alice",
         &format!("-J report-burn -c 2 --mem=200M --time=10 --wrap 'python3 {BURNER} 25 & python3 {BURNER} 25; wait'"),
     );
-    // One thread on two cores: a serial program.
+    // One thread on two cores: a serial program; with one of the lab's GPUs, it also asks
+    // for more cores and memory per GPU than the bounds set below and than it used.
     let serial = submit(
         "alice",
-        &format!("-J report-serial -c 2 --mem=200M --time=10 --wrap 'python3 {BURNER} 25'"),
+        &format!(
+            "-J report-serial -c 2 --mem=200M --gres=gpu:1 --time=10 --wrap 'python3 {BURNER} 25'"
+        ),
     );
     let _cancel = CancelOnDrop(vec![sleeper.clone(), burner.clone(), serial.clone()]);
     let ids = [sleeper.clone(), burner.clone(), serial.clone()];
     wait_jobs_gone(&ids, Duration::from_secs(180));
 
-    let (server, _data) = start_stats_server(&prom.url());
+    let bounds = tempfile::tempdir().unwrap();
+    let config = bounds.path().join("ceems.toml");
+    std::fs::write(
+        &config,
+        "[stats-server.findings]\ncores-per-gpu-above = 1.0\nmemory-per-gpu-above-bytes = 104857600.0\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        bounds.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let (server, _data) = start_stats_server_with(
+        &prom.url(),
+        "2s",
+        &[&format!("--config.file={}", config.display())],
+    );
     wait_until("findings of both jobs", Duration::from_secs(60), || {
         let done = |job: &str| {
             let (_, body) = get(
