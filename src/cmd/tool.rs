@@ -453,11 +453,15 @@ fn findings(m: &ArgMatches) -> anyhow::Result<ExitCode> {
     )?;
     let answer: serde_json::Value =
         serde_json::from_str(&body).context("the stats-server's answer")?;
-    let data = &answer["data"];
+    let count = |key: &str| {
+        answer["data"][key]
+            .as_i64()
+            .with_context(|| format!("the stats-server's answer has no data.{key}: {body}"))
+    };
     println!(
         "{} jobs judged again ({} site rules in force)",
-        data["jobs"].as_i64().unwrap_or(0),
-        data["site_rules"].as_i64().unwrap_or(0)
+        count("jobs")?,
+        count("site_rules")?
     );
     Ok(ExitCode::SUCCESS)
 }

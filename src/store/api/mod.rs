@@ -104,6 +104,17 @@ impl Api {
         }
     }
 
+    /// Refuses `user` unless an admin, as CEEMS words it.
+    pub(super) async fn require_admin(&self, user: &str) -> Result<(), ApiError> {
+        match self.store.is_admin(user).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(ApiError::Forbidden(
+                "current user does not have admin privileges".to_owned(),
+            )),
+            Err(e) => Err(ApiError::Internal(e.to_string())),
+        }
+    }
+
     pub fn new(store: std::sync::Arc<Store>, user_header: &str) -> Api {
         Api {
             store,
@@ -243,15 +254,8 @@ impl Api {
             self.store.units_changed(from, generation)
         });
         if admin_route {
-            match self.store.is_admin(user).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    return ApiError::Forbidden(
-                        "current user does not have admin privileges".to_owned(),
-                    )
-                    .into()
-                }
-                Err(e) => return ApiError::Internal(e.to_string()).into(),
+            if let Err(e) = self.require_admin(user).await {
+                return e.into();
             }
         }
         let leader = match self.in_flight.join(&key, generation) {

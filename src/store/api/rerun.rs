@@ -32,15 +32,7 @@ impl Api {
         now: i64,
     ) -> Result<Answer, ApiError> {
         let user = self.user(user)?;
-        match self.store.is_admin(user).await {
-            Ok(true) => {}
-            Ok(false) => {
-                return Err(ApiError::Forbidden(
-                    "current user does not have admin privileges".to_owned(),
-                ))
-            }
-            Err(e) => return Err(ApiError::Internal(e.to_string())),
-        }
+        self.require_admin(user).await?;
         let p = Params::parse(query);
         p.only(&["from", "to", "cluster_id"])?;
         let window = window(&p, now)?;
