@@ -131,6 +131,20 @@ pub struct JobFacts {
     pub measured: i64,
 }
 
+impl JobFacts {
+    /// Mean cores busy over the time Prometheus saw, once it gave the job's CPU time (a job a
+    /// few seconds old has one sample, no rate yet): None for a job without series.
+    pub fn cores_used(&self) -> Option<f64> {
+        (self.aggregated_seconds > 0 && measured::has(self.measured, measured::CPU))
+            .then(|| self.cpu_seconds / self.aggregated_seconds as f64)
+    }
+
+    /// How many nodes it ran on.
+    pub fn node_count(&self) -> usize {
+        self.nodes.split(',').filter(|n| !n.is_empty()).count()
+    }
+}
+
 /// `3.0 GiB`: a size in words.
 pub(crate) fn bytes(b: f64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -174,11 +188,9 @@ const SERIAL_HIGH: f64 = 1.25;
 pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
     let mut out = Vec::new();
     let ask = crate::manager::request_words(&job.manager);
-    // CPU: only over the time Prometheus saw, and once it gave the job's CPU time (a job a
-    // few seconds old has one sample, no rate yet), so a job without series is not judged.
-    let cpu_seen = measured::has(job.measured, measured::CPU);
-    if job.alloc_cpus > 0 && job.aggregated_seconds > 0 && cpu_seen {
-        let used = job.cpu_seconds / job.aggregated_seconds as f64;
+    // CPU: a job without series is not judged.
+    let cores_used = job.cores_used();
+    if let Some(used) = cores_used.filter(|_| job.alloc_cpus > 0) {
         let efficiency = 100.0 * used / job.alloc_cpus as f64;
         // One core busy of several: a serial program, whatever the efficiency threshold.
         let serial = job.alloc_cpus >= 2 && (SERIAL_LOW..=SERIAL_HIGH).contains(&used);
@@ -290,8 +302,6 @@ pub fn evaluate(job: &JobFacts, t: &Thresholds) -> Vec<Finding> {
     if job.alloc_gpus > 0 {
         let gpus = job.alloc_gpus as f64;
         let per_gpu = job.alloc_cpus as f64 / gpus;
-        let cores_used = (job.aggregated_seconds > 0 && cpu_seen)
-            .then(|| job.cpu_seconds / job.aggregated_seconds as f64);
         if per_gpu > t.cores_per_gpu_above
             && cores_used.is_some_and(|u| u <= t.cores_per_gpu_above * gpus)
         {
@@ -455,7 +465,7 @@ fn nodes(
     ask: &crate::manager::RequestWords,
     out: &mut Vec<Finding>,
 ) {
-    let count = job.nodes.split(',').filter(|n| !n.is_empty()).count();
+    let count = job.node_count();
     if count < 2 {
         return;
     }

@@ -117,8 +117,7 @@ const CEL_FUNCTIONS: &[&str] = &[
 /// gave is `null`, and a comparison with `null` is an error, so such a rule does not fire.
 fn field(job: &JobFacts, name: &str) -> Value {
     let seen = |bit| measured::has(job.measured, bit);
-    let cores_used = (job.aggregated_seconds > 0 && seen(measured::CPU))
-        .then(|| job.cpu_seconds / job.aggregated_seconds as f64);
+    let cores_used = job.cores_used();
     let text = |s: &str| Value::from(s.to_owned());
     let real = |v: Option<f64>| v.map_or(Value::Null, Value::Float);
     match name {
@@ -129,7 +128,7 @@ fn field(job: &JobFacts, name: &str) -> Value {
         "partition" => text(&job.partition),
         "qos" => text(&job.qos),
         "nodes" => text(&job.nodes),
-        "node_count" => Value::Int(job.nodes.split(',').filter(|n| !n.is_empty()).count() as i64),
+        "node_count" => Value::Int(job.node_count() as i64),
         "node_cpu_seconds" if job.node_cpu_seconds.is_empty() => Value::Null,
         "node_cpu_seconds" => Value::from(
             job.node_cpu_seconds
