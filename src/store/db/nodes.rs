@@ -14,7 +14,8 @@ pub struct NodesDue {
 
 impl Store {
     /// Up to `limit` ended jobs of `cluster` on several nodes whose aggregates are done and
-    /// whose per-node figures were never asked, oldest row first.
+    /// whose per-node figures were never asked, oldest row first. Its terms include the
+    /// predicate of the partial index `units_nodes_due` (migration 0017), which it reads.
     pub async fn multi_node_jobs_due(
         &self,
         cluster: &str,
