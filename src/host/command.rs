@@ -1,9 +1,10 @@
 //! Running an external tool (IPMI tools, capmc, …) with a deadline: a hung tool is killed with
 //! its whole process group, and its output is capped.
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// At most this much stdout is kept; the tools print a few hundred bytes.
@@ -28,6 +29,8 @@ pub enum CommandError {
     },
     #[error("{program} printed more than {limit} bytes")]
     TooMuchOutput { program: String, limit: u64 },
+    #[error("{program} printed a line longer than {limit} bytes")]
+    LineTooLong { program: String, limit: usize },
     #[error("waiting for {program}: {source}")]
     Wait {
         program: String,
@@ -75,24 +78,8 @@ pub fn run_as(
     max_output: u64,
     user: Option<(u32, u32)>,
 ) -> Result<String, CommandError> {
-    use std::os::unix::process::CommandExt;
     let name = program.display().to_string();
-    let mut command = Command::new(program);
-    if let Some((uid, gid)) = user {
-        command.uid(uid).gid(gid);
-    }
-    let mut child = command
-        .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .map_err(|source| CommandError::Spawn {
-            program: name.clone(),
-            source,
-        })?;
+    let mut child = spawn_as(program, args, env, user)?;
     let out = child.stdout.take().map(|s| drain(s, max_output));
     let err = child.stderr.take().map(|s| drain(s, 4096));
     let deadline = Instant::now() + timeout;
@@ -137,6 +124,183 @@ pub fn run_as(
         });
     }
     Ok(String::from_utf8_lossy(&stdout).into_owned())
+}
+
+/// Starts `program args…` in its own process group (so that a timeout kills a wrapper's
+/// children too), stdin closed, stdout and stderr piped; the child becomes `user` first.
+pub fn spawn_as(
+    program: &Path,
+    args: &[String],
+    env: &[(&str, &str)],
+    user: Option<(u32, u32)>,
+) -> Result<Child, CommandError> {
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(program);
+    if let Some((uid, gid)) = user {
+        command.uid(uid).gid(gid);
+    }
+    command
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .map_err(|source| CommandError::Spawn {
+            program: program.display().to_string(),
+            source,
+        })
+}
+
+/// A started program's stdout, read a line at a time as the caller asks for them, so that a
+/// large answer (sacct's window of a million jobs: 180 MB) is never held whole. The program
+/// is killed with its group at the deadline, or when the lines are dropped before its end.
+pub struct StdoutLines {
+    program: String,
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+    stderr: Option<std::thread::JoinHandle<(Vec<u8>, bool)>>,
+    /// Told when the output ended; says whether it killed the program first.
+    watchdog: Option<(mpsc::Sender<()>, std::thread::JoinHandle<bool>)>,
+    timeout: Duration,
+    max_line: usize,
+    ended: bool,
+}
+
+impl StdoutLines {
+    /// Reads the output of `child` (started by [`spawn_as`]), which must end within
+    /// `timeout`; a line longer than `max_line` bytes is an error.
+    pub fn new(
+        program: &Path,
+        mut child: Child,
+        timeout: Duration,
+        max_line: usize,
+    ) -> Result<StdoutLines, CommandError> {
+        let name = program.display().to_string();
+        let stderr = child.stderr.take().map(|s| drain(s, 4096));
+        let Some(stdout) = child.stdout.take() else {
+            let _ = kill_group(&mut child);
+            return Err(CommandError::Wait {
+                program: name,
+                source: std::io::Error::other("its output is not piped"),
+            });
+        };
+        let group = child.id() as i32;
+        let (stop, stopped) = mpsc::channel::<()>();
+        let watchdog = std::thread::spawn(move || {
+            if let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(timeout) {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(group),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                return true;
+            }
+            false
+        });
+        Ok(StdoutLines {
+            program: name,
+            child,
+            stdout: BufReader::with_capacity(1 << 16, stdout),
+            stderr,
+            watchdog: Some((stop, watchdog)),
+            timeout,
+            max_line,
+            ended: false,
+        })
+    }
+
+    /// The next line into `line` (cleared first, without its `\n`): Ok(true) with a line,
+    /// Ok(false) once the program ended well after its last one; an error when it failed,
+    /// ran past its deadline or printed a line too long.
+    pub fn next_line(&mut self, line: &mut Vec<u8>) -> Result<bool, CommandError> {
+        if self.ended {
+            return Ok(false);
+        }
+        line.clear();
+        let limit = self.max_line as u64 + 1;
+        let read = (&mut self.stdout).take(limit).read_until(b'\n', line);
+        match read {
+            Ok(0) => self.finish().map(|()| false),
+            Ok(_) if line.last() == Some(&b'\n') => {
+                line.pop();
+                Ok(true)
+            }
+            Ok(n) if n as u64 >= limit => {
+                self.ended = true;
+                let _ = kill_group(&mut self.child);
+                Err(CommandError::LineTooLong {
+                    program: self.program.clone(),
+                    limit: self.max_line,
+                })
+            }
+            // The last line, without an end.
+            Ok(_) => Ok(true),
+            Err(source) => {
+                self.ended = true;
+                let _ = kill_group(&mut self.child);
+                Err(CommandError::Wait {
+                    program: self.program.clone(),
+                    source,
+                })
+            }
+        }
+    }
+
+    /// After the end of the output: the program's exit, or why it did not end well.
+    fn finish(&mut self) -> Result<(), CommandError> {
+        self.ended = true;
+        // Waited for under the deadline: a program can close its output and stay.
+        let status = self.child.wait().map_err(|source| CommandError::Wait {
+            program: self.program.clone(),
+            source,
+        });
+        let killed = self.watchdog.take().is_some_and(|(stop, watchdog)| {
+            let _ = stop.send(());
+            watchdog.join().unwrap_or(false)
+        });
+        let status = status?;
+        if killed {
+            return Err(CommandError::Timeout {
+                program: self.program.clone(),
+                timeout: self.timeout,
+            });
+        }
+        if !status.success() {
+            let (stderr, _) = self
+                .stderr
+                .take()
+                .and_then(|h| h.join().ok())
+                .unwrap_or_default();
+            return Err(CommandError::Failed {
+                program: self.program.clone(),
+                status,
+                stderr: String::from_utf8_lossy(&stderr).trim().to_owned(),
+                stdout: String::new(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for StdoutLines {
+    fn drop(&mut self) {
+        if !self.ended {
+            let _ = kill_group(&mut self.child);
+        }
+        if let Some((stop, _)) = self.watchdog.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Kills `child`'s whole group and reaps it.
+fn kill_group(child: &mut Child) -> std::io::Result<std::process::ExitStatus> {
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    child.wait()
 }
 
 /// Directories that `PATH` of a service often lacks but where IPMI tools live.

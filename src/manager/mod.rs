@@ -298,8 +298,25 @@ pub enum AccountingError {
     Unsupported(String),
 }
 
-/// A unit of an accounting answer, or the record that could not be read.
-pub type UnitRecords = Box<dyn Iterator<Item = Result<UnitRecord, ParseError>> + Send>;
+/// Why an accounting answer's next unit did not come.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// This record could not be read; the ones after it still come.
+    #[error(transparent)]
+    Malformed(#[from] ParseError),
+    /// The answer broke off (its command failed or was killed): no unit comes after this, and
+    /// the answer was not whole.
+    #[error(transparent)]
+    Broken(#[from] AccountingError),
+}
+
+/// A unit of an accounting answer, or why it did not come.
+pub type UnitRecords = Box<dyn Iterator<Item = Result<UnitRecord, RecordError>> + Send>;
+
+/// An answer read whole: its units and the records that could not be read.
+pub fn whole_answer(records: Vec<Result<UnitRecord, ParseError>>) -> UnitRecords {
+    Box::new(records.into_iter().map(|r| r.map_err(RecordError::from)))
+}
 
 /// A cluster's accounting, as the stats-server pulls it. Both calls block: the server runs
 /// them off its async workers.

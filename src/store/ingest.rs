@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::db::{Store, StoreError};
-use crate::manager::{Accounting, AccountingError, UnitRecord};
+use crate::manager::{Accounting, AccountingError, RecordError, UnitRecord};
 
 /// Rows per transaction.
 pub const BATCH_ROWS: usize = 10_000;
@@ -82,16 +82,19 @@ pub async fn ingest_once(
         for unit in units {
             match unit {
                 Ok(unit) => batch.push(unit),
-                Err(e) => {
+                Err(RecordError::Malformed(e)) => {
                     malformed += 1;
                     tracing::warn!(cluster = %cluster_id, line = e.line, error = %e.message, "skipping a malformed accounting record");
                 }
+                // The batches sent are written (upserts: the next run writes them again
+                // harmlessly); the window stays where it was.
+                Err(RecordError::Broken(e)) => return Err(e),
             }
             if batch.len() == BATCH_ROWS {
                 batch.sort_unstable_by(|a, b| a.user.cmp(&b.user));
                 if batches.blocking_send(std::mem::take(&mut batch)).is_err() {
                     // The writer failed and said why.
-                    return malformed;
+                    return Ok(malformed);
                 }
                 // Only once the last one is taken: a full batch's room while it waits.
                 batch.reserve_exact(BATCH_ROWS);
@@ -99,13 +102,14 @@ pub async fn ingest_once(
         }
         batch.sort_unstable_by(|a, b| a.user.cmp(&b.user));
         let _ = batches.blocking_send(batch);
-        malformed
+        Ok(malformed)
     });
-    let (written, last) = write_batches(store, id, ready, now, unseen_after).await?;
+    let written = write_batches(store, id, ready, now, unseen_after).await;
     let malformed = parser.await.map_err(|e| IngestError::Task {
         cluster: id.to_owned(),
         message: e.to_string(),
-    })?;
+    })??;
+    let (written, last) = written?;
     // Every other row is in: only now does the window move.
     store.ingest(id, &last, next, now).await?;
     let report = IngestReport {
@@ -212,6 +216,9 @@ mod tests {
     /// sacct's answer: `lines`, whatever the window.
     struct Listing(String);
 
+    /// sacct's answer broken off (slurmdbd gone) after this many jobs of it.
+    struct BrokenOff(String, usize);
+
     impl Accounting for Listing {
         fn manager(&self) -> &'static str {
             "slurm"
@@ -229,6 +236,60 @@ mod tests {
         ) -> Option<Result<(Associations, Vec<crate::host::ParseError>), AccountingError>> {
             None
         }
+    }
+
+    impl Accounting for BrokenOff {
+        fn manager(&self) -> &'static str {
+            "slurm"
+        }
+        fn units_since(&self, _: i64) -> Result<UnitRecords, AccountingError> {
+            let (jobs, _) = crate::manager::slurm::sacct::parse_output(&self.0);
+            let broken = RecordError::Broken(AccountingError::Other(
+                "sacct exited with 1: slurmdbd went away".to_owned(),
+            ));
+            let records: Vec<_> = jobs.into_iter().take(self.1).map(Ok).collect();
+            Ok(Box::new(records.into_iter().chain([Err(broken)])))
+        }
+        fn unit(&self, _: &str) -> Result<UnitRecords, AccountingError> {
+            unreachable!("an ingestion asks for a window")
+        }
+        fn associations(
+            &self,
+        ) -> Option<Result<(Associations, Vec<crate::host::ParseError>), AccountingError>> {
+            None
+        }
+    }
+
+    /// An answer that breaks off midway fails the run with sacct's words and keeps the
+    /// window: the next run reads it again, and every job is stored once.
+    #[tokio::test]
+    async fn an_answer_broken_off_midway_fails_the_run_and_keeps_the_window() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = crate::store::db::testing::store(tmp.path()).await;
+        let total = 3 * BATCH_ROWS;
+        let lines: Vec<String> = (0..total).map(|i| line(i, "RUNNING")).collect();
+        let broken = Cluster {
+            id: "lab".to_owned(),
+            accounting: Arc::new(BrokenOff(lines.join("\n"), 2 * BATCH_ROWS + 5)),
+        };
+        let err = ingest_once(&store, &broken, Duration::from_secs(3600), 1795359500)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("slurmdbd went away"), "{err}");
+        assert_eq!(store.window_start("lab").await.unwrap(), None);
+        let whole = Cluster {
+            id: "lab".to_owned(),
+            accounting: Arc::new(Listing(lines.join("\n"))),
+        };
+        let report = ingest_once(&store, &whole, Duration::from_secs(3600), 1795359600)
+            .await
+            .unwrap();
+        assert_eq!(report.rows, total);
+        assert_eq!(store.count_units("lab").await.unwrap(), total as i64);
+        assert_eq!(
+            store.window_start("lab").await.unwrap(),
+            Some(1795359600 - OVERLAP.as_secs() as i64)
+        );
     }
 
     fn line(id: usize, state: &str) -> String {

@@ -13,7 +13,7 @@ use super::findings::Thresholds;
 use super::prometheus::Prometheus;
 use super::rules::SharedRules;
 use super::sql::Sql;
-use crate::manager::Accounting;
+use crate::manager::{Accounting, RecordError};
 
 /// Where one cluster's jobs and series come from.
 pub struct RefreshSource {
@@ -163,15 +163,17 @@ impl JobRefresh {
             let accounting = Arc::clone(&source.accounting);
             let id = job.to_owned();
             let records = tokio::task::spawn_blocking(move || accounting.unit(&id)).await??;
-            let records: Vec<_> = records
-                .filter_map(|r| match r {
-                    Ok(r) => Some(r),
-                    Err(e) => {
+            let mut kept = Vec::new();
+            for record in records {
+                match record {
+                    Ok(r) => kept.push(r),
+                    Err(RecordError::Malformed(e)) => {
                         tracing::warn!(cluster, job, line = e.line, error = %e.message, "skipping a malformed accounting record");
-                        None
                     }
-                })
-                .collect();
+                    Err(RecordError::Broken(e)) => return Err(e.into()),
+                }
+            }
+            let records = kept;
             self.store.upsert_jobs(cluster, &records, now, None).await?;
         }
         let mut out = Refreshed::default();

@@ -144,7 +144,7 @@ impl Accounting for LsfAccounting {
         // bjobs first: a job that ended meanwhile is then bacct's, which comes last and wins.
         let mut records = self.unfinished(None)?;
         records.extend(self.finished(&Self::bacct_args(to - seconds_ago.max(0), to))?);
-        Ok(Box::new(records.into_iter()))
+        Ok(crate::manager::whole_answer(records))
     }
 
     fn unit(&self, id: &str) -> Result<UnitRecords, AccountingError> {
@@ -154,7 +154,7 @@ impl Accounting for LsfAccounting {
             .to_vec();
         args.push(id.to_owned());
         records.extend(self.finished(&args)?);
-        Ok(Box::new(records.into_iter()))
+        Ok(crate::manager::whole_answer(records))
     }
 
     fn associations(&self) -> Option<Result<(Associations, Vec<ParseError>), AccountingError>> {

@@ -350,7 +350,7 @@ impl Accounting for PbsAccounting {
                 })
                 .collect(),
         };
-        Ok(Box::new(records.into_iter()))
+        Ok(crate::manager::whole_answer(records))
     }
 
     fn unit(&self, id: &str) -> Result<UnitRecords, AccountingError> {
@@ -361,7 +361,7 @@ impl Accounting for PbsAccounting {
             let journal = self.journal.lock().unwrap_or_else(|p| p.into_inner());
             records.extend(journal.job(id).map(Ok));
         }
-        Ok(Box::new(records.into_iter()))
+        Ok(crate::manager::whole_answer(records))
     }
 
     fn associations(&self) -> Option<Result<(Associations, Vec<ParseError>), AccountingError>> {

@@ -3,11 +3,15 @@
 
 use super::runner::SlurmCommand;
 use super::sacct::{self, FIELDS};
+use crate::host::command::StdoutLines;
 use crate::host::ParseError;
-use crate::manager::{Accounting, AccountingError, Associations, UnitRecord, UnitRecords};
+use crate::manager::{
+    Accounting, AccountingError, Associations, RecordError, UnitRecord, UnitRecords,
+};
 
-/// Largest sacct answer read (about six million jobs).
-pub const MAX_SACCT_OUTPUT: u64 = 1 << 30;
+/// Longest line of sacct's read (a job's line is a few hundred bytes; its name, work
+/// directory and node list are the long fields).
+pub const MAX_SACCT_LINE: usize = 1 << 20;
 /// Largest sacctmgr answer read.
 pub const MAX_SACCTMGR_OUTPUT: u64 = 64 << 20;
 
@@ -83,16 +87,18 @@ impl SlurmAccounting {
 }
 
 impl SlurmAccounting {
-    fn records(&self, args: &[String], limit: u64) -> Result<UnitRecords, AccountingError> {
-        let output = self
+    fn records(&self, args: &[String]) -> Result<UnitRecords, AccountingError> {
+        // Lines are parsed as the caller pulls them, as sacct prints them: a window of a
+        // million jobs (180 MB of output) is never held.
+        let lines = self
             .sacct
-            .run(args, &[("SLURM_TIME_FORMAT", "%s")], limit)?;
-        // Lines are parsed as the caller pulls them, so a large window is never held twice.
+            .stream(args, &[("SLURM_TIME_FORMAT", "%s")], MAX_SACCT_LINE)?;
         Ok(Box::new(SacctRecords {
-            text: output,
-            at: 0,
+            lines,
+            buf: Vec::new(),
             line: 0,
             zone: self.time_zone.clone(),
+            broken: false,
         }))
     }
 }
@@ -103,12 +109,11 @@ impl Accounting for SlurmAccounting {
     }
 
     fn units_since(&self, seconds_ago: i64) -> Result<UnitRecords, AccountingError> {
-        self.records(&self.sacct_args(seconds_ago), MAX_SACCT_OUTPUT)
+        self.records(&self.sacct_args(seconds_ago))
     }
 
     fn unit(&self, id: &str) -> Result<UnitRecords, AccountingError> {
-        // A job id's lines (an array's tasks at most) are small.
-        self.records(&self.sacct_job_args(id), MAX_SACCTMGR_OUTPUT)
+        self.records(&self.sacct_job_args(id))
     }
 
     fn associations(&self) -> Option<Result<(Associations, Vec<ParseError>), AccountingError>> {
@@ -132,31 +137,39 @@ impl Accounting for SlurmAccounting {
     }
 }
 
-/// The records of sacct's output, parsed in place; blank lines are skipped.
+/// The records of sacct's output, each parsed as it is read; blank lines are skipped.
 struct SacctRecords {
-    text: String,
-    at: usize,
+    lines: StdoutLines,
+    buf: Vec<u8>,
     line: usize,
     zone: jiff::tz::TimeZone,
+    /// sacct failed: nothing comes after the error.
+    broken: bool,
 }
 
 impl Iterator for SacctRecords {
-    type Item = Result<UnitRecord, ParseError>;
+    type Item = Result<UnitRecord, RecordError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            let rest = self.text.get(self.at..).filter(|r| !r.is_empty())?;
-            let (line, len) = match rest.find('\n') {
-                Some(i) => (&rest[..i], i + 1),
-                None => (rest, rest.len()),
-            };
-            self.at += len;
+        while !self.broken {
+            match self.lines.next_line(&mut self.buf) {
+                Ok(false) => return None,
+                Ok(true) => {}
+                Err(e) => {
+                    self.broken = true;
+                    return Some(Err(RecordError::Broken(e.into())));
+                }
+            }
             self.line += 1;
-            let line = line.trim_end_matches('\r');
+            let text = String::from_utf8_lossy(&self.buf);
+            let line = text.trim_end_matches('\r');
             if !line.trim().is_empty() {
-                return Some(sacct::parse_line_in(self.line, line, &self.zone));
+                return Some(
+                    sacct::parse_line_in(self.line, line, &self.zone).map_err(RecordError::from),
+                );
             }
         }
+        None
     }
 }
 
@@ -208,7 +221,10 @@ mod tests {
         let got: Vec<_> = acct.units_since(60).unwrap().collect();
         assert_eq!(got.len(), 3, "{got:?}");
         assert_eq!(got[0].as_ref().unwrap().uuid, "1");
-        assert_eq!(got[1].as_ref().unwrap_err().line, 3);
+        assert!(
+            matches!(&got[1], Err(RecordError::Malformed(e)) if e.line == 3),
+            "{got:?}"
+        );
         assert_eq!(got[2].as_ref().unwrap().uuid, "2");
         assert!(acct.associations().is_none());
 
@@ -222,5 +238,81 @@ mod tests {
             ..job.clone()
         };
         assert!(acct.cancel(&odd).is_err());
+    }
+
+    fn sacct_printing(dir: &std::path::Path, body: &str, timeout: Duration) -> SlurmAccounting {
+        let mut sacct = stand_in(dir, "sacct", body);
+        sacct.timeout = timeout;
+        SlurmAccounting {
+            scancel: sacct.clone(),
+            sacct,
+            sacctmgr: None,
+            slurm_name: None,
+            time_zone: jiff::tz::TimeZone::UTC,
+        }
+    }
+
+    const GOOD: &str = "1|debug|normal|physics|alice|2001|alice|2001|1795358897|1795358897|1795358926|00:00:29|29|0:0|COMPLETED|cpu=1,mem=300M,node=1|localhost|/tmp|60|wrap";
+
+    #[test]
+    fn a_large_window_is_read_as_sacct_prints_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        // 200,000 jobs (36 MB): each comes, in order, while sacct still prints.
+        let acct = sacct_printing(
+            tmp.path(),
+            &format!("seq 1 200000 | awk '{{ print $0 \"{}\" }}'", &GOOD[1..]),
+            Duration::from_secs(60),
+        );
+        let mut n = 0u32;
+        for (i, unit) in acct.units_since(60).unwrap().enumerate() {
+            let unit = unit.unwrap_or_else(|e| panic!("record {i}: {e}"));
+            assert_eq!(unit.uuid, (i + 1).to_string());
+            n += 1;
+        }
+        assert_eq!(n, 200_000);
+    }
+
+    #[test]
+    fn sacct_failing_or_hanging_midway_breaks_the_answer_off_with_why() {
+        let tmp = tempfile::tempdir().unwrap();
+        let acct = sacct_printing(
+            tmp.path(),
+            &format!("echo '{GOOD}'; echo 'sacct: error: slurmdbd went away' >&2; exit 1"),
+            Duration::from_secs(10),
+        );
+        let got: Vec<_> = acct.units_since(60).unwrap().collect();
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0].as_ref().unwrap().uuid, "1");
+        let Err(RecordError::Broken(e)) = &got[1] else {
+            panic!("{got:?}")
+        };
+        assert!(e.to_string().contains("slurmdbd went away"), "{e}");
+
+        let acct = sacct_printing(
+            tmp.path(),
+            &format!("echo '{GOOD}'; sleep 30; echo '{GOOD}'"),
+            Duration::from_millis(500),
+        );
+        let start = std::time::Instant::now();
+        let got: Vec<_> = acct.units_since(60).unwrap().collect();
+        assert!(start.elapsed() < Duration::from_secs(10));
+        assert_eq!(got.len(), 2, "{got:?}");
+        let Err(RecordError::Broken(e)) = &got[1] else {
+            panic!("{got:?}")
+        };
+        assert!(e.to_string().contains("did not finish within"), "{e}");
+
+        // A line without end: refused, never held whole.
+        let acct = sacct_printing(
+            tmp.path(),
+            "head -c 3000000 /dev/zero | tr '\\0' x",
+            Duration::from_secs(10),
+        );
+        let got: Vec<_> = acct.units_since(60).unwrap().collect();
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(
+            matches!(&got[0], Err(RecordError::Broken(e)) if e.to_string().contains("longer than")),
+            "{got:?}"
+        );
     }
 }

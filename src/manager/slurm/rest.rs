@@ -187,7 +187,7 @@ impl RestAccounting {
         let body = self.get(path, limit)?;
         let jobs =
             rest_json::parse_jobs(&body, &mut HostNames::default()).map_err(RestError::from)?;
-        Ok(Box::new(jobs.into_iter()))
+        Ok(crate::manager::whole_answer(jobs))
     }
 }
 

@@ -122,42 +122,96 @@ pub struct SlurmCommand {
     pub env: Vec<(String, String)>,
 }
 
+/// What to start for one run of a Slurm command.
+struct Invocation<'a> {
+    program: &'a Path,
+    args: Vec<String>,
+    env: Vec<(&'a str, &'a str)>,
+    user: Option<(u32, u32)>,
+}
+
+impl Invocation<'_> {
+    fn env(&self) -> &[(&str, &str)] {
+        &self.env
+    }
+}
+
 impl SlurmCommand {
+    /// Runs the command and returns its whole stdout, at most `max_output` bytes.
     pub fn run(
         &self,
         args: &[String],
         env: &[(&str, &str)],
         max_output: u64,
     ) -> Result<String, CommandError> {
+        let call = self.invocation(args, env);
+        let run = || {
+            command::run_as(
+                call.program,
+                &call.args,
+                call.env(),
+                self.timeout,
+                max_output,
+                call.user,
+            )
+        };
+        match call.user {
+            // Only the start needs the capabilities, but the start is inside the run.
+            Some(_) => crate::security::with_capabilities(CAPABILITIES, run),
+            None => run(),
+        }
+    }
+
+    /// Starts the command and reads its stdout a line at a time (none longer than
+    /// `max_line`): sacct's window can be hundreds of megabytes.
+    pub fn stream(
+        &self,
+        args: &[String],
+        env: &[(&str, &str)],
+        max_line: usize,
+    ) -> Result<command::StdoutLines, CommandError> {
+        let call = self.invocation(args, env);
+        let spawn = || command::spawn_as(call.program, &call.args, call.env(), call.user);
+        let child = match call.user {
+            Some(_) => crate::security::with_capabilities(CAPABILITIES, spawn),
+            None => spawn(),
+        }?;
+        command::StdoutLines::new(call.program, child, self.timeout, max_line)
+    }
+
+    fn invocation<'a>(&'a self, args: &[String], env: &[(&'a str, &'a str)]) -> Invocation<'a> {
         let mut all: Vec<(&str, &str)> = self
             .env
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         all.extend_from_slice(env);
-        let env = all.as_slice();
         match &self.mode {
-            RunMode::Native => command::run_env(&self.path, args, env, self.timeout, max_output),
+            RunMode::Native => Invocation {
+                program: &self.path,
+                args: args.to_vec(),
+                env: all,
+                user: None,
+            },
             RunMode::Sudo { sudo } => {
                 // sudo resets the environment; pass ours as VAR=value arguments.
                 let mut full = vec!["-n".to_owned()];
-                full.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+                full.extend(all.iter().map(|(k, v)| format!("{k}={v}")));
                 full.push(self.path.display().to_string());
                 full.extend(args.iter().cloned());
-                command::run_env(sudo, &full, &[], self.timeout, max_output)
+                Invocation {
+                    program: sudo,
+                    args: full,
+                    env: Vec::new(),
+                    user: None,
+                }
             }
-            RunMode::AsUser { uid, gid, .. } => {
-                crate::security::with_capabilities(CAPABILITIES, || {
-                    command::run_as(
-                        &self.path,
-                        args,
-                        env,
-                        self.timeout,
-                        max_output,
-                        Some((*uid, *gid)),
-                    )
-                })
-            }
+            RunMode::AsUser { uid, gid, .. } => Invocation {
+                program: &self.path,
+                args: args.to_vec(),
+                env: all,
+                user: Some((*uid, *gid)),
+            },
         }
     }
 }
