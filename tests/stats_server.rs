@@ -146,6 +146,101 @@ async fn killed_mid_ingestion_and_restarted_the_database_holds_every_job_once() 
     );
 }
 
+/// The server's peak memory (its own VmHWM) through ingestion and the update after it, with
+/// small caches: the same for a window five times larger, since sacct's answer is read as it
+/// comes and every cache has a budget; every job is stored once after several runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peak_memory_does_not_grow_with_the_window() {
+    let mut peaks = Vec::new();
+    for jobs in [JOBS / 5, JOBS] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        std::fs::write(dir.join("sacct.txt"), sacct_output(jobs)).unwrap();
+        let sacct = dir.join("sacct");
+        let text = dir.join("sacct.txt");
+        std::fs::write(
+            &sacct,
+            format!("#!/bin/sh\nexec /bin/cat '{}'\n", text.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&sacct, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let port = free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_ceems"))
+            .args([
+                "stats-server",
+                &format!("--web.listen-address=127.0.0.1:{port}"),
+                &format!("--storage.data.path={}", dir.join("data").display()),
+                &format!("--slurm.sacct.path={}", sacct.display()),
+                "--slurm.sacctmgr.path=",
+                "--slurm.run-as-user=",
+                "--storage.first-window=400d",
+                "--storage.update-interval=2s",
+                "--slurm.cluster-id=lab",
+                "--web.cache-size=2MiB",
+                "--storage.sqlite.cache-size=4MiB",
+                "--security.drop-privileges=false",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start stats-server");
+        let pid = child.id();
+        let server = Running {
+            child: common::KillOnDrop(child),
+            port,
+        };
+        // Each run reads the whole window again (the stand-in ignores it): two runs, two
+        // windows' rows.
+        let start = Instant::now();
+        loop {
+            let ingested = server
+                .answers()
+                .then(|| server.get("/metrics"))
+                .and_then(|m| {
+                    m.lines()
+                        .find(|l| l.starts_with("ceems_stats_ingested_rows_total{"))
+                        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                })
+                .unwrap_or(0.0);
+            if ingested >= 2.0 * jobs as f64 {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(240),
+                "{jobs} jobs were not ingested twice in 240 s ({ingested} rows)"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let peak_kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .expect("VmHWM");
+        drop(server);
+        let (total, distinct, integrity) = counts(&dir.join("data/ceems.db")).await;
+        assert_eq!(
+            (total, distinct, integrity.as_str()),
+            (jobs as i64, jobs as i64, "ok")
+        );
+        let text_mib = std::fs::metadata(&text).unwrap().len() >> 20;
+        println!(
+            "{jobs} jobs ({text_mib} MiB of sacct output): peak RSS {} MiB",
+            peak_kib >> 10
+        );
+        peaks.push((jobs, text_mib, peak_kib >> 10));
+    }
+    let [(_, small_text, small), (_, large_text, large)] = peaks[..] else {
+        unreachable!()
+    };
+    // Holding sacct's answer would add its size, and as much again while it is read and
+    // copied; a run's peak varies by a few MiB.
+    assert!(
+        large < small + (large_text - small_text) * 3 / 4,
+        "the peak grew with the window: {peaks:?} (jobs, MiB of output, MiB peak)"
+    );
+}
+
 /// A stats-server told no cluster id names its Slurm cluster as slurm.conf does (what sacct,
 /// the lb's config and cacct use), and says so; without a ClusterName it falls back to
 /// `slurm-0` with a warning.

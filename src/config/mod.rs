@@ -639,6 +639,47 @@ pub fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D
         .map_err(|e| serde::de::Error::custom(format!("`{raw}` is not a duration: {e}")))
 }
 
+/// Deserializes a size in bytes: a number, or one with a unit (`512KiB`, `32MiB`, `1GiB`; `K`,
+/// `M`, `G` are the same, `KB`, `MB`, `GB` powers of ten).
+pub fn de_bytes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Number(u64),
+        Text(String),
+    }
+    match Raw::deserialize(d)? {
+        Raw::Number(n) => Ok(n),
+        Raw::Text(text) => parse_bytes(&text).map_err(serde::de::Error::custom),
+    }
+}
+
+/// A size such as `32MiB` in bytes (see [`de_bytes`]).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(digits);
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KiB" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "`{text}` is not a size: unit `{other}` (expected B, KiB, MiB, GiB, KB, MB or GB)"
+            ))
+        }
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| format!("`{text}` is not a size in bytes such as 32MiB"))
+}
+
 /// Options shared by every subcommand: logging.
 pub fn log_opts() -> Vec<Opt> {
     vec![
@@ -664,6 +705,27 @@ pub struct LogConfig {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sizes_are_read_with_their_units_and_refused_without_sense() {
+        assert_eq!(parse_bytes("32MiB"), Ok(32 << 20));
+        assert_eq!(parse_bytes("512 KiB"), Ok(512 << 10));
+        assert_eq!(parse_bytes("1G"), Ok(1 << 30));
+        assert_eq!(parse_bytes("2MB"), Ok(2_000_000));
+        assert_eq!(parse_bytes("0"), Ok(0));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        for bad in [
+            "",
+            "MiB",
+            "32 mebibytes",
+            "-1MiB",
+            "1.5GiB",
+            "99999999999999999999GiB",
+        ] {
+            let err = parse_bytes(bad).unwrap_err();
+            assert!(err.contains(&format!("`{bad}`")), "{bad}: {err}");
+        }
+    }
+
     use super::*;
 
     #[derive(Debug, Deserialize)]

@@ -6,6 +6,7 @@ pub mod cgroup;
 pub mod command;
 pub mod ebpf;
 pub mod gpu;
+pub mod heap;
 pub mod listeners;
 pub mod perf;
 pub mod processes;

@@ -261,7 +261,7 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                 }
             }
             let ingested = ingest::ingest_once(&store, &s.cluster, first_window, unix_now()).await;
-            hand_back_freed_memory();
+            crate::host::heap::hand_back_freed();
             match ingested {
                 Ok(r) => {
                     st.rows.fetch_add(r.rows as u64, Ordering::Relaxed);
@@ -294,7 +294,7 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                     unix_now(),
                 )
                 .await;
-                hand_back_freed_memory();
+                crate::host::heap::hand_back_freed();
                 st.aggregate_millis
                     .store(began.elapsed().as_millis() as u64, Ordering::Relaxed);
                 match result {
@@ -352,10 +352,11 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                 Ok(n) => tracing::info!(cluster = id, jobs = n, "findings updated"),
                 Err(e) => tracing::warn!(cluster = id, error = %e, "findings not updated"),
             }
+            crate::host::heap::hand_back_freed();
             if let Err(e) = store.rebuild_usage(id, unix_now()).await {
                 tracing::warn!(cluster = id, error = %e, "usage not rebuilt");
             }
-            hand_back_freed_memory();
+            crate::host::heap::hand_back_freed();
             st.last_update.store(unix_now() as u64, Ordering::Relaxed);
             lease.release().await;
         }
@@ -369,18 +370,6 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
             Err(e) => tracing::warn!(error = %e, "retention failed"),
         }
         lease.release().await;
-    }
-}
-
-/// Returns the pages that an ingestion or an update freed to the kernel. Each thread that
-/// allocates gets its own glibc arena, and each keeps its freed pages until asked: the next
-/// phase allocates on other threads, so their peaks added up (a second ingestion of 100,000
-/// jobs after an update: 266 MiB, then 228 MiB held while idle).
-fn hand_back_freed_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only releases free memory; it is safe from any thread.
-    unsafe {
-        nix::libc::malloc_trim(0);
     }
 }
 

@@ -29,6 +29,7 @@ use crate::web;
 
 mod campaigns;
 mod loops;
+mod memory;
 mod policies;
 mod settings;
 mod site_rules;
@@ -312,6 +313,7 @@ pub fn opts() -> Vec<Opt> {
     opts.extend(policies::opts());
     opts.extend(campaigns::opts());
     opts.extend(site_rules::opts());
+    opts.extend(memory::opts());
     opts.extend(super::mail_opts::opts("notify."));
     opts.extend(crate::security::opts());
     opts.extend(config::log_opts());
@@ -339,6 +341,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
     prom.queries.validate().map_err(anyhow::Error::msg)?;
     let admins: Vec<String> = settings.get("web.admin-users")?;
     let (thresholds, rules) = site_rules::load(&settings)?;
+    let budgets = memory::Budgets::of(&settings)?;
     let user_header: String = settings.get("web.user-header-name")?;
     let time_zone = match settings.get::<String>("storage.data.time-zone")?.as_str() {
         "" => jiff::tz::TimeZone::system(),
@@ -504,7 +507,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let store = Arc::new(
-            Store::open_url(&db_url)
+            Store::open_url(&db_url, budgets.sqlite_page_cache)
                 .await
                 .context("cannot open the database")?,
         );
@@ -587,6 +590,7 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         tracing::info!(address = %listen, "listening");
         let api = Arc::new(
             Api::new(Arc::clone(&store), &user_header)
+                .with_cache_bytes(budgets.api_cache)
                 .with_time_zone(time_zone)
                 .with_emissions_provider(&emissions_provider)
                 .with_on_demand_pull(Arc::clone(&refresh)),

@@ -45,9 +45,10 @@ pub const DEFAULT_WINDOW_SECONDS: i64 = 24 * 3600;
 /// Most rows one `/units` answer holds.
 pub const MAX_UNITS: i64 = 100_000;
 
-/// Most answers kept, and most bytes in them; past either, the cache starts over.
+/// Most answers kept; past it, or past the answers' bytes, the cache starts over.
 const CACHE_ENTRIES: usize = 4096;
-const CACHE_BYTES: usize = 64 << 20;
+/// Bytes the API keeps between requests, all its caches together, unless told otherwise.
+pub const DEFAULT_CACHE_BYTES: usize = 32 << 20;
 
 /// Answers by request, valid while the store's generation is unchanged: Grafana asks the same
 /// questions at every refresh of every viewer's dashboard, and data changes only when the
@@ -76,6 +77,8 @@ pub struct Api {
     /// Requests being answered, which identical ones wait for.
     in_flight: in_flight::InFlight<Answer>,
     units: UnitCache,
+    /// Most bytes of `cache`.
+    cache_bytes: usize,
     /// Where times are written when a request names no `timezone`.
     time_zone: jiff::tz::TimeZone,
     zones: std::sync::Mutex<Vec<String>>,
@@ -121,12 +124,21 @@ impl Api {
             user_header: user_header.to_owned(),
             cache: Default::default(),
             in_flight: Default::default(),
-            units: Default::default(),
+            units: UnitCache::with_budget(DEFAULT_CACHE_BYTES - DEFAULT_CACHE_BYTES / 4),
+            cache_bytes: DEFAULT_CACHE_BYTES / 4,
             time_zone: jiff::tz::TimeZone::system(),
             zones: Default::default(),
             emissions_key: "owid_total".to_owned(),
             on_demand: None,
         }
+    }
+
+    /// Keeps at most `bytes` between requests: a quarter for answers by request, the rest
+    /// for `/units` (users' jobs, rendered jobs, answers). 0 keeps nothing.
+    pub fn with_cache_bytes(mut self, bytes: usize) -> Api {
+        self.units = UnitCache::with_budget(bytes - bytes / 4);
+        self.cache_bytes = bytes / 4;
+        self
     }
 
     /// Times are written in `zone` unless a request names one.
@@ -182,14 +194,14 @@ impl Api {
         let size = key.len() + answer.body.len();
         if cache.generation != generation
             || cache.answers.len() >= CACHE_ENTRIES
-            || cache.bytes + size > CACHE_BYTES
+            || cache.bytes + size > self.cache_bytes
         {
             *cache = Cache {
                 generation,
                 ..Default::default()
             };
         }
-        if size <= CACHE_BYTES {
+        if size <= self.cache_bytes {
             cache.bytes += size;
             cache.answers.insert(key, answer.clone());
         }

@@ -38,9 +38,29 @@ fn describe_postgres(o: &PgConnectOptions) -> String {
 const SLOW_STATEMENT_LOG: log::LevelFilter = log::LevelFilter::Debug;
 const SLOW_STATEMENT: Duration = Duration::from_secs(1);
 
+/// SQLite's page caches, every connection's together, unless the server is told otherwise.
+pub const DEFAULT_PAGE_CACHE_BYTES: u64 = 32 << 20;
+/// Connections that read beside the writer.
+const SQLITE_READERS: u32 = 8;
+
+/// `PRAGMA cache_size` for `bytes` (negative: KiB), at least SQLite's floor of a few pages.
+fn cache_size_pragma(bytes: u64) -> String {
+    format!("-{}", (bytes / 1024).max(64))
+}
+
 impl Store {
     /// Opens (creating) the database at `path` and brings its schema up to date.
     pub async fn open(path: &Path) -> Result<Store, StoreError> {
+        Store::open_with_page_cache(path, DEFAULT_PAGE_CACHE_BYTES).await
+    }
+
+    /// As [`Store::open`], SQLite's page caches holding at most `page_cache_bytes` in all:
+    /// half for the writer (a large batch's index pages; its sorts spill to disk past it),
+    /// the rest shared by the readers (the kernel caches the file too).
+    pub async fn open_with_page_cache(
+        path: &Path,
+        page_cache_bytes: u64,
+    ) -> Result<Store, StoreError> {
         let url = format!("sqlite://{}", path.display());
         let open_err = |error| StoreError::Open {
             path: path.display().to_string(),
@@ -83,18 +103,21 @@ impl Store {
         .await
         .map_err(|e| lock_err(std::io::Error::other(e)))?
         .map_err(lock_err)?;
-        // WAL lets readers run beside the writer. Each connection has its own page cache:
-        // the write transactions' holds a large batch's index pages (SQLite's default is
-        // 2 MiB); the others' stay small, the kernel caches the file.
+        // WAL lets readers run beside the writer. Each connection has its own page cache.
+        let writer_cache = page_cache_bytes / 2;
+        let reader_cache = (page_cache_bytes - writer_cache) / u64::from(SQLITE_READERS);
         let pool = SqlitePoolOptions::new()
-            .max_connections(8)
-            .connect_with(opts.clone().pragma("cache_size", "-8192"))
+            .max_connections(SQLITE_READERS)
+            .connect_with(
+                opts.clone()
+                    .pragma("cache_size", cache_size_pragma(reader_cache)),
+            )
             .await
             .map_err(open_err)?;
         // One writer, as SQLite allows: a transaction waits here for the previous one.
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
-            .connect_with(opts.pragma("cache_size", "-32768"))
+            .connect_with(opts.pragma("cache_size", cache_size_pragma(writer_cache)))
             .await
             .map_err(open_err)?;
         let now = std::time::SystemTime::now()
@@ -214,13 +237,14 @@ impl Store {
         Ok(store)
     }
 
-    /// Opens a SQLite file or connects to PostgreSQL, as `url` says.
-    pub async fn open_url(url: &str) -> Result<Store, StoreError> {
+    /// Opens a SQLite file (its page caches holding at most `page_cache_bytes`) or connects
+    /// to PostgreSQL (whose memory is its server's), as `url` says.
+    pub async fn open_url(url: &str, page_cache_bytes: u64) -> Result<Store, StoreError> {
         if is_postgres_url(url) {
             Store::connect_postgres(url).await
         } else {
             let path = url.strip_prefix("sqlite://").unwrap_or(url);
-            Store::open(Path::new(path)).await
+            Store::open_with_page_cache(Path::new(path), page_cache_bytes).await
         }
     }
 }
