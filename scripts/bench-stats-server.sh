@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The stats-server on N generated sacct records (default 1,000,000) of U users (default 1,000):
 #   1. ingestion: rows per second (from the sacct run to the last commit), database bytes per
-#      job and peak RSS; then the time of the whole first update (findings, usage);
+#      job and peak RSS, beside the floor measured in the same run (`scripts/ingest_floor.rs`:
+#      the same rows, parsed beforehand, inserted by plain INSERTs with the same schema,
+#      indexes and transaction size); then the time of the whole first update (findings,
+#      usage);
 #   2. the API: GET /api/v1/units as one user (its jobs of the last day) with wrk at C
 #      concurrent connections (default 200) for D seconds (default 20): p50, p99, requests/s,
 #      and the server's peak RSS; and, one at a time, the first request of each user, which
@@ -18,6 +21,7 @@ conns=${3:-200}
 secs=${4:-20}
 command -v wrk >/dev/null || apt-get install -y wrk >/dev/null
 cargo build --release --locked -q
+cargo build --release --locked -q --example ingest-floor
 dir=$(mktemp -d)
 chmod 755 "$dir"
 pid=
@@ -46,6 +50,16 @@ if [ "$backend" = postgres ]; then
   psql "$pg" -qc "DROP SCHEMA IF EXISTS $schema CASCADE; CREATE SCHEMA $schema"
   database=(--storage.database-url="$pg?options[search_path]=$schema")
 fi
+if [ "$backend" = postgres ]; then
+  psql "$pg" -qc "DROP SCHEMA IF EXISTS floor_$$ CASCADE; CREATE SCHEMA floor_$$"
+  floor=$(target/release/examples/ingest-floor "$dir/sacct.txt" "$pg?options[search_path]=floor_$$" 2>/dev/null)
+  psql "$pg" -qc "DROP SCHEMA floor_$$ CASCADE"
+else
+  mkdir -p "$dir/floor"
+  floor=$(target/release/examples/ingest-floor "$dir/sacct.txt" "$dir/floor/ceems.db" 2>/dev/null)
+  rm -rf "$dir/floor"
+fi
+echo "$floor"
 start=$(date +%s.%N)
 target/release/ceems stats-server --web.listen-address=127.0.0.1:$port --storage.data.path="$dir/data-$backend" \
   "${database[@]}" \
@@ -67,7 +81,8 @@ else
   bytes=$(cat "$dir/data-$backend"/ceems.db* | wc -c)
 fi
 rss=$(awk '/VmHWM/ {print $2}' /proc/$pid/status)
-python3 -c "n=$n; t=$end-$start; print(f'ingest: {n} jobs in {t:.1f} s = {n/t:,.0f} rows/s; database {$bytes/n:.0f} bytes/job; peak RSS {$rss/1024:.0f} MiB')"
+floor_rate=$(awk '{print $(NF-1)}' <<<"$floor")
+python3 -c "n=$n; t=$end-$start; print(f'ingest: {n} jobs in {t:.1f} s = {n/t:,.0f} rows/s ({$floor_rate/(n/t):.2f}x the floor\'s time); database {$bytes/n:.0f} bytes/job; peak RSS {$rss/1024:.0f} MiB')"
 # The rest of the first update (findings of every job, usage) before the API is measured.
 updated() {
   curl -sf "127.0.0.1:$port/metrics" 2>/dev/null \
@@ -76,7 +91,7 @@ updated() {
 until [ "$(updated)" -gt 0 ] 2>/dev/null; do
   sleep 0.2
 done
-python3 -c "print(f'first update (ingest, findings, usage): {$(date +%s.%N)-$start:.1f} s')"
+python3 -c "print(f'first update (ingest, findings, usage): {$(date +%s.%N)-$start:.1f} s; peak RSS {$(awk '/VmHWM/ {print $2}' /proc/$pid/status)/1024:.0f} MiB')"
 # The kernel writes the ingestion's dirty pages back about 30 s later: flush them now, so that
 # the API is not measured against that write-back.
 sync
