@@ -35,6 +35,11 @@ fn sacct_output(n: usize) -> String {
 }
 
 fn start_server(dir: &Path, sacct: &Path) -> Running {
+    start_server_with(dir, sacct, &["--storage.update-interval=1h"])
+}
+
+/// The server on `dir`'s database and `sacct`, with `flags` too.
+fn start_server_with(dir: &Path, sacct: &Path, flags: &[&str]) -> Running {
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_ceems"))
         .args([
@@ -42,9 +47,9 @@ fn start_server(dir: &Path, sacct: &Path) -> Running {
             &format!("--web.listen-address=127.0.0.1:{port}"),
             &format!("--storage.data.path={}", dir.join("data").display()),
             &format!("--slurm.sacct.path={}", sacct.display()),
-            "--storage.update-interval=1h",
             "--slurm.cluster-id=lab",
         ])
+        .args(flags)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -164,31 +169,20 @@ async fn the_peak_memory_does_not_grow_with_the_window() {
         )
         .unwrap();
         std::fs::set_permissions(&sacct, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let port = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_ceems"))
-            .args([
-                "stats-server",
-                &format!("--web.listen-address=127.0.0.1:{port}"),
-                &format!("--storage.data.path={}", dir.join("data").display()),
-                &format!("--slurm.sacct.path={}", sacct.display()),
+        let server = start_server_with(
+            dir,
+            &sacct,
+            &[
                 "--slurm.sacctmgr.path=",
                 "--slurm.run-as-user=",
                 "--storage.first-window=400d",
                 "--storage.update-interval=2s",
-                "--slurm.cluster-id=lab",
                 "--web.cache-size=2MiB",
                 "--storage.sqlite.cache-size=4MiB",
                 "--security.drop-privileges=false",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start stats-server");
-        let pid = child.id();
-        let server = Running {
-            child: common::KillOnDrop(child),
-            port,
-        };
+            ],
+        );
+        let pid = server.child.0.id();
         // Each run reads the whole window again (the stand-in ignores it): two runs, two
         // windows' rows.
         let start = Instant::now();

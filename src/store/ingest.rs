@@ -213,11 +213,9 @@ mod tests {
     use crate::manager::{Associations, UnitRecords};
     use crate::store::sql::Sql;
 
-    /// sacct's answer: `lines`, whatever the window.
-    struct Listing(String);
-
-    /// sacct's answer broken off (slurmdbd gone) after this many jobs of it.
-    struct BrokenOff(String, usize);
+    /// sacct's answer: `lines`, whatever the window; broken off (slurmdbd gone) after this
+    /// many jobs when the second field says so.
+    struct Listing(String, Option<usize>);
 
     impl Accounting for Listing {
         fn manager(&self) -> &'static str {
@@ -226,28 +224,13 @@ mod tests {
         fn units_since(&self, _: i64) -> Result<UnitRecords, AccountingError> {
             let (jobs, errors) = crate::manager::slurm::sacct::parse_output(&self.0);
             assert!(errors.is_empty(), "{errors:?}");
-            Ok(Box::new(jobs.into_iter().map(Ok)))
-        }
-        fn unit(&self, _: &str) -> Result<UnitRecords, AccountingError> {
-            unreachable!("an ingestion asks for a window")
-        }
-        fn associations(
-            &self,
-        ) -> Option<Result<(Associations, Vec<crate::host::ParseError>), AccountingError>> {
-            None
-        }
-    }
-
-    impl Accounting for BrokenOff {
-        fn manager(&self) -> &'static str {
-            "slurm"
-        }
-        fn units_since(&self, _: i64) -> Result<UnitRecords, AccountingError> {
-            let (jobs, _) = crate::manager::slurm::sacct::parse_output(&self.0);
+            let Some(after) = self.1 else {
+                return Ok(Box::new(jobs.into_iter().map(Ok)));
+            };
             let broken = RecordError::Broken(AccountingError::Other(
                 "sacct exited with 1: slurmdbd went away".to_owned(),
             ));
-            let records: Vec<_> = jobs.into_iter().take(self.1).map(Ok).collect();
+            let records: Vec<_> = jobs.into_iter().take(after).map(Ok).collect();
             Ok(Box::new(records.into_iter().chain([Err(broken)])))
         }
         fn unit(&self, _: &str) -> Result<UnitRecords, AccountingError> {
@@ -270,7 +253,7 @@ mod tests {
         let lines: Vec<String> = (0..total).map(|i| line(i, "RUNNING")).collect();
         let broken = Cluster {
             id: "lab".to_owned(),
-            accounting: Arc::new(BrokenOff(lines.join("\n"), 2 * BATCH_ROWS + 5)),
+            accounting: Arc::new(Listing(lines.join("\n"), Some(2 * BATCH_ROWS + 5))),
         };
         let err = ingest_once(&store, &broken, Duration::from_secs(3600), 1795359500)
             .await
@@ -279,7 +262,7 @@ mod tests {
         assert_eq!(store.window_start("lab").await.unwrap(), None);
         let whole = Cluster {
             id: "lab".to_owned(),
-            accounting: Arc::new(Listing(lines.join("\n"))),
+            accounting: Arc::new(Listing(lines.join("\n"), None)),
         };
         let report = ingest_once(&store, &whole, Duration::from_secs(3600), 1795359600)
             .await
@@ -321,7 +304,7 @@ mod tests {
         lines.extend((BATCH_ROWS..total).map(|i| line(i, "PENDING")));
         let cluster = Cluster {
             id: "lab".to_owned(),
-            accounting: Arc::new(Listing(lines.join("\n"))),
+            accounting: Arc::new(Listing(lines.join("\n"), None)),
         };
         let report = ingest_once(&store, &cluster, Duration::from_secs(3600), 1795359500)
             .await

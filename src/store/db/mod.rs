@@ -32,6 +32,7 @@ pub use connect::{describe_postgres_url, is_postgres_url, DEFAULT_PAGE_CACHE_BYT
 pub use nodes::NodesDue;
 pub use retention::{backup_name, prune_backups};
 pub use tx::Lease;
+pub use upsert::{postgres_insert, sqlite_insert, ROWS_PER_STATEMENT};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -86,7 +86,7 @@ impl Store {
 }
 
 /// Rows per INSERT: 26 parameters each stays far below SQLite's limit of 32766.
-const ROWS_PER_STATEMENT: usize = 500;
+pub const ROWS_PER_STATEMENT: usize = 500;
 
 const UNIT_COLUMNS: &str = "cluster_id, uuid, started_at, name, project, grp, gid, usr, uid,
     partition, qos, submitted_at, ended_at, elapsed_seconds, state, exit_code, alloc_cpus,
@@ -161,6 +161,48 @@ async fn upsert(
     }
 }
 
+/// A plain INSERT of `chunk` (at most [`ROWS_PER_STATEMENT`] jobs) on SQLite, as the upsert
+/// writes them; the ingestion's floor (`scripts/ingest_floor.rs`) runs it alone.
+pub fn sqlite_insert<'a>(
+    cluster: &'a str,
+    manager: &'a str,
+    chunk: &'a [&'a UnitRecord],
+    now: i64,
+) -> sqlx::QueryBuilder<'a, Sqlite> {
+    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let mut q = sqlx::QueryBuilder::<Sqlite>::new("INSERT INTO units (");
+    q.push(UNIT_COLUMNS).push(") ");
+    q.push_values(chunk.iter().copied(), |mut row, j: &UnitRecord| {
+        row.push_bind(cluster)
+            .push_bind(j.uuid.as_str())
+            .push_bind(j.start.unwrap_or(0))
+            .push_bind(j.name.as_str())
+            .push_bind(j.account.as_str())
+            .push_bind(j.group.as_str())
+            .push_bind(j.gid)
+            .push_bind(j.user.as_str())
+            .push_bind(j.uid)
+            .push_bind(j.partition.as_str())
+            .push_bind(j.qos.as_str())
+            .push_bind(j.submit)
+            .push_bind(j.end)
+            .push_bind(int(j.elapsed_seconds))
+            .push_bind(j.state.as_str())
+            .push_bind(j.exit_code.as_str())
+            .push_bind(int(j.allocation.cpus))
+            .push_bind(int(j.allocation.mem_bytes))
+            .push_bind(int(j.allocation.gpus))
+            .push_bind(int(j.allocation.billing))
+            .push_bind(j.nodes.join(","))
+            .push_bind(j.workdir.as_str())
+            .push_bind(j.time_limit_seconds.map(int))
+            .push_bind(now)
+            .push_bind(j.reported.to_json())
+            .push_bind(manager);
+    });
+    q
+}
+
 /// SQLite's upsert: rows of 26 placeholders, ROWS_PER_STATEMENT at a time. Built with sqlx's
 /// own builder, which binds the jobs' strings without copying them; each statement is built
 /// while SQLite's thread runs the one before, instead of that thread waiting for it.
@@ -175,48 +217,13 @@ async fn upsert_sqlite(
         pending,
         now,
     } = *batch;
-    fn insert<'a>(
-        cluster: &'a str,
-        manager: &'a str,
-        chunk: &'a [&'a UnitRecord],
-        now: i64,
-    ) -> sqlx::QueryBuilder<'a, Sqlite> {
-        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        let mut q = sqlx::QueryBuilder::<Sqlite>::new("INSERT INTO units (");
-        q.push(UNIT_COLUMNS).push(") ");
-        q.push_values(chunk.iter().copied(), |mut row, j: &UnitRecord| {
-            row.push_bind(cluster)
-                .push_bind(j.uuid.as_str())
-                .push_bind(j.start.unwrap_or(0))
-                .push_bind(j.name.as_str())
-                .push_bind(j.account.as_str())
-                .push_bind(j.group.as_str())
-                .push_bind(j.gid)
-                .push_bind(j.user.as_str())
-                .push_bind(j.uid)
-                .push_bind(j.partition.as_str())
-                .push_bind(j.qos.as_str())
-                .push_bind(j.submit)
-                .push_bind(j.end)
-                .push_bind(int(j.elapsed_seconds))
-                .push_bind(j.state.as_str())
-                .push_bind(j.exit_code.as_str())
-                .push_bind(int(j.allocation.cpus))
-                .push_bind(int(j.allocation.mem_bytes))
-                .push_bind(int(j.allocation.gpus))
-                .push_bind(int(j.allocation.billing))
-                .push_bind(j.nodes.join(","))
-                .push_bind(j.workdir.as_str())
-                .push_bind(j.time_limit_seconds.map(int))
-                .push_bind(now)
-                .push_bind(j.reported.to_json())
-                .push_bind(manager);
-        });
+    let mut chunks = jobs.chunks(ROWS_PER_STATEMENT);
+    let insert = |chunk| {
+        let mut q = sqlite_insert(cluster, manager, chunk, now);
         q.push(" ").push(UPSERT_SET);
         q
-    }
-    let mut chunks = jobs.chunks(ROWS_PER_STATEMENT);
-    let mut next = chunks.next().map(|c| (c, insert(cluster, manager, c, now)));
+    };
+    let mut next = chunks.next().map(|c| (c, insert(c)));
     while let Some((chunk, mut q)) = next.take() {
         let started: Vec<&str> = chunk
             .iter()
@@ -237,7 +244,7 @@ async fn upsert_sqlite(
         }
         // The statement goes to SQLite's thread at the first poll; the next is built meanwhile.
         let (written, built) = tokio::join!(q.build().execute(&mut **tx), async {
-            chunks.next().map(|c| (c, insert(cluster, manager, c, now)))
+            chunks.next().map(|c| (c, insert(c)))
         });
         written?;
         next = built;
@@ -285,17 +292,7 @@ async fn upsert_postgres(
         .await?;
     }
     let columns = UnitColumns::new(jobs);
-    let insert = format!(
-        "INSERT INTO units ({UNIT_COLUMNS})
-         SELECT $1, unnest($2::text[]), unnest($3::bigint[]), unnest($4::text[]),
-            unnest($5::text[]), unnest($6::text[]), unnest($7::bigint[]), unnest($8::text[]),
-            unnest($9::bigint[]), unnest($10::text[]), unnest($11::text[]),
-            unnest($12::bigint[]), unnest($13::bigint[]), unnest($14::bigint[]),
-            unnest($15::text[]), unnest($16::text[]), unnest($17::bigint[]),
-            unnest($18::bigint[]), unnest($19::bigint[]), unnest($20::bigint[]),
-            unnest($21::text[]), unnest($22::text[]), unnest($23::bigint[]), $24,
-            unnest($25::text[]), $26"
-    );
+    let insert = postgres_insert_sql();
     let unseen = |j: &&UnitRecord| match (j.start, unseen_after) {
         (Some(start), Some(after)) => start != 0 && start > after,
         _ => false,
@@ -322,6 +319,38 @@ async fn upsert_postgres(
     let upsert = format!("{insert} {UPSERT_SET}");
     columns
         .bind(sqlx::query(&upsert), cluster, manager, now)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// PostgreSQL's plain INSERT of a batch's column arrays ([`UnitColumns::bind`] binds them).
+fn postgres_insert_sql() -> String {
+    format!(
+        "INSERT INTO units ({UNIT_COLUMNS})
+         SELECT $1, unnest($2::text[]), unnest($3::bigint[]), unnest($4::text[]),
+            unnest($5::text[]), unnest($6::text[]), unnest($7::bigint[]), unnest($8::text[]),
+            unnest($9::bigint[]), unnest($10::text[]), unnest($11::text[]),
+            unnest($12::bigint[]), unnest($13::bigint[]), unnest($14::bigint[]),
+            unnest($15::text[]), unnest($16::text[]), unnest($17::bigint[]),
+            unnest($18::bigint[]), unnest($19::bigint[]), unnest($20::bigint[]),
+            unnest($21::text[]), unnest($22::text[]), unnest($23::bigint[]), $24,
+            unnest($25::text[]), $26"
+    )
+}
+
+/// A plain INSERT of `jobs` on PostgreSQL, as the upsert writes them; the ingestion's floor
+/// (`scripts/ingest_floor.rs`) runs it alone.
+pub async fn postgres_insert(
+    tx: &mut sqlx::Transaction<'static, Postgres>,
+    cluster: &str,
+    manager: &str,
+    jobs: &[&UnitRecord],
+    now: i64,
+) -> Result<(), StoreError> {
+    let insert = postgres_insert_sql();
+    UnitColumns::new(jobs)
+        .bind(sqlx::query(&insert), cluster, manager, now)
         .execute(&mut **tx)
         .await?;
     Ok(())
