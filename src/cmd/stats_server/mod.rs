@@ -88,30 +88,9 @@ pub fn opts() -> Vec<Opt> {
             "Accepted for CEEMS's e2e scripts; ceems has no checks to skip",
         )
         .hidden(),
-        Opt::new(
-            "storage.data.retention-period",
-            Kind::Duration,
-            "Jobs that ended longer ago than this are deleted",
-        )
-        .default("1y"),
-        Opt::new(
-            "storage.data.backup.path",
-            Kind::Str,
-            "Directory for online backups of the database (empty: no backups)",
-        )
-        .default(""),
-        Opt::new(
-            "storage.data.backup.interval",
-            Kind::Duration,
-            "Time between two backups",
-        )
-        .default("1d"),
-        Opt::new(
-            "storage.data.backup.keep",
-            Kind::Int,
-            "Backups kept; older ones are deleted",
-        )
-        .default("7"),
+    ]);
+    opts.extend(retention_opts());
+    opts.extend([
         Opt::new(
             "storage.update-interval",
             Kind::Duration,

@@ -25,6 +25,36 @@ pub(super) struct DataSettings {
     pub(super) backup: BackupSettings,
 }
 
+/// How long jobs are kept, and the database's backups.
+pub(super) fn retention_opts() -> Vec<Opt> {
+    vec![
+        Opt::new(
+            "storage.data.retention-period",
+            Kind::Duration,
+            "Jobs that ended longer ago than this are deleted",
+        )
+        .default("1y"),
+        Opt::new(
+            "storage.data.backup.path",
+            Kind::Str,
+            "Directory for online backups of the database (empty: no backups)",
+        )
+        .default(""),
+        Opt::new(
+            "storage.data.backup.interval",
+            Kind::Duration,
+            "Time between two backups",
+        )
+        .default("1d"),
+        Opt::new(
+            "storage.data.backup.keep",
+            Kind::Int,
+            "Backups kept; older ones are deleted",
+        )
+        .default("7"),
+    ]
+}
+
 #[derive(Debug, Deserialize)]
 pub(super) struct BackupSettings {
     pub(super) path: String,
