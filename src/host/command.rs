@@ -88,11 +88,7 @@ pub fn run_as(
             Ok(Some(status)) => break status,
             Ok(None) if Instant::now() >= deadline => {
                 // The whole group, so that a shell wrapper's children die too.
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(child.id() as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-                let _ = child.wait();
+                let _ = kill_group(&mut child);
                 return Err(CommandError::Timeout {
                     program: name,
                     timeout,
@@ -227,8 +223,7 @@ impl StdoutLines {
                 Ok(true)
             }
             Ok(n) if n as u64 >= limit => {
-                self.ended = true;
-                let _ = kill_group(&mut self.child);
+                self.abort();
                 Err(CommandError::LineTooLong {
                     program: self.program.clone(),
                     limit: self.max_line,
@@ -237,8 +232,7 @@ impl StdoutLines {
             // The last line, without an end.
             Ok(_) => Ok(true),
             Err(source) => {
-                self.ended = true;
-                let _ = kill_group(&mut self.child);
+                self.abort();
                 Err(CommandError::Wait {
                     program: self.program.clone(),
                     source,
@@ -255,10 +249,7 @@ impl StdoutLines {
             program: self.program.clone(),
             source,
         });
-        let killed = self.watchdog.take().is_some_and(|(stop, watchdog)| {
-            let _ = stop.send(());
-            watchdog.join().unwrap_or(false)
-        });
+        let killed = self.stop_watchdog();
         let status = status?;
         if killed {
             return Err(CommandError::Timeout {
@@ -283,13 +274,28 @@ impl StdoutLines {
     }
 }
 
+impl StdoutLines {
+    /// Stops the watchdog; whether it had killed the program.
+    fn stop_watchdog(&mut self) -> bool {
+        self.watchdog.take().is_some_and(|(stop, watchdog)| {
+            let _ = stop.send(());
+            watchdog.join().unwrap_or(false)
+        })
+    }
+
+    /// Ends the program early: the watchdog first, so that it never signals a group whose
+    /// leader was reaped (its id could be another's by then).
+    fn abort(&mut self) {
+        self.ended = true;
+        self.stop_watchdog();
+        let _ = kill_group(&mut self.child);
+    }
+}
+
 impl Drop for StdoutLines {
     fn drop(&mut self) {
         if !self.ended {
-            let _ = kill_group(&mut self.child);
-        }
-        if let Some((stop, _)) = self.watchdog.take() {
-            let _ = stop.send(());
+            self.abort();
         }
     }
 }

@@ -130,12 +130,6 @@ struct Invocation<'a> {
     user: Option<(u32, u32)>,
 }
 
-impl Invocation<'_> {
-    fn env(&self) -> &[(&str, &str)] {
-        &self.env
-    }
-}
-
 impl SlurmCommand {
     /// Runs the command and returns its whole stdout, at most `max_output` bytes.
     pub fn run(
@@ -149,7 +143,7 @@ impl SlurmCommand {
             command::run_as(
                 call.program,
                 &call.args,
-                call.env(),
+                &call.env,
                 self.timeout,
                 max_output,
                 call.user,
@@ -171,7 +165,7 @@ impl SlurmCommand {
         max_line: usize,
     ) -> Result<command::StdoutLines, CommandError> {
         let call = self.invocation(args, env);
-        let spawn = || command::spawn_as(call.program, &call.args, call.env(), call.user);
+        let spawn = || command::spawn_as(call.program, &call.args, &call.env, call.user);
         let child = match call.user {
             Some(_) => crate::security::with_capabilities(CAPABILITIES, spawn),
             None => spawn(),
