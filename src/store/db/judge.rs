@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::{Store, StoreError};
 use crate::store::findings::{evaluate, JobFacts, Thresholds};
 use crate::store::rules::SiteRules;
-use crate::store::sql::{Backend, Sql};
+use crate::store::sql::{Backend, DbRow, Sql};
 
 /// Which jobs a pass judges.
 #[derive(Debug, Clone, Copy)]
@@ -81,9 +81,7 @@ impl Store {
                 "((ended_at >= $4 AND ended_at <= $5) OR (ended_at IS NULL AND started_at <= $5))"
             }
         };
-        let mut after = 0i64;
-        let mut total = 0usize;
-        loop {
+        let page = |after: i64| {
             let q = Sql::new(&format!(
                 "SELECT id, state, exit_code, ended_at IS NOT NULL, elapsed_seconds,
                         time_limit_seconds, alloc_cpus, alloc_mem_bytes, alloc_gpus,
@@ -99,79 +97,109 @@ impl Store {
             .arg(cluster)
             .arg(after)
             .arg(PAGE);
-            let q = match which {
+            match which {
                 Judged::Changed => q,
                 Judged::Between(from, to) => q.arg(from).arg(to),
-            };
-            let rows = self.fetch_all(&q).await?;
-            let Some(last) = rows.last() else {
-                break;
-            };
-            after = last.get(0)?;
-            // No finding is stored as NULL (read back as `[]`).
-            let mut updates: Vec<(i64, Option<String>)> = Vec::with_capacity(rows.len());
-            // Made for the page and gone before the next await (CEL's context is not Send).
-            let judge = rules.judge(&manager);
-            for r in &rows {
-                let facts = JobFacts {
-                    manager: manager.clone(),
-                    state: r.get(1)?,
-                    exit_code: r.get(2)?,
-                    ended: r.flag(3)?,
-                    elapsed_seconds: r.get(4)?,
-                    time_limit_seconds: r.get(5)?,
-                    alloc_cpus: r.get(6)?,
-                    alloc_mem_bytes: r.get(7)?,
-                    alloc_gpus: r.get(8)?,
-                    aggregated_seconds: r.get(9)?,
-                    cpu_seconds: r.get(10)?,
-                    memory_peak_bytes: r.get(11)?,
-                    memory_fail_count: r.get(12)?,
-                    mean_gpu_utilization: r.get(13)?,
-                    gpu_utilization_max: r.get(14)?,
-                    host_energy_joules: r.get(15)?,
-                    gpu_energy_joules: r.get(16)?,
-                    emissions_grams: r.get(17)?,
-                    measured: r.get(18)?,
-                    name: r.get(19)?,
-                    user: r.get(20)?,
-                    project: r.get(21)?,
-                    partition: r.get(22)?,
-                    qos: r.get(23)?,
-                    nodes: r.get(24)?,
-                    node_cpu_seconds: r
-                        .get::<Option<String>>(25)?
-                        .and_then(|j| serde_json::from_str::<BTreeMap<String, f64>>(&j).ok())
-                        .map(|m| m.into_iter().collect())
-                        .unwrap_or_default(),
-                    gpu_memory_peak_bytes: r.get(26)?,
-                };
-                let mut found = evaluate(&facts, thresholds);
-                found.extend(judge.evaluate(&facts));
-                found.sort_by_key(|f| std::cmp::Reverse(f.severity));
-                let json = (!found.is_empty())
-                    .then(|| serde_json::to_string(&found).ok())
-                    .flatten();
-                updates.push((r.get(0)?, json));
             }
-            drop(judge);
-            // One statement per page: row-by-row updates made a first run over a million
-            // jobs take minutes.
-            let mut q = Sql::new("UPDATE units SET findings = v.column2, findings_updated_at = ");
-            q.bind(now).push(" FROM (VALUES ");
-            for (i, (id, json)) in updates.iter().enumerate() {
-                q.push(if i == 0 { "(" } else { ", (" })
-                    .bind(*id)
-                    .push(", ")
-                    .bind(json.as_deref())
-                    .push(")");
-            }
-            q.push(") AS v WHERE units.id = v.column1");
-            self.execute(&q).await?;
-            let rows: Vec<i64> = updates.iter().map(|(id, _)| *id).collect();
-            self.written_units(&rows);
+        };
+        let mut total = 0usize;
+        let mut rows = self.fetch_all(&page(0)).await?;
+        // A page is stored by the writer while a reader fetches the next (pages are disjoint
+        // ranges of ids): the first pass over a million jobs takes the longer of the two, not
+        // their sum.
+        while let Some(last) = rows.last() {
+            let after: i64 = last.get(0)?;
+            let updates = judge_page(&rows, &manager, thresholds, rules)?;
+            drop(rows);
+            let next = page(after);
+            let (stored, next) =
+                tokio::join!(self.store_findings(&updates, now), self.fetch_all(&next));
+            stored?;
+            rows = next?;
             total += updates.len();
         }
         Ok(total)
     }
+
+    /// One page's findings in one statement (row-by-row updates made a first run over a
+    /// million jobs take minutes), through the writer: its page cache holds the pages the
+    /// rewritten rows split, where a reader's small one spilled them mid-statement.
+    async fn store_findings(
+        &self,
+        updates: &[(i64, Option<String>)],
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let mut q = Sql::new("UPDATE units SET findings = v.column2, findings_updated_at = ");
+        q.bind(now).push(" FROM (VALUES ");
+        for (i, (id, json)) in updates.iter().enumerate() {
+            q.push(if i == 0 { "(" } else { ", (" })
+                .bind(*id)
+                .push(", ")
+                .bind(json.as_deref())
+                .push(")");
+        }
+        q.push(") AS v WHERE units.id = v.column1");
+        let mut tx = self.write_tx().await?;
+        tx.execute(&q).await?;
+        tx.commit().await?;
+        let ids: Vec<i64> = updates.iter().map(|(id, _)| *id).collect();
+        self.written_units(&ids);
+        Ok(())
+    }
+}
+
+/// The findings of a page of rows, each job's id with its findings as stored (no finding is
+/// NULL, read back as `[]`). The site's rules are made for the page and gone before the next
+/// await (CEL's context is not Send).
+fn judge_page(
+    rows: &[DbRow],
+    manager: &str,
+    thresholds: &Thresholds,
+    rules: &SiteRules,
+) -> Result<Vec<(i64, Option<String>)>, StoreError> {
+    let judge = rules.judge(manager);
+    let mut updates = Vec::with_capacity(rows.len());
+    for r in rows {
+        let facts = JobFacts {
+            manager: manager.to_string(),
+            state: r.get(1)?,
+            exit_code: r.get(2)?,
+            ended: r.flag(3)?,
+            elapsed_seconds: r.get(4)?,
+            time_limit_seconds: r.get(5)?,
+            alloc_cpus: r.get(6)?,
+            alloc_mem_bytes: r.get(7)?,
+            alloc_gpus: r.get(8)?,
+            aggregated_seconds: r.get(9)?,
+            cpu_seconds: r.get(10)?,
+            memory_peak_bytes: r.get(11)?,
+            memory_fail_count: r.get(12)?,
+            mean_gpu_utilization: r.get(13)?,
+            gpu_utilization_max: r.get(14)?,
+            host_energy_joules: r.get(15)?,
+            gpu_energy_joules: r.get(16)?,
+            emissions_grams: r.get(17)?,
+            measured: r.get(18)?,
+            name: r.get(19)?,
+            user: r.get(20)?,
+            project: r.get(21)?,
+            partition: r.get(22)?,
+            qos: r.get(23)?,
+            nodes: r.get(24)?,
+            node_cpu_seconds: r
+                .get::<Option<String>>(25)?
+                .and_then(|j| serde_json::from_str::<BTreeMap<String, f64>>(&j).ok())
+                .map(|m| m.into_iter().collect())
+                .unwrap_or_default(),
+            gpu_memory_peak_bytes: r.get(26)?,
+        };
+        let mut found = evaluate(&facts, thresholds);
+        found.extend(judge.evaluate(&facts));
+        found.sort_by_key(|f| std::cmp::Reverse(f.severity));
+        let json = (!found.is_empty())
+            .then(|| serde_json::to_string(&found).ok())
+            .flatten();
+        updates.push((r.get(0)?, json));
+    }
+    Ok(updates)
 }
