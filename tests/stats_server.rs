@@ -1,5 +1,6 @@
 //! `ceems stats-server` ingestion: killed with SIGKILL in the middle of a 200,000-job window
-//! from a stand-in sacct, then restarted, the database is sound and holds every job once.
+//! from a stand-in sacct, then restarted with small caches, the database is sound and holds
+//! every job once, and the server's peak memory stayed within its budget.
 
 mod common;
 
@@ -34,8 +35,30 @@ fn sacct_output(n: usize) -> String {
     out
 }
 
+/// The server with small caches, as a site short of memory sets them.
 fn start_server(dir: &Path, sacct: &Path) -> Running {
-    start_server_with(dir, sacct, &["--storage.update-interval=1h"])
+    start_server_with(
+        dir,
+        sacct,
+        &[
+            "--storage.update-interval=1h",
+            SMALL_WEB_CACHE,
+            SMALL_SQLITE_CACHE,
+        ],
+    )
+}
+
+const SMALL_WEB_CACHE: &str = "--web.cache-size=2MiB";
+const SMALL_SQLITE_CACHE: &str = "--storage.sqlite.cache-size=4MiB";
+
+/// A line of the process's own accounting (`VmRSS`, `VmHWM`), in KiB.
+fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
 
 /// The server on `dir`'s database and `sacct`, with `flags` too.
@@ -127,6 +150,8 @@ async fn killed_mid_ingestion_and_restarted_the_database_holds_every_job_once() 
 
     // The restarted server ingests the same window again; nothing is missing or doubled.
     let server = start_server(dir, &sacct);
+    let pid = server.child.0.id();
+    let started_kib = proc_status_kib(pid, "VmRSS");
     let start = Instant::now();
     loop {
         if counts(&db).await.0 == JOBS as i64 {
@@ -142,6 +167,17 @@ async fn killed_mid_ingestion_and_restarted_the_database_holds_every_job_once() 
     assert!(
         metrics.contains("ceems_stats_ingested_rows_total{cluster_id=\"lab\"}"),
         "{metrics}"
+    );
+    let peak_kib = proc_status_kib(pid, "VmHWM");
+    let text_kib = std::fs::metadata(dir.join("sacct.txt")).unwrap().len() >> 10;
+    println!("restarted: {started_kib} KiB at start, peak {peak_kib} KiB through {text_kib} KiB of sacct output");
+    // The budget of this run: its caches, batches of parsed jobs in flight (16 MiB), and less
+    // than sacct's answer; holding the answer whole (read, then copied) took twice its size.
+    let caches_kib = (2 + 4) << 10;
+    assert!(
+        peak_kib - started_kib < text_kib + caches_kib + (16 << 10),
+        "the peak ({peak_kib} KiB, {started_kib} KiB at start) is over the budget of \
+         {caches_kib} KiB of caches, 16 MiB of batches and {text_kib} KiB"
     );
     drop(server);
     let (total, distinct, integrity) = counts(&db).await;
@@ -177,8 +213,8 @@ async fn the_peak_memory_does_not_grow_with_the_window() {
                 "--slurm.run-as-user=",
                 "--storage.first-window=400d",
                 "--storage.update-interval=2s",
-                "--web.cache-size=2MiB",
-                "--storage.sqlite.cache-size=4MiB",
+                SMALL_WEB_CACHE,
+                SMALL_SQLITE_CACHE,
                 "--security.drop-privileges=false",
             ],
         );
