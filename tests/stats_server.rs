@@ -241,12 +241,7 @@ async fn the_peak_memory_does_not_grow_with_the_window() {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        let peak_kib: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .expect("VmHWM");
+        let peak_kib = proc_status_kib(pid, "VmHWM");
         drop(server);
         let (total, distinct, integrity) = counts(&dir.join("data/ceems.db")).await;
         assert_eq!(
