@@ -8,7 +8,6 @@
 //!
 //!     cargo run --release --example ingest-floor -- SACCT_TEXT (DB_FILE | postgres://…)
 
-use std::str::FromStr as _;
 use std::time::Instant;
 
 use ceems::manager::UnitRecord;
@@ -44,14 +43,11 @@ async fn main() -> anyhow::Result<()> {
         report(jobs.len(), started);
     } else {
         drop(Store::open(std::path::Path::new(db)).await?);
-        let opts = sqlx::sqlite::SqliteConnectOptions::from_str(&format!("sqlite://{db}"))?
-            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-            .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
-            .pragma("wal_autocheckpoint", "40000")
-            .pragma(
-                "cache_size",
-                format!("-{}", ceems::store::db::DEFAULT_PAGE_CACHE_BYTES / 2 / 1024),
-            );
+        let path = std::path::Path::new(db);
+        let opts = ceems::store::db::sqlite_writer_options(
+            ceems::store::db::sqlite_options(path)?,
+            ceems::store::db::DEFAULT_PAGE_CACHE_BYTES,
+        );
         let pool = sqlx::sqlite::SqlitePoolOptions::new()
             .max_connections(1)
             .connect_with(opts)

@@ -124,13 +124,14 @@ impl Api {
             user_header: user_header.to_owned(),
             cache: Default::default(),
             in_flight: Default::default(),
-            units: UnitCache::with_budget(DEFAULT_CACHE_BYTES - DEFAULT_CACHE_BYTES / 4),
-            cache_bytes: DEFAULT_CACHE_BYTES / 4,
+            units: Default::default(),
+            cache_bytes: 0,
             time_zone: jiff::tz::TimeZone::system(),
             zones: Default::default(),
             emissions_key: "owid_total".to_owned(),
             on_demand: None,
         }
+        .with_cache_bytes(DEFAULT_CACHE_BYTES)
     }
 
     /// Keeps at most `bytes` between requests: a quarter for answers by request, the rest

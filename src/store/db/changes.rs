@@ -81,7 +81,7 @@ mod tests {
     #[test]
     fn the_units_remembered_are_bounded_whatever_the_commits() {
         let mut log = ChangeLog::default();
-        // A findings pass over three million jobs: 600 commits of 5,000 units.
+        // Three million jobs' rows rewritten in 600 commits of 5,000 units.
         for g in 1..=600u64 {
             log.push(g, Some(Arc::from(vec![g as i64; 5000])));
             assert!(log.units <= KEPT_UNITS, "{} units after {g}", log.units);

@@ -48,6 +48,35 @@ fn cache_size_pragma(bytes: u64) -> String {
     format!("-{}", (bytes / 1024).max(64))
 }
 
+/// The settings of every connection to the SQLite file at `path`.
+pub fn sqlite_options(path: &Path) -> Result<SqliteConnectOptions, sqlx::Error> {
+    Ok(
+        SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // In WAL mode NORMAL loses no committed transaction when the process dies; only a
+            // power loss can take the last ones.
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(10))
+            // Fewer, larger checkpoints during a big ingestion (160 MB of WAL instead of 4):
+            // each copies pages back on the writer's thread (1M jobs: 95k -> 103k rows/s).
+            .pragma("wal_autocheckpoint", "40000")
+            // The WAL file shrinks back after a checkpoint has emptied it.
+            .pragma("journal_size_limit", "67108864")
+            .foreign_keys(true)
+            .log_slow_statements(SLOW_STATEMENT_LOG, SLOW_STATEMENT),
+    )
+}
+
+/// `options` (see [`sqlite_options`]) as the writer's, with its half of SQLite's
+/// `page_cache_bytes`; the ingestion's floor (`scripts/ingest_floor.rs`) writes with them.
+pub fn sqlite_writer_options(
+    options: SqliteConnectOptions,
+    page_cache_bytes: u64,
+) -> SqliteConnectOptions {
+    options.pragma("cache_size", cache_size_pragma(page_cache_bytes / 2))
+}
+
 impl Store {
     /// Opens (creating) the database at `path` and brings its schema up to date.
     pub async fn open(path: &Path) -> Result<Store, StoreError> {
@@ -61,26 +90,11 @@ impl Store {
         path: &Path,
         page_cache_bytes: u64,
     ) -> Result<Store, StoreError> {
-        let url = format!("sqlite://{}", path.display());
         let open_err = |error| StoreError::Open {
             path: path.display().to_string(),
             error,
         };
-        let opts = SqliteConnectOptions::from_str(&url)
-            .map_err(open_err)?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            // In WAL mode NORMAL loses no committed transaction when the process dies; only a
-            // power loss can take the last ones.
-            .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(10))
-            // Fewer, larger checkpoints during a big ingestion (160 MB of WAL instead of 4):
-            // each copies pages back on the writer's thread (1M jobs: 95k -> 103k rows/s).
-            .pragma("wal_autocheckpoint", "40000")
-            // The WAL file shrinks back after a checkpoint has emptied it.
-            .pragma("journal_size_limit", "67108864")
-            .foreign_keys(true)
-            .log_slow_statements(SLOW_STATEMENT_LOG, SLOW_STATEMENT);
+        let opts = sqlite_options(path).map_err(open_err)?;
         // sqlx takes no lock to migrate SQLite, and switching a new database to WAL does not
         // wait for another connection: two processes opening one new database (the server and
         // an admin's tool) would fail or apply a migration twice. An exclusive flock makes the
@@ -104,8 +118,7 @@ impl Store {
         .map_err(|e| lock_err(std::io::Error::other(e)))?
         .map_err(lock_err)?;
         // WAL lets readers run beside the writer. Each connection has its own page cache.
-        let writer_cache = page_cache_bytes / 2;
-        let reader_cache = (page_cache_bytes - writer_cache) / u64::from(SQLITE_READERS);
+        let reader_cache = (page_cache_bytes - page_cache_bytes / 2) / u64::from(SQLITE_READERS);
         let pool = SqlitePoolOptions::new()
             .max_connections(SQLITE_READERS)
             .connect_with(
@@ -117,7 +130,7 @@ impl Store {
         // One writer, as SQLite allows: a transaction waits here for the previous one.
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
-            .connect_with(opts.pragma("cache_size", cache_size_pragma(writer_cache)))
+            .connect_with(sqlite_writer_options(opts, page_cache_bytes))
             .await
             .map_err(open_err)?;
         let now = std::time::SystemTime::now()

@@ -28,7 +28,10 @@ pub use accounts::{Tenure, SERVICE_ACCOUNT};
 pub use aggregates::{
     measured, merge_series, AggregateDelta, AggregateTarget, SeriesFold, SeriesWeights, USAGE_SUMS,
 };
-pub use connect::{describe_postgres_url, is_postgres_url, DEFAULT_PAGE_CACHE_BYTES};
+pub use connect::{
+    describe_postgres_url, is_postgres_url, sqlite_options, sqlite_writer_options,
+    DEFAULT_PAGE_CACHE_BYTES,
+};
 pub use nodes::NodesDue;
 pub use retention::{backup_name, prune_backups};
 pub use tx::Lease;
