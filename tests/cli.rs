@@ -765,6 +765,28 @@ fn environment_variables_follow_one_pattern_and_the_old_one_still_works() {
     }
 }
 
+/// `--lb.owner-only` cannot be kept with ownership asked of the API, whose `/units/verify`
+/// lets a project's members through: the lb refuses to start, saying so.
+#[test]
+fn the_lb_refuses_owner_only_with_ownership_from_the_api() {
+    let out = Command::new(BIN)
+        .args([
+            "lb",
+            "--lb.backend=lab=http://127.0.0.1:9",
+            "--lb.owner-only",
+            "--lb.ceems-api-url=http://127.0.0.1:9",
+            "--web.listen-address=127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--lb.owner-only needs ownership read from the database"),
+        "{err}"
+    );
+}
+
 /// A list's flag and key are taken in either number (`--lb.backends`, `backend = [...]`), and
 /// an unknown key names the nearest known one.
 #[test]

@@ -424,7 +424,7 @@ fn a_deployment_s_pod_is_its_creator_s_in_the_api_and_the_lb() {
     let query = format!(
         "/kube/api/v1/query?query=ceems_compute_unit_cpu_user_seconds_total%7Buuid%3D%22{POD}%22%7D"
     );
-    let status = |user: &str| match ureq::get(&lb.url(&query))
+    let status = |lb: &common::Running, user: &str| match ureq::get(&lb.url(&query))
         .set("X-Grafana-User", user)
         .call()
     {
@@ -432,9 +432,23 @@ fn a_deployment_s_pod_is_its_creator_s_in_the_api_and_the_lb() {
         Err(ureq::Error::Status(s, _)) => s,
         Err(e) => panic!("{e}"),
     };
-    assert_eq!(status("alice"), 200);
+    assert_eq!(status(&lb, "alice"), 200);
     // bob shares the namespace's project (its RoleBinding), whose jobs the lb lets members
     // read, as CEEMS's does; a user of neither is refused.
-    assert_eq!(status("bob"), 200);
-    assert_eq!(status("carol"), 403);
+    assert_eq!(status(&lb, "bob"), 200);
+    assert_eq!(status(&lb, "carol"), 403);
+    // A site that keeps each person's pods to them: bob, in the namespace, is refused too.
+    let owner_only = common::start_subcommand(
+        "lb",
+        data.path(),
+        &[
+            &format!("--lb.backend=kube={}", store.url()),
+            &format!("--storage.data.path={}", data.path().join("data").display()),
+            "--lb.owner-only",
+        ],
+        &[],
+    );
+    assert_eq!(status(&owner_only, "alice"), 200);
+    assert_eq!(status(&owner_only, "bob"), 403);
+    assert_eq!(status(&owner_only, "carol"), 403);
 }

@@ -15,7 +15,7 @@ use crate::lb::access::Access;
 use crate::lb::backend::{Pool, StoreAccess, StoreSpec, Strategy};
 use crate::lb::owners::{ApiOwners, Owners};
 use crate::lb::{Api, Lb};
-use crate::store::db::{self, Store};
+use crate::store::db::{self, Readers, Store};
 use crate::web;
 
 pub fn opts() -> Vec<Opt> {
@@ -97,6 +97,10 @@ pub fn opts() -> Vec<Opt> {
             "The stores' scrape interval: a user reads a job's series from its start to its end (as the stats-server's database says) widened by this much on each side, never beyond, since a job id comes back as another user's job once the ids wrap",
         )
         .default("30s"),
+        Opt::flag(
+            "lb.owner-only",
+            "Only the user who ran a job (and admins) may read its series; without it, as CEEMS, the members of the job's project (Slurm account, Kubernetes namespace, ...) may too. Needs the database, not --lb.ceems-api-url",
+        ),
         Opt::new(
             "lb.ceems-api-url",
             Kind::Str,
@@ -165,6 +169,8 @@ struct LbSettings {
     timeout: Duration,
     #[serde(deserialize_with = "config::de_duration")]
     scrape_interval: Duration,
+    #[serde(default)]
+    owner_only: bool,
     #[serde(default)]
     ceems_api_url: String,
     /// Stores reached with credentials, TLS settings or headers (TOML only).
@@ -404,13 +410,23 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
         .context("cannot start the async runtime")?;
     let api_url = lb.ceems_api_url.trim().to_owned();
     runtime.block_on(async move {
+        let readers = match lb.owner_only {
+            true => Readers::Owner,
+            false => Readers::OwnerAndProjects,
+        };
         let owners = match api_url.is_empty() {
-            true => Owners::Database(Arc::new(
-                Store::open_read_only(&db_url)
-                    .await
-                    .with_context(|| format!("cannot open the stats-server's database {db_url}"))?,
-            )),
+            true => Owners::Database(
+                Arc::new(Store::open_read_only(&db_url).await.with_context(|| {
+                    format!("cannot open the stats-server's database {db_url}")
+                })?),
+                readers,
+            ),
             false => {
+                // The API's /units/verify lets a project's members through, as CEEMS's does.
+                anyhow::ensure!(
+                    !lb.owner_only,
+                    "--lb.owner-only needs ownership read from the database: the stats-server's /units/verify (--lb.ceems-api-url) lets a project's members read its jobs"
+                );
                 anyhow::ensure!(
                     api_url.starts_with("http://") || api_url.starts_with("https://"),
                     "--lb.ceems-api-url `{api_url}`: expected http(s)://host:port"

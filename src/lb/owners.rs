@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::backend::StoreAccess;
-use crate::store::db::{Store, StoreError, Tenure, SERVICE_ACCOUNT};
+use crate::store::db::{Readers, Store, StoreError, Tenure, SERVICE_ACCOUNT};
 
 /// Why who owns what could not be told.
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +53,8 @@ impl Readable {
 
 /// Where ownership is looked up.
 pub enum Owners {
-    Database(Arc<Store>),
+    /// The database, and who besides admins reads a unit.
+    Database(Arc<Store>, Readers),
     Api(ApiOwners),
 }
 
@@ -141,8 +142,8 @@ impl Owners {
         uuids: &[String],
     ) -> Result<Readable, OwnersError> {
         match self {
-            Owners::Database(store) => {
-                let tenures = store.unit_tenures(cluster, user, uuids).await?;
+            Owners::Database(store, readers) => {
+                let tenures = store.unit_tenures(cluster, user, uuids, *readers).await?;
                 Ok(Readable {
                     units: tenures
                         .iter()
@@ -184,7 +185,7 @@ impl Owners {
     /// cluster served here that it does not know (its users would be refused every job).
     pub async fn cluster_ids(&self) -> Result<BTreeSet<String>, OwnersError> {
         match self {
-            Owners::Database(store) => Ok(store.unit_cluster_ids().await?.into_iter().collect()),
+            Owners::Database(store, _) => Ok(store.unit_cluster_ids().await?.into_iter().collect()),
             Owners::Api(api) => {
                 let path = "/api/v1/clusters/admin".to_owned();
                 match api.get(path, SERVICE_ACCOUNT).await? {
@@ -202,7 +203,7 @@ impl Owners {
     /// Whether `user` is one of the stats-server's admins.
     pub async fn is_admin(&self, user: &str) -> Result<bool, OwnersError> {
         match self {
-            Owners::Database(store) => Ok(store.is_admin(user).await?),
+            Owners::Database(store, _) => Ok(store.is_admin(user).await?),
             Owners::Api(api) => {
                 let path = "/api/v1/users/admin?role=admin".to_owned();
                 match api.get(path, SERVICE_ACCOUNT).await? {

@@ -111,13 +111,21 @@ impl Store {
         Ok(())
     }
 
-    /// `(…)`: whether a unit of `cluster` is `user`'s to read: they ran it, or it is a project's
-    /// they are a member of (as CEEMS's load balancer decides; in CEEMS's schema, the projects
-    /// whose users list them).
-    fn push_readable_by(&self, q: &mut Sql, cluster: &str, user: &str) {
+    /// `(…)`: whether a unit of `cluster` is `user`'s to read: they ran it, or, with
+    /// [`Readers::OwnerAndProjects`], it is a project's they are a member of (as CEEMS's load
+    /// balancer decides; in CEEMS's schema, the projects whose users list them).
+    fn push_readable_by(&self, q: &mut Sql, cluster: &str, user: &str, readers: Readers) {
+        let owner = match self.schema {
+            Schema::Ours => "usr",
+            Schema::Ceems => "username",
+        };
+        q.push("(").push(owner).push(" = ").bind(user);
+        if readers == Readers::Owner {
+            q.push(")");
+            return;
+        }
         match self.schema {
             Schema::Ours => {
-                q.push("(usr = ").bind(user);
                 q.push(" OR project IN (SELECT project FROM associations WHERE cluster_id = ")
                     .bind(cluster)
                     .push(" AND usr = ")
@@ -125,7 +133,6 @@ impl Store {
                     .push("))");
             }
             Schema::Ceems => {
-                q.push("(username = ").bind(user);
                 q.push(" OR project IN (SELECT name FROM projects WHERE cluster_id = ")
                     .bind(cluster)
                     .push(" AND EXISTS (SELECT 1 FROM json_each(users) WHERE value = ")
@@ -148,7 +155,7 @@ impl Store {
         }
         let mut q = Sql::new("SELECT DISTINCT uuid FROM units WHERE cluster_id = ");
         q.bind(cluster).push(" AND ");
-        self.push_readable_by(&mut q, cluster, user);
+        self.push_readable_by(&mut q, cluster, user, Readers::OwnerAndProjects);
         q.push_in("uuid", uuids);
         let mut readable = BTreeSet::new();
         for row in self.fetch_all(&q).await? {
@@ -159,12 +166,13 @@ impl Store {
 
     /// Every unit on `cluster` that holds one of `uuids` (a job id comes back after its
     /// manager's ids wrap): when it ran (seconds; a pending one has no start) and whether
-    /// `user` may read it, as [`Store::units_readable_by`] decides.
+    /// `user` may read it, as `readers` says.
     pub async fn unit_tenures(
         &self,
         cluster: &str,
         user: &str,
         uuids: &[String],
+        readers: Readers,
     ) -> Result<Vec<Tenure>, StoreError> {
         if uuids.is_empty() {
             return Ok(Vec::new());
@@ -174,7 +182,7 @@ impl Store {
             // CEEMS's times are milliseconds; a running unit ends at 0.
             Schema::Ceems => "SELECT uuid, started_at_ts / 1000, NULLIF(ended_at_ts, 0) / 1000, ",
         });
-        self.push_readable_by(&mut q, cluster, user);
+        self.push_readable_by(&mut q, cluster, user, readers);
         q.push(" FROM units WHERE cluster_id = ").bind(cluster);
         q.push_in("uuid", uuids);
         let mut tenures = Vec::new();
@@ -210,6 +218,15 @@ impl Store {
         let q = Sql::new("SELECT 1 FROM admin_users WHERE name = $1").arg(name);
         Ok(self.fetch_optional(&q).await?.is_some())
     }
+}
+
+/// Who may read a unit's series besides admins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readers {
+    /// The user who ran it and the members of its project, as CEEMS decides.
+    OwnerAndProjects,
+    /// The user who ran it only.
+    Owner,
 }
 
 /// One unit holding a job id: when it ran, and whether the asking user may read it.

@@ -24,7 +24,7 @@ use sqlx::sqlite::{Sqlite, SqlitePool};
 use super::shared_read::SharedRead;
 use super::sql::Backend;
 
-pub use accounts::{Tenure, SERVICE_ACCOUNT};
+pub use accounts::{Readers, Tenure, SERVICE_ACCOUNT};
 pub use aggregates::{
     measured, merge_series, AggregateDelta, AggregateTarget, SeriesFold, SeriesWeights, USAGE_SUMS,
 };

@@ -1,6 +1,6 @@
 //! The database's own tests, on the backend `testing::store` picks.
 
-use super::{backup_name, prune_backups, testing, Store};
+use super::{backup_name, prune_backups, testing, Readers, Store};
 use crate::manager::slurm::sacct;
 use crate::manager::UnitRecord;
 use crate::store::sql::{Backend, Sql};
@@ -364,6 +364,26 @@ async fn a_user_reads_the_units_they_ran_and_those_of_their_projects() {
         .await
         .unwrap();
     assert_eq!(readable("carol", "lab").await, ["2"]);
+    // Where only owners read (the lb's --lb.owner-only), her project's job is not hers.
+    let theirs = |user: &'static str, readers: Readers| {
+        let store = &store;
+        async move {
+            let tenures = store
+                .unit_tenures("lab", user, &ids(&["1", "2"]), readers)
+                .await
+                .unwrap();
+            let mut theirs: Vec<String> = tenures
+                .into_iter()
+                .filter(|t| t.theirs)
+                .map(|t| t.uuid)
+                .collect();
+            theirs.sort();
+            theirs
+        }
+    };
+    assert_eq!(theirs("carol", Readers::OwnerAndProjects).await, ["2"]);
+    assert!(theirs("carol", Readers::Owner).await.is_empty());
+    assert_eq!(theirs("bob", Readers::Owner).await, ["2"]);
     assert!(store
         .units_readable_by("lab", "alice", &[])
         .await
@@ -382,7 +402,7 @@ async fn a_job_id_that_wrapped_is_two_tenures_each_its_users() {
     assert!(errors.is_empty(), "{errors:?}");
     store.ingest("lab", &jobs, 100, 1).await.unwrap();
     let mut tenures = store
-        .unit_tenures("lab", "alice", &["1".to_owned()])
+        .unit_tenures("lab", "alice", &["1".to_owned()], Readers::OwnerAndProjects)
         .await
         .unwrap();
     tenures.sort_by_key(|t| t.start);
@@ -396,7 +416,12 @@ async fn a_job_id_that_wrapped_is_two_tenures_each_its_users() {
         ]
     );
     let bob = store
-        .unit_tenures("lab", "bob", &["1".to_owned(), "2".to_owned()])
+        .unit_tenures(
+            "lab",
+            "bob",
+            &["1".to_owned(), "2".to_owned()],
+            Readers::OwnerAndProjects,
+        )
         .await
         .unwrap();
     assert_eq!(bob.iter().filter(|t| t.theirs).count(), 2, "{bob:?}");
