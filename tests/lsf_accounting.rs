@@ -43,10 +43,10 @@ fn field<'a>(units: &'a [Value], uuid: &str, name: &str) -> Option<&'a Value> {
     units.iter().find(|u| u["uuid"] == uuid).map(|u| &u[name])
 }
 
-#[test]
-fn lsf_jobs_reach_the_api_with_their_owner_state_and_allocation() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
+/// A stats-server on an LSF cluster whose stand-ins print the fixture's bacct answer (with a
+/// record that cannot be read) and `bjobs`; `entry` is added to the cluster's entry. Returns
+/// the server and the stand-ins' directory.
+fn lsf_server(dir: &Path, bjobs: &str, entry: &str) -> (common::Running, std::path::PathBuf) {
     // The server drops to nobody when started as root.
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let bin = dir.join("lsf-bin");
@@ -63,14 +63,14 @@ fn lsf_jobs_reach_the_api_with_their_owner_state_and_allocation() {
     )
     .unwrap();
     let bjobs_out = dir.join("bjobs.json");
-    std::fs::write(&bjobs_out, BJOBS).unwrap();
+    std::fs::write(&bjobs_out, bjobs).unwrap();
     command(&bin, "bacct", &bacct_out);
     command(&bin, "bjobs", &bjobs_out);
     let config = dir.join("ceems.toml");
     std::fs::write(
         &config,
         format!(
-            "[stats-server.web]\nadmin-users = [\"root\"]\n\n[[stats-server.clusters]]\nid = \"lsf1\"\nmanager = \"lsf\"\nlsf-bin-dir = \"{}\"\nlsf-env = [\"LSF_ENVDIR=/opt/lsf/conf\"]\n",
+            "[stats-server.web]\nadmin-users = [\"root\"]\n\n[[stats-server.clusters]]\nid = \"lsf1\"\nmanager = \"lsf\"\nlsf-bin-dir = \"{}\"\nlsf-env = [\"LSF_ENVDIR=/opt/lsf/conf\"]\n{entry}",
             bin.display()
         ),
     )
@@ -85,6 +85,13 @@ fn lsf_jobs_reach_the_api_with_their_owner_state_and_allocation() {
         ],
         &[],
     );
+    (server, bin)
+}
+
+#[test]
+fn lsf_jobs_reach_the_api_with_their_owner_state_and_allocation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (server, bin) = lsf_server(tmp.path(), BJOBS, "");
     let all = "/api/v1/units/admin?from=0&running&field=uuid&field=username&field=project&field=groupname&field=partition&field=state&field=exit_code&field=alloc_cpus&field=alloc_gpus&field=alloc_mem_bytes&field=nodes&field=elapsed_seconds&field=resource_manager&field=time_limit_seconds&field=name&field=allocation&field=tags";
     let start = Instant::now();
     let admin = loop {
@@ -168,6 +175,7 @@ fn lsf_jobs_reach_the_api_with_their_owner_state_and_allocation() {
     assert_eq!(bob.len(), 1, "{bob:?}");
     assert_eq!(bob[0]["uuid"], "7002[3]");
     assert!(units(&server, mine, "mallory").is_empty());
+    assert!(units(&server, "/api/v1/projects", "bob").is_empty());
 
     // Reports as for Slurm jobs: the owner gets the job's, another user does not.
     // The status and body of a report as `user`.
@@ -208,13 +216,59 @@ fn lsf_jobs_reach_the_api_with_their_owner_state_and_allocation() {
     );
 }
 
+/// With `lsf-projects-from-jobs` (a site whose projects LSF enforces), as CEEMS 0.14+: the
+/// projects' members are the users of the jobs each pull fetched, so alice reads bob's job in
+/// their project physics, and carol, who ran nothing there, does not.
+#[test]
+fn with_projects_from_jobs_a_project_s_members_are_its_jobs_users() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bobs = BJOBS.replace(
+        r#" {"JOBID":"7001""#,
+        r#" {"JOBID":"8002","JOBINDEX":"0","USER":"bob","USER_GROUP":"phys","QUEUE":"gpu","JOB_NAME":"sim","PROJ_NAME":"physics","STAT":"RUN","ALLOC_SLOT":"cn02","NALLOC_SLOT":"1","SUBMIT_TIME":"Nov 25 10:00:00 2026","START_TIME":"Nov 25 10:00:30 2026","RUN_TIME":"90 second(s)","GPU_NUM":"0","MEM":"1 Gbytes","MEMLIMIT":"","MEM_EFFICIENCY":"50.00%","EXEC_CWD":"/home/bob","RUNTIMELIMIT":"60.0/cn02"},
+ {"JOBID":"7001""#,
+    );
+    let (server, _) = lsf_server(tmp.path(), &bobs, "lsf-projects-from-jobs = true\n");
+    let start = Instant::now();
+    let projects = loop {
+        let got = units(&server, "/api/v1/projects", "alice");
+        if !got.is_empty() {
+            break got;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no projects for alice"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let physics = projects.iter().find(|p| p["name"] == "physics");
+    let physics = physics.unwrap_or_else(|| panic!("{projects:?}"));
+    assert_eq!(
+        physics["users"],
+        serde_json::json!(["alice", "bob"]),
+        "{physics}"
+    );
+    // Through the ownership check the lb and CEEMS's lb use.
+    let verify =
+        |user: &str| match ureq::get(&server.url("/api/v1/units/verify?cluster_id=lsf1&uuid=8002"))
+            .set("X-Grafana-User", user)
+            .call()
+        {
+            Ok(r) => r.status(),
+            Err(ureq::Error::Status(code, _)) => code,
+            Err(e) => panic!("{e}"),
+        };
+    assert_eq!(verify("alice"), 200);
+    assert_eq!(verify("bob"), 200);
+    assert_eq!(verify("carol"), 403);
+}
+
 #[test]
 fn an_lsf_cluster_with_slurm_keys_or_an_unknown_manager_is_refused_at_start() {
     let tmp = tempfile::tempdir().unwrap();
     for (entry, says) in [
         (
             "manager = \"lsf\"\nsacct-path = \"/usr/bin/sacct\"",
-            "unknown field `sacct-path`, expected `lsf-bin-dir` or `lsf-env`, for manager = \"lsf\"",
+            "unknown field `sacct-path`, expected one of `lsf-bin-dir`, `lsf-env`, `lsf-projects-from-jobs`, for manager = \"lsf\"",
         ),
         ("manager = \"pbs\"", "manager `pbs`"),
         ("lsf-bin-dir = \"/opt\"", "unknown field `lsf-bin-dir`"),

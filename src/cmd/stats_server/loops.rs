@@ -209,7 +209,7 @@ pub(super) struct UpdatePlan {
     pub(super) retention: Duration,
 }
 
-/// Every interval: users and projects, jobs, aggregates and usage of each cluster, then
+/// Every interval: jobs, users and projects, aggregates and usage of each cluster, then
 /// retention.
 pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, plan: UpdatePlan) {
     let UpdatePlan {
@@ -248,18 +248,6 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                     continue;
                 }
             };
-            match ingest::sync_associations(&store, &s.cluster, unix_now()).await {
-                Ok(Some(n)) => {
-                    st.failing.succeeded("users and projects");
-                    tracing::debug!(cluster = id, associations = n, "users and projects updated")
-                }
-                Ok(None) => st.failing.succeeded("users and projects"),
-                Err(e) => {
-                    st.association_failures.fetch_add(1, Ordering::Relaxed);
-                    st.failing.failed("users and projects", &e);
-                    tracing::warn!(cluster = id, error = %e, "users and projects not updated");
-                }
-            }
             let ingested = ingest::ingest_once(&store, &s.cluster, first_window, unix_now()).await;
             crate::host::heap::hand_back_freed();
             match ingested {
@@ -280,6 +268,19 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                     st.failures.fetch_add(1, Ordering::Relaxed);
                     st.failing.failed("ingestion", &e);
                     tracing::warn!(cluster = id, error = %e, "ingestion failed; retrying at the next interval");
+                }
+            }
+            // After the jobs: members taken from the jobs (LSF's opt-in) are this pull's.
+            match ingest::sync_associations(&store, &s.cluster, unix_now()).await {
+                Ok(Some(n)) => {
+                    st.failing.succeeded("users and projects");
+                    tracing::debug!(cluster = id, associations = n, "users and projects updated")
+                }
+                Ok(None) => st.failing.succeeded("users and projects"),
+                Err(e) => {
+                    st.association_failures.fetch_add(1, Ordering::Relaxed);
+                    st.failing.failed("users and projects", &e);
+                    tracing::warn!(cluster = id, error = %e, "users and projects not updated");
                 }
             }
             if let Some(prometheus) = &s.prometheus {

@@ -167,7 +167,7 @@ pub fn opts() -> Vec<Opt> {
         Opt::new(
             "clusters",
             Kind::FileOnly,
-            "Clusters in one database: [[stats-server.clusters]] with id, manager (slurm, lsf, k8s, openpbs or openstack), prometheus-url, series-queries (CEEMS's updater queries) and the manager's own keys: sacct-path, sacctmgr-path, slurm-env, slurm-cluster-name, slurmrestd-url; lsf-bin-dir, lsf-env; openpbs-accounting-dir, openpbs-bin-dir, openpbs-env; kubeconfig, k8s-user-annotations, k8s-project-annotations, k8s-gpu-resources, k8s-ns-users-file; openstack-compute-url, openstack-identity-url, openstack-auth, openstack-http-headers, openstack-ca-file, openstack-cert-file, openstack-key-file, openstack-insecure-skip-verify, openstack-gpu-aliases, openstack-timeout",
+            "Clusters in one database: [[stats-server.clusters]] with id, manager (slurm, lsf, k8s, openpbs or openstack), prometheus-url, series-queries (CEEMS's updater queries) and the manager's own keys: sacct-path, sacctmgr-path, slurm-env, slurm-cluster-name, slurmrestd-url; lsf-bin-dir, lsf-env, lsf-projects-from-jobs; openpbs-accounting-dir, openpbs-bin-dir, openpbs-env; kubeconfig, k8s-user-annotations, k8s-project-annotations, k8s-gpu-resources, k8s-ns-users-file; openstack-compute-url, openstack-identity-url, openstack-auth, openstack-http-headers, openstack-ca-file, openstack-cert-file, openstack-key-file, openstack-insecure-skip-verify, openstack-gpu-aliases, openstack-timeout",
         ),
         Opt::new(
             "prometheus.url",

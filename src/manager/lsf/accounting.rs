@@ -2,9 +2,11 @@
 //! pending ones from `bjobs`, both run from the cluster's LSF binary directory with
 //! `TZ=UTC` (LSF prints local times without an offset).
 //!
-//! LSF has no list of who belongs to which project: `bsub -P` takes any name. So no project
-//! membership is pulled (`associations` is None) and a user reads only their own jobs; a
-//! membership built from the jobs themselves would let anyone into a project by naming it.
+//! LSF has no list of who belongs to which project: `bsub -P` takes any name. So by default no
+//! project membership is pulled (`associations` is None) and a user reads only their own jobs;
+//! a membership built from the jobs themselves would let anyone into a project by naming it.
+//! A site whose projects LSF enforces (`lsb.projects`) opts in to CEEMS's way: the users and
+//! projects of the jobs each pull fetched (`lsf-projects-from-jobs`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -31,6 +33,10 @@ pub struct LsfAccounting {
     pub timeout: Duration,
     /// Job groups from the last two `bjobs` answers: bacct does not print a job's group.
     groups: Mutex<[HashMap<String, String>; 2]>,
+    /// Whether projects' members are the users of the jobs each pull fetched.
+    projects_from_jobs: bool,
+    /// Those of the last pull, until the server takes them.
+    memberships: Mutex<Option<Associations>>,
 }
 
 impl LsfAccounting {
@@ -40,7 +46,37 @@ impl LsfAccounting {
             env,
             timeout,
             groups: Mutex::new(Default::default()),
+            projects_from_jobs: false,
+            memberships: Mutex::new(None),
         }
+    }
+
+    /// Projects' members taken from the jobs of each pull, as CEEMS 0.14+ takes them.
+    pub fn with_projects_from_jobs(mut self, on: bool) -> LsfAccounting {
+        self.projects_from_jobs = on;
+        self
+    }
+
+    /// Remembers the users and projects of `records` for the next `associations`.
+    fn remember_memberships(&self, records: &[Result<UnitRecord, ParseError>]) {
+        if !self.projects_from_jobs {
+            return;
+        }
+        let pairs: std::collections::BTreeSet<(String, String)> = records
+            .iter()
+            .flatten()
+            .filter(|r| !r.user.is_empty() && !r.account.is_empty())
+            .map(|r| (r.user.clone(), r.account.clone()))
+            .collect();
+        let mut projects: Vec<String> = pairs.iter().map(|(_, p)| p.clone()).collect();
+        projects.sort();
+        projects.dedup();
+        let found = Associations {
+            projects,
+            members: pairs.into_iter().collect(),
+            ..Default::default()
+        };
+        *self.memberships.lock().unwrap_or_else(|p| p.into_inner()) = Some(found);
     }
 
     /// The directory of `bacct` on `PATH`, when no directory is configured.
@@ -144,6 +180,7 @@ impl Accounting for LsfAccounting {
         // bjobs first: a job that ended meanwhile is then bacct's, which comes last and wins.
         let mut records = self.unfinished(None)?;
         records.extend(self.finished(&Self::bacct_args(to - seconds_ago.max(0), to))?);
+        self.remember_memberships(&records);
         Ok(crate::manager::whole_answer(records))
     }
 
@@ -157,8 +194,15 @@ impl Accounting for LsfAccounting {
         Ok(crate::manager::whole_answer(records))
     }
 
+    /// With `lsf-projects-from-jobs`, the users and projects of the last pull's jobs (None
+    /// until a pull fetched some, so a restart does not empty the stored ones); else None.
     fn associations(&self) -> Option<Result<(Associations, Vec<ParseError>), AccountingError>> {
-        None
+        let taken = self
+            .memberships
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        taken.map(|a| Ok((a, Vec::new())))
     }
 
     /// `bkill -u USER ID`: LSF leaves the job alone when another user owns it.

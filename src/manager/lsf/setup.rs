@@ -25,6 +25,10 @@ struct LsfCluster {
     /// `NAME=value` variables its commands need (`LSF_ENVDIR=/opt/lsf/conf`).
     #[serde(default)]
     lsf_env: Vec<String>,
+    /// Projects' members from the jobs of each pull, as CEEMS's (only where LSF enforces
+    /// projects: `bsub -P` otherwise takes any name).
+    #[serde(default)]
+    lsf_projects_from_jobs: bool,
 }
 
 /// Longest a `bacct` or `bjobs` may take.
@@ -39,6 +43,9 @@ fn build(entry: &ClusterEntry<'_>) -> Result<Arc<dyn Accounting>, SetupError> {
         })?,
     };
     let env = name_values(&c.lsf_env).map_err(|bad| entry.error(format!("lsf-env: {bad}")))?;
-    tracing::info!(cluster = %entry.id, bin_dir = %bin_dir.display(), "LSF jobs from bacct and bjobs");
-    Ok(Arc::new(LsfAccounting::new(&bin_dir, env, TIMEOUT)))
+    tracing::info!(cluster = %entry.id, bin_dir = %bin_dir.display(), projects_from_jobs = c.lsf_projects_from_jobs, "LSF jobs from bacct and bjobs");
+    Ok(Arc::new(
+        LsfAccounting::new(&bin_dir, env, TIMEOUT)
+            .with_projects_from_jobs(c.lsf_projects_from_jobs),
+    ))
 }
