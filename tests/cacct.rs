@@ -96,7 +96,7 @@ fn ceems_cacct_scenarios_through_the_cacct_link() {
     };
     let mut failed = Vec::new();
     let mut check = |scenario: &str, got: String, fixture: &str| {
-        let want = expected(fixture);
+        let want = with_our_deviations(scenario, expected(fixture));
         if got != want {
             failed.push(format!("{scenario}:\n--- got\n{got}--- want\n{want}"));
         }
@@ -163,6 +163,24 @@ fn ceems_cacct_scenarios_through_the_cacct_link() {
         run("usr3", &["-j", "1479763", "--report"]),
         "error: job 1479763 is not one of yours (or the stats-server does not know it)\n"
     );
+}
+
+/// CEEMS's expected output with what ceems does otherwise on purpose (docs/compat.md): under
+/// `--job`, the summary is of the jobs named (cacct-tsdata's job is acc2's), not of every job
+/// in the window, so CEEMS's acc1 row and the rule under it are left out.
+fn with_our_deviations(scenario: &str, mut want: String) -> String {
+    if scenario == "cacct-tsdata" {
+        let acc1 = want
+            .find("│ 1       │ acc1")
+            .expect("CEEMS's acc1 summary row");
+        let rows: usize = want[acc1..]
+            .split_inclusive('\n')
+            .take(3)
+            .map(str::len)
+            .sum();
+        want.replace_range(acc1..acc1 + rows, "");
+    }
+    want
 }
 
 /// Lines of a text, some dropped.

@@ -7,6 +7,7 @@ mod fields;
 pub mod queries;
 mod run_log;
 pub mod series;
+mod summary;
 pub mod table;
 
 pub use client::{Client, Munge};
@@ -355,6 +356,11 @@ pub fn fetch(
     let mut tags: Vec<&str> = q.fields.iter().map(|f| f.tag).collect();
     // The times the series are asked for.
     tags.extend(["started_at_ts", "ended_at_ts"]);
+    // The jobs' allocation times, which their own summary is weighted by.
+    let times_added = !q.jobs.is_empty() && !tags.contains(&"total_time_seconds");
+    if times_added {
+        tags.push("total_time_seconds");
+    }
     params.extend(tags.iter().map(|t| ("field".to_owned(), (*t).to_owned())));
     params.extend(q.accounts.iter().map(|a| ("project".to_owned(), a.clone())));
     params.extend(q.jobs.iter().map(|j| ("uuid".to_owned(), j.clone())));
@@ -371,6 +377,24 @@ pub fn fetch(
     )?;
     if let Some(filter) = &q.account_filter {
         units.retain(|u| filter.is_match(&text(&u["project"])));
+    }
+    if !q.jobs.is_empty() {
+        // The summary of the jobs named, not of every job in the window (CEEMS's).
+        let metrics: Vec<&str> = q
+            .fields
+            .iter()
+            .filter(|f| f.number.is_some())
+            .map(|f| f.tag)
+            .collect();
+        let usage = summary::of_units(&units, &metrics);
+        if times_added {
+            for u in &mut units {
+                if let Some(u) = u.as_object_mut() {
+                    u.remove("total_time_seconds");
+                }
+            }
+        }
+        return Ok((units, usage));
     }
     params.push(("field".into(), "username".into()));
     params.push(("field".into(), "num_units".into()));

@@ -62,7 +62,7 @@ pub fn command() -> Command {
         .arg(boolean_defaulting(
             "summary",
             "true",
-            "Print the summary of the usage by account and user (--summary=false: none).",
+            "Print the summary of the usage by account and user: of every job in the window, or with --job of the jobs named (--summary=false: none).",
         ))
         .arg(
             Arg::new("account-filter")
