@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# A real one-node Slurm cluster on this machine (Debian's Slurm 22.05, slurmdbd on MariaDB,
-# munge), with proctrack/cgroup and jobacct_gather/cgroup on cgroup v1, for the tests that need
-# real jobs. Idempotent: installs what is missing, writes the configuration, starts what is
-# not running, and waits until the node is idle. Needs root.
+# A real Slurm cluster on this machine (Debian's Slurm 22.05, slurmdbd on MariaDB, munge), with
+# proctrack/cgroup and jobacct_gather/cgroup on cgroup v1, for the tests that need real jobs.
+# Idempotent: installs what is missing, writes the configuration, starts what is not running,
+# and waits until the nodes are idle. Needs root.
+# Two nodes: `localhost` (this host; partition debug, the default) and `node2`, a second slurmd
+# in network, mount and UTS namespaces of its own (10.98.0.2 on a veth pair, its own spool,
+# pid and log directories), so `-p multi -N2` runs a job on both. Debian's Slurm is built for
+# several slurmds per host: each node's cgroups are under slurm_<node>.
 #   scripts/slurm-lab.sh          set up and start
 #   scripts/slurm-lab.sh stop     stop the daemons
 # Users alice (2001, account physics) and bob (2002, account chemistry) can submit jobs.
@@ -15,8 +19,10 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
+node2_dir=/run/ceems-lab/node2
+
 stop() {
-  for pidfile in /run/slurm/slurmd.pid /run/slurm/slurmctld.pid /run/slurm/slurmdbd.pid; do
+  for pidfile in $node2_dir/run/slurmd.pid /run/slurm/slurmd.pid /run/slurm/slurmctld.pid /run/slurm/slurmdbd.pid; do
     [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
   done
   sleep 1
@@ -89,6 +95,26 @@ chown slurm:slurm "$jwt_key" && chmod 600 "$jwt_key"
 cat > /etc/slurm/gres.conf <<CONF
 NodeName=localhost Name=gpu File=$gpu_dir/gpu[0-1]
 CONF
+# node2's network: 10.98.0.2 in namespace slurmn2, this host 10.98.0.1 at the veth's other end.
+if [ ! -e /run/netns/slurmn2 ]; then
+  ip netns add slurmn2
+fi
+if ! ip -n slurmn2 addr show veth-s2 2>/dev/null | grep -q "10.98.0.2/" \
+   || ! ip addr show veth-s1 2>/dev/null | grep -q "10.98.0.1/"; then
+  ip -n slurmn2 link del veth-s2 2>/dev/null || true
+  ip link del veth-s1 2>/dev/null || true
+  ip -n slurmn2 link add veth-s2 type veth peer name veth-s1 netns 1
+  ip -n slurmn2 addr add 10.98.0.2/24 dev veth-s2
+  ip addr add 10.98.0.1/24 dev veth-s1
+  ip -n slurmn2 link set veth-s2 up
+  ip link set veth-s1 up
+  ip -n slurmn2 link set lo up
+  ip -n slurmn2 route add default via 10.98.0.1
+fi
+grep -qE "^10\.98\.0\.2[[:space:]]+node2\$" /etc/hosts || echo "10.98.0.2 node2" >> /etc/hosts
+mkdir -p $node2_dir/spool $node2_dir/run $node2_dir/log
+# In node2's namespaces, SlurmctldHost (localhost) and this host's node are at 10.98.0.1.
+printf '127.0.0.1 loopback\n10.98.0.1 localhost %s\n10.98.0.2 node2\n' "$node" > $node2_dir/hosts
 cat > /etc/slurm/slurm.conf <<CONF
 ClusterName=lab
 SlurmctldHost=localhost
@@ -115,8 +141,12 @@ ReturnToService=2
 MailProg=/run/ceems-lab/mailprog
 GresTypes=gpu
 AccountingStorageTRES=gres/gpu
+# node2 first: while a cluster's only node is named localhost, slurmctld takes any name for it,
+# and a later node2 is then "Duplicated NodeHostName node2".
+NodeName=node2 NodeHostname=node2 NodeAddr=10.98.0.2 CPUs=$cpus RealMemory=$mem_mib State=UNKNOWN
 NodeName=localhost NodeHostname=$node CPUs=$cpus RealMemory=$mem_mib Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+PartitionName=multi Nodes=localhost,node2 MaxTime=INFINITE State=UP
 CONF
 cat > /etc/slurm/cgroup.conf <<CONF
 CgroupPlugin=cgroup/v1
@@ -145,7 +175,8 @@ chown slurm:slurm /etc/slurm/slurmdbd.conf && chmod 600 /etc/slurm/slurmdbd.conf
 if running slurmd && node_info=$(scontrol show node localhost 2>/dev/null) \
     && config_info=$(scontrol show config 2>/dev/null) \
     && { ! grep -q "Gres=gpu:2" <<<"$node_info" \
-         || ! grep -q '^AuthAltTypes *= auth/jwt' <<<"$config_info"; }; then
+         || ! grep -q '^AuthAltTypes *= auth/jwt' <<<"$config_info" \
+         || ! scontrol show node node2 >/dev/null 2>&1; }; then
   for d in slurmd slurmctld slurmdbd; do pkill -x "$d" || true; done
   if ! wait_for 30 sh -c '! pgrep -x slurmd && ! pgrep -x slurmctld && ! pgrep -x slurmdbd'; then
     for d in slurmd slurmctld slurmdbd; do pkill -9 -x "$d" || true; done
@@ -167,7 +198,25 @@ for spec in "alice 2001 physics" "bob 2002 chemistry" "carol 2003 physics"; do
   sacctmgr -i add account "$3" >/dev/null 2>&1 || true
   sacctmgr -i add user "$1" account="$3" >/dev/null 2>&1 || true
 done
-running slurmd || slurmd
-scontrol update nodename=localhost state=resume >/dev/null 2>&1 || true
-wait_for 60 sh -c 'sinfo -h -o %t | grep -Eq "^(idle|mix|alloc)"'
-echo "slurm-lab: node $(sinfo -h -o %t) on $node with $cpus CPUs"
+# This host's slurmd: the one whose pid file is here (node2's is under $node2_dir).
+pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+pid_alive /run/slurm/slurmd.pid || slurmd
+if ! pid_alive $node2_dir/run/slurmd.pid; then
+  # Its own hostname, /etc/hosts, spool, pid and log directories; the cgroup hierarchies and
+  # munge's socket are the host's. nsenter, not `ip netns exec`, which remounts /sys.
+  nsenter --net=/run/netns/slurmn2 unshare --mount --uts --propagation private sh -c "
+    hostname node2
+    mount --bind $node2_dir/hosts /etc/hosts
+    mount --bind $node2_dir/spool /var/spool/slurmd
+    mount --bind $node2_dir/run /run/slurm
+    mount --bind $node2_dir/log /var/log/slurm
+    exec slurmd -N node2"
+fi
+for n in localhost node2; do
+  scontrol update nodename=$n state=resume >/dev/null 2>&1 || true
+done
+wait_for 60 sh -c 'sinfo -h -n localhost -o %t | grep -Eq "^(idle|mix|alloc)"'
+# node2 only serves the two-node tests, which say so when it is missing: not a failure here.
+wait_for 30 sh -c 'sinfo -h -n node2 -o %t | grep -Eq "^(idle|mix|alloc)"' \
+  || echo "slurm-lab: node2 is not up: $(sinfo -h -n node2 -o '%t %E'); see $node2_dir/log/slurmd.log" >&2
+echo "slurm-lab: nodes $(sinfo -h -N -p multi -o '%N=%t' | tr '\n' ' ')on $node with $cpus CPUs each"

@@ -1,8 +1,9 @@
 //! Multi-node jobs, judged node by node: Debian's Prometheus scrapes a stand-in for two nodes'
 //! exporters (each job's CPU counters by `hostname`), the stats-server asks it for each ended
 //! multi-node job's CPU time per node, and a two-node job whose second node did nothing gets
-//! `idle_nodes` naming that node; a job busy on both does not. (The one-node Slurm lab cannot
-//! run a two-node job: this machine's slurmctld refuses a second node on one host.)
+//! `idle_nodes` naming that node; a job busy on both does not. Here each node has an exporter
+//! of its own (`hostname` labels); tests/multi_node_lab.rs runs real two-node jobs on the lab,
+//! whose two slurmds share this host's exporter (`cgrouphostname` labels).
 
 mod common;
 
