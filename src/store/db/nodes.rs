@@ -12,23 +12,22 @@ pub struct NodesDue {
     pub ended_at: i64,
 }
 
+/// The jobs due: its terms include each of the index's.
+pub(super) const NODES_DUE: &str = "SELECT id, uuid, started_at, ended_at FROM units
+     WHERE cluster_id = $1 AND node_cpu_seconds IS NULL AND aggregates_status = 'done'
+       AND started_at > 0 AND ended_at IS NOT NULL AND nodes LIKE '%,%'
+     ORDER BY id LIMIT $2";
+
 impl Store {
     /// Up to `limit` ended jobs of `cluster` on several nodes whose aggregates are done and
     /// whose per-node figures were never asked, oldest row first. Its terms include the
-    /// predicate of the partial index `units_nodes_due` (migration 0017), which it reads.
+    /// predicate of the partial index `units_nodes_due` (migrations 0017, 0019), which it reads.
     pub async fn multi_node_jobs_due(
         &self,
         cluster: &str,
         limit: i64,
     ) -> Result<Vec<NodesDue>, StoreError> {
-        let q = Sql::new(
-            "SELECT id, uuid, started_at, ended_at FROM units
-             WHERE cluster_id = $1 AND node_cpu_seconds IS NULL AND aggregates_status = 'done'
-               AND started_at > 0 AND ended_at IS NOT NULL AND nodes LIKE '%,%'
-             ORDER BY id LIMIT $2",
-        )
-        .arg(cluster)
-        .arg(limit);
+        let q = Sql::new(NODES_DUE).arg(cluster).arg(limit);
         let mut out = Vec::new();
         for r in self.fetch_all(&q).await? {
             out.push(NodesDue {

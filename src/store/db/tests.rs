@@ -157,6 +157,54 @@ async fn per_node_figures_are_asked_once_per_ended_multi_node_job_and_judged() {
     );
 }
 
+/// The jobs due are found through the partial index, whose predicate leaves out multi-node
+/// jobs still waiting for their aggregates (a cluster without Prometheus keeps them so for
+/// good, and they took 20 bytes a job in it).
+#[tokio::test]
+async fn the_jobs_due_are_read_through_a_partial_index_of_aggregated_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = testing::store(tmp.path()).await;
+    if store.backend() != Backend::Sqlite {
+        return;
+    }
+    let jobs = numbered_jobs(3, |i, line| match i {
+        2 => line,
+        _ => line.replace("|localhost|", "|n[1-2]|"),
+    });
+    store.ingest("lab", &jobs, 100, 1).await.unwrap();
+    let indexed = || async {
+        let q = Sql::new(
+            "SELECT count(*) FROM units INDEXED BY units_nodes_due
+             WHERE node_cpu_seconds IS NULL AND nodes LIKE '%,%' AND aggregates_status = 'done'",
+        );
+        store.fetch_one(&q).await.unwrap().get::<i64>(0).unwrap()
+    };
+    assert_eq!(indexed().await, 0, "pending jobs are not due");
+    store
+        .execute(&Sql::new(
+            "UPDATE units SET aggregates_status = 'done' WHERE uuid = '10'",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(indexed().await, 1);
+    let plan = Sql::new(&format!("EXPLAIN QUERY PLAN {}", super::nodes::NODES_DUE))
+        .arg("lab")
+        .arg(10);
+    let steps: Vec<String> = store
+        .fetch_all(&plan)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<String>(3).unwrap())
+        .collect();
+    assert!(
+        steps
+            .iter()
+            .any(|s| s.contains("USING INDEX units_nodes_due")),
+        "{steps:?}"
+    );
+}
+
 /// A pod that failed with a timeout is told to change its activeDeadlineSeconds, not
 /// Slurm's --time; a Slurm job of the same database keeps Slurm's words.
 #[tokio::test]
