@@ -69,9 +69,11 @@ pub fn memory_request(manager: &str, bytes: f64) -> Option<String> {
 }
 
 /// A time limit to ask for instead, in the manager's syntax: `seconds` rounded up to a
-/// quarter of an hour.
+/// quarter of an hour, or under an hour to the minute (a quarter of an hour can be more than a
+/// short job asked for).
 pub fn time_request(manager: &str, seconds: i64) -> Option<String> {
-    let s = ((seconds.max(1) + 899) / 900) * 900;
+    let step = if seconds < 3600 { 60 } else { 900 };
+    let s = (seconds.max(1) + step - 1) / step * step;
     let (d, h, m) = (s / 86400, s / 3600 % 24, s / 60 % 60);
     match manager {
         lsf::MANAGER => Some(format!("bsub -W {}:{m:02}", s / 3600)),
@@ -267,7 +269,16 @@ mod tests {
         );
         assert_eq!(
             super::time_request("k8s", 60).as_deref(),
-            Some("activeDeadlineSeconds: 900")
+            Some("activeDeadlineSeconds: 60")
+        );
+        // Under an hour, to the minute: a 10-minute job that ran 37 s is told a minute.
+        assert_eq!(
+            super::time_request("slurm", 37).as_deref(),
+            Some("--time=00:01:00")
+        );
+        assert_eq!(
+            super::time_request("lsf", 3000).as_deref(),
+            Some("bsub -W 0:50")
         );
     }
 
