@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use common::http::{Response, TestServer};
 use common::lab::{
-    lab, prometheus_tools, start_stats_server_with, submit, wait_jobs_gone, wait_until,
-    CancelOnDrop, Prometheus,
+    findings_of as findings, lab, prometheus_tools, start_stats_server_configured, submit,
+    wait_jobs_gone, wait_until, CancelOnDrop, Found, Prometheus,
 };
 use common::{runnable, start_exporter};
 
@@ -42,30 +42,9 @@ fn gpu_series(jobs: &GpuJobs) -> TestServer {
     )
 }
 
-/// The job's findings as (id, advice), none while it is not stored yet.
-fn findings(server: &common::Running, job: &str) -> Vec<(String, String)> {
-    let v: serde_json::Value = ureq::get(&server.url(&format!("/api/v1/units/lab/{job}/findings")))
-        .set("X-Grafana-User", "alice")
-        .call()
-        .ok()
-        .and_then(|r| r.into_string().ok())
-        .and_then(|body| serde_json::from_str(&body).ok())
-        .unwrap_or_default();
-    v["data"]["findings"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|f| {
-            (
-                f["id"].as_str().unwrap_or("").to_owned(),
-                f["advice"].as_str().unwrap_or("").to_owned(),
-            )
-        })
-        .collect()
-}
-
-fn advice<'a>(found: &'a [(String, String)], id: &str) -> Option<&'a str> {
-    found.iter().find(|f| f.0 == id).map(|f| f.1.as_str())
+/// The advice of the finding `id`, if the job has it.
+fn advice<'a>(found: &'a [Found], id: &str) -> Option<&'a str> {
+    found.iter().find(|f| f.id == id).map(|f| f.advice.as_str())
 }
 
 #[test]
@@ -115,23 +94,11 @@ fn each_diagnosis_on_a_lab_job_that_earns_it_and_not_on_one_that_does_not() {
     let _cancel = CancelOnDrop(jobs.to_vec());
     wait_jobs_gone(&jobs, Duration::from_secs(240));
 
-    let bounds = tempfile::tempdir().unwrap();
-    let config = bounds.path().join("ceems.toml");
     // Time limits are judged from a minute (an hour by default).
-    std::fs::write(
-        &config,
-        "[stats-server.findings]\ntime-limit-min-seconds = 60.0\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        bounds.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let (server, _data) = start_stats_server_with(
+    let (server, _data, _config) = start_stats_server_configured(
         &prom.url(),
         "2s",
-        &[&format!("--config.file={}", config.display())],
+        "[stats-server.findings]\ntime-limit-min-seconds = 60.0\n",
     );
     wait_until("the jobs' aggregates", Duration::from_secs(90), || {
         jobs.iter().all(|job| {

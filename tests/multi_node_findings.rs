@@ -50,25 +50,11 @@ fn two_nodes(t0: f64) -> TestServer {
     )
 }
 
-/// The job's findings (none while it is not stored yet).
+/// The job's findings as (id, message).
 fn findings(server: &common::Running, job: &str) -> Vec<(String, String)> {
-    let v: serde_json::Value = ureq::get(&server.url(&format!("/api/v1/units/lab/{job}/findings")))
-        .set("X-Grafana-User", "alice")
-        .call()
-        .ok()
-        .and_then(|r| r.into_string().ok())
-        .and_then(|body| serde_json::from_str(&body).ok())
-        .unwrap_or_default();
-    v["data"]["findings"]
-        .as_array()
+    common::lab::findings_of(server, job)
         .into_iter()
-        .flatten()
-        .map(|f| {
-            (
-                f["id"].as_str().unwrap_or("").to_owned(),
-                f["message"].as_str().unwrap_or("").to_owned(),
-            )
-        })
+        .map(|f| (f.id, f.message))
         .collect()
 }
 

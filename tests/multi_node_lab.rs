@@ -10,32 +10,11 @@ mod common;
 use std::time::Duration;
 
 use common::lab::{
-    lab, prometheus_scraping, prometheus_tools, start_stats_server_with, submit, wait_jobs_gone,
-    write_burner, CancelOnDrop, BURNER,
+    findings_of as findings, lab, prometheus_scraping, prometheus_tools,
+    start_stats_server_configured, submit, wait_jobs_gone, write_burner, CancelOnDrop, Found,
+    BURNER,
 };
 use common::{runnable, start_exporter};
-
-/// The job's findings as (id, message), none while it is not stored yet.
-fn findings(server: &common::Running, job: &str) -> Vec<(String, String)> {
-    let v: serde_json::Value = ureq::get(&server.url(&format!("/api/v1/units/lab/{job}/findings")))
-        .set("X-Grafana-User", "alice")
-        .call()
-        .ok()
-        .and_then(|r| r.into_string().ok())
-        .and_then(|body| serde_json::from_str(&body).ok())
-        .unwrap_or_default();
-    v["data"]["findings"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|f| {
-            (
-                f["id"].as_str().unwrap_or("").to_owned(),
-                f["message"].as_str().unwrap_or("").to_owned(),
-            )
-        })
-        .collect()
-}
 
 /// CPU seconds of `job` by node, as Prometheus recorded the exporter's counters.
 fn node_seconds(prom: &common::lab::Prometheus, job: &str) -> Vec<(String, f64)> {
@@ -64,8 +43,16 @@ fn node_seconds(prom: &common::lab::Prometheus, job: &str) -> Vec<(String, f64)>
     .collect()
 }
 
-fn ids(found: &[(String, String)]) -> Vec<&str> {
-    found.iter().map(|f| f.0.as_str()).collect()
+fn ids(found: &[Found]) -> Vec<&str> {
+    found.iter().map(|f| f.id.as_str()).collect()
+}
+
+/// What the finding `id` says, if the job has it.
+fn message<'a>(found: &'a [Found], id: &str) -> Option<&'a str> {
+    found
+        .iter()
+        .find(|f| f.id == id)
+        .map(|f| f.message.as_str())
 }
 
 #[test]
@@ -105,22 +92,10 @@ fn two_node_jobs_are_judged_node_by_node() {
     let _cancel = CancelOnDrop(vec![one_node.clone(), both.clone()]);
     wait_jobs_gone(&[one_node.clone(), both.clone()], Duration::from_secs(300));
 
-    let bounds = tempfile::tempdir().unwrap();
-    let config = bounds.path().join("ceems.toml");
-    std::fs::write(
-        &config,
-        "[stats-server.findings]\nthin-spread-cores-per-node = 1.0\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        bounds.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let (server, _data) = start_stats_server_with(
+    let (server, _data, _config) = start_stats_server_configured(
         &prom.url(),
         "2s",
-        &[&format!("--config.file={}", config.display())],
+        "[stats-server.findings]\nthin-spread-cores-per-node = 1.0\n",
     );
     // Judged again once each job's CPU time per node is in (the per-node pass asks for the
     // ended multi-node jobs at each update); failures below show what was found instead.
@@ -135,21 +110,13 @@ fn two_node_jobs_are_judged_node_by_node() {
     let idle = findings(&server, &one_node);
     let busy = findings(&server, &both);
     println!("findings: one node idle {idle:?}, both busy {busy:?}");
-    let said = &idle
-        .iter()
-        .find(|f| f.0 == "idle_nodes")
-        .unwrap_or_else(|| panic!("no idle_nodes: {idle:?}"))
-        .1;
+    let said = message(&idle, "idle_nodes").unwrap_or_else(|| panic!("no idle_nodes: {idle:?}"));
     assert!(
         said.starts_with("1 of its 2 nodes did almost nothing: node2 (")
             && said.contains(" on localhost."),
         "{said}"
     );
-    let thin = &idle
-        .iter()
-        .find(|f| f.0 == "thin_spread")
-        .unwrap_or_else(|| panic!("no thin_spread: {idle:?}"))
-        .1;
+    let thin = message(&idle, "thin_spread").unwrap_or_else(|| panic!("no thin_spread: {idle:?}"));
     assert_eq!(thin, "It spread 2 cores over 2 nodes (1.0 per node).");
     // Judged (its busiest node is over the 60 CPU-seconds below which no node is called
     // idle), and neither idle nor thin.

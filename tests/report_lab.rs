@@ -16,8 +16,8 @@ use std::time::Duration;
 use common::bmc::{Flavor, PowerModel, StandinBmc};
 use common::browser::{browse, chromium, screenshot};
 use common::lab::{
-    lab, prometheus_scraping, prometheus_tools, start_stats_server_with, submit, wait_jobs_gone,
-    wait_until, write_burner, CancelOnDrop, BURNER,
+    lab, prometheus_scraping, prometheus_tools, start_stats_server_configured, submit,
+    wait_jobs_gone, wait_until, write_burner, CancelOnDrop, BURNER,
 };
 use common::{runnable, start_exporter};
 
@@ -179,22 +179,10 @@ fn a_sleeping_job_gets_the_cpu_finding_and_its_report_renders_in_a_browser() {
     let ids = [sleeper.clone(), burner.clone(), serial.clone()];
     wait_jobs_gone(&ids, Duration::from_secs(180));
 
-    let bounds = tempfile::tempdir().unwrap();
-    let config = bounds.path().join("ceems.toml");
-    std::fs::write(
-        &config,
-        "[stats-server.findings]\ncores-per-gpu-above = 1.0\nmemory-per-gpu-above-bytes = 104857600.0\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        bounds.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let (server, _data) = start_stats_server_with(
+    let (server, _data, _config) = start_stats_server_configured(
         &prom.url(),
         "2s",
-        &[&format!("--config.file={}", config.display())],
+        "[stats-server.findings]\ncores-per-gpu-above = 1.0\nmemory-per-gpu-above-bytes = 104857600.0\n",
     );
     wait_until("findings of both jobs", Duration::from_secs(60), || {
         let done = |job: &str| {

@@ -54,6 +54,23 @@ fn seed(db: &std::path::Path, jobs: &[(u32, &str, u32, f64, f64)], now: i64) {
     });
 }
 
+/// A directory with a database of the last day: alice's 2 GPUs idle and her 4 cores at a
+/// quarter; bob's GPU and cores busy.
+fn alice_idle_bob_busy() -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("db");
+    std::fs::create_dir(&db).unwrap();
+    seed(
+        &db,
+        &[
+            (1, "alice", 2, 36_000.0, 0.0),
+            (2, "bob", 1, 144_000.0, 0.9),
+        ],
+        ceems::manager::unix_now(),
+    );
+    (tmp, db)
+}
+
 /// The stats-server on `db` with a campaign on idle GPUs (10 GPU-hours, any day), every
 /// second, delivering as `delivery` says.
 fn server(dir: &std::path::Path, db: &std::path::Path, delivery: &[&str]) -> common::Running {
@@ -93,19 +110,7 @@ fn campaign_mails(eml: &std::path::Path) -> Vec<String> {
 
 #[test]
 fn the_waste_report_ranks_the_idle_gpu_user_first_as_a_table_and_as_csv() {
-    let tmp = tempfile::tempdir().unwrap();
-    let now = ceems::manager::unix_now();
-    let db = tmp.path().join("db");
-    std::fs::create_dir(&db).unwrap();
-    // alice's 2 GPUs idle and her 4 cores at a quarter; bob's GPU and cores busy.
-    seed(
-        &db,
-        &[
-            (1, "alice", 2, 36_000.0, 0.0),
-            (2, "bob", 1, 144_000.0, 0.9),
-        ],
-        now,
-    );
+    let (tmp, db) = alice_idle_bob_busy();
     // A campaign, run by the server at start: alice's idle GPUs pass its bound and share.
     let eml = tmp.path().join("eml");
     let server = server(
@@ -196,18 +201,7 @@ fn smtp_that_hangs_after_data() -> (u16, Arc<Mutex<Vec<String>>>) {
 /// user who became due meanwhile.
 #[test]
 fn a_campaign_killed_while_its_mail_is_sent_never_sends_it_twice() {
-    let tmp = tempfile::tempdir().unwrap();
-    let now = ceems::manager::unix_now();
-    let db = tmp.path().join("db");
-    std::fs::create_dir(&db).unwrap();
-    seed(
-        &db,
-        &[
-            (1, "alice", 2, 36_000.0, 0.0),
-            (2, "bob", 1, 144_000.0, 0.9),
-        ],
-        now,
-    );
+    let (tmp, db) = alice_idle_bob_busy();
     let (port, taken) = smtp_that_hangs_after_data();
     let mut first = server(
         tmp.path(),
@@ -233,7 +227,11 @@ fn a_campaign_killed_while_its_mail_is_sent_never_sends_it_twice() {
         sent[0]
     );
     // carol's idle GPUs come in while the server is down.
-    seed(&db, &[(3, "carol", 2, 36_000.0, 0.0)], now);
+    seed(
+        &db,
+        &[(3, "carol", 2, 36_000.0, 0.0)],
+        ceems::manager::unix_now(),
+    );
     let eml = tmp.path().join("eml");
     let _second = server(
         tmp.path(),

@@ -274,6 +274,61 @@ pub fn start_stats_server_with(
     (server, data)
 }
 
+/// As [`start_stats_server_with`], with `toml` as its config file (bounds of the findings,
+/// say); the second guard holds the file.
+pub fn start_stats_server_configured(
+    prometheus_url: &str,
+    interval: &str,
+    toml: &str,
+) -> (super::Running, tempfile::TempDir, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("ceems.toml");
+    std::fs::write(&config, toml).expect("write the config");
+    // Read after the server dropped to nobody.
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let (server, data) = start_stats_server_with(
+        prometheus_url,
+        interval,
+        &[&format!("--config.file={}", config.display())],
+    );
+    (server, data, dir)
+}
+
+/// One finding of a job, as the API answers it.
+#[derive(Debug, Clone)]
+pub struct Found {
+    pub id: String,
+    pub message: String,
+    pub advice: String,
+}
+
+/// The findings of `job` of cluster `lab` as alice asks for them; none while the job is not
+/// stored (or not hers).
+pub fn findings_of(server: &super::Running, job: &str) -> Vec<Found> {
+    let v: serde_json::Value = ureq::get(&server.url(&format!("/api/v1/units/lab/{job}/findings")))
+        .set("X-Grafana-User", "alice")
+        .call()
+        .ok()
+        .and_then(|r| r.into_string().ok())
+        .and_then(|body| serde_json::from_str(&body).ok())
+        .unwrap_or_default();
+    let text = |f: &serde_json::Value, k: &str| f[k].as_str().unwrap_or("").to_owned();
+    v["data"]["findings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|f| Found {
+            id: text(f, "id"),
+            message: text(f, "message"),
+            advice: text(f, "advice"),
+        })
+        .collect()
+}
+
 /// Debian's Prometheus scraping the exporter on `port` every second, with the project's
 /// recording rules, once it has scraped it.
 pub fn prometheus_scraping(port: u16) -> Prometheus {
