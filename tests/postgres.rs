@@ -77,13 +77,17 @@ fn differences(path: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
     }
 }
 
-/// Every unit of a server's answer has its aggregates settled.
+/// Every unit of a server's answer has its aggregates settled (the answer must carry
+/// `aggregates_status`).
 fn settled(units: &Value) -> bool {
     units["data"].as_array().is_some_and(|list| {
         !list.is_empty()
-            && list
-                .iter()
-                .all(|u| !matches!(u["aggregates_status"].as_str(), Some("pending" | "partial")))
+            && list.iter().all(|u| {
+                matches!(
+                    u["aggregates_status"].as_str(),
+                    Some(s) if s != "pending" && s != "partial"
+                )
+            })
     })
 }
 
@@ -126,9 +130,13 @@ fn every_answer_the_findings_and_the_report_are_the_same_on_postgresql_and_sqlit
     let (sqlite, _d1) = start_stats_server_with(&prom.url(), "2s", &[]);
     let (postgres, _d2) = start_stats_server_with(&prom.url(), "2s", &[&database]);
     let all = "/api/v1/units/admin?from=0";
+    // The status is not in the default answer: asked for by name, or every job looks settled.
+    let status = "/api/v1/units/admin?from=0&field=uuid&field=aggregates_status";
     wait_until("both servers' aggregates", Duration::from_secs(120), || {
-        settled(&json(&sqlite, all, "root")) && settled(&json(&postgres, all, "root"))
+        settled(&json(&sqlite, status, "root")) && settled(&json(&postgres, status, "root"))
     });
+    // The findings follow the aggregates in the same update (every 2 s).
+    std::thread::sleep(Duration::from_secs(3));
     let units = json(&sqlite, all, "root");
     let listed: Vec<&str> = units["data"]
         .as_array()
