@@ -21,6 +21,11 @@ fi
 
 node2_dir=/run/ceems-lab/node2
 
+# One set-up at a time: tests call this script in parallel, and two runs creating node2's
+# network would trip over each other. The daemons started below do not keep the lock's fd.
+exec 9>/run/ceems-slurm-lab.lock
+flock 9
+
 stop() {
   for pidfile in $node2_dir/run/slurmd.pid /run/slurm/slurmd.pid /run/slurm/slurmctld.pid /run/slurm/slurmdbd.pid; do
     [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
@@ -56,13 +61,13 @@ if ! munge -n </dev/null >/dev/null 2>&1; then
   [ -s /etc/munge/munge.key ] || { dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key status=none; }
   chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
   mkdir -p /run/munge && chown munge:munge /run/munge
-  runuser -u munge -- /usr/sbin/munged
+  runuser -u munge -- /usr/sbin/munged 9>&-
 fi
 
 # MariaDB for slurmdbd
 if ! running mariadbd; then
   mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld
-  (mariadbd --user=mysql --innodb-buffer-pool-size=128M >/var/log/slurm-lab-mariadb.log 2>&1 &)
+  (mariadbd --user=mysql --innodb-buffer-pool-size=128M >/var/log/slurm-lab-mariadb.log 2>&1 9>&- &)
   wait_for 30 mariadb -e 'select 1'
 fi
 db_pass=slurmlab
@@ -99,8 +104,11 @@ CONF
 if [ ! -e /run/netns/slurmn2 ]; then
   ip netns add slurmn2
 fi
-if ! ip -n slurmn2 addr show veth-s2 2>/dev/null | grep -q "10.98.0.2/" \
-   || ! ip addr show veth-s1 2>/dev/null | grep -q "10.98.0.1/"; then
+# Read whole before matching: `grep -q` stops reading, and under pipefail a SIGPIPE to `ip`
+# would read as an address missing.
+inside=$(ip -n slurmn2 -o -4 addr show dev veth-s2 2>/dev/null || true)
+outside=$(ip -o -4 addr show dev veth-s1 2>/dev/null || true)
+if [[ $inside != *"10.98.0.2/"* || $outside != *"10.98.0.1/"* ]]; then
   ip -n slurmn2 link del veth-s2 2>/dev/null || true
   ip link del veth-s1 2>/dev/null || true
   ip -n slurmn2 link add veth-s2 type veth peer name veth-s1 netns 1
@@ -183,10 +191,10 @@ if running slurmd && node_info=$(scontrol show node localhost 2>/dev/null) \
     wait_for 10 sh -c '! pgrep -x slurmd && ! pgrep -x slurmctld && ! pgrep -x slurmdbd'
   fi
 fi
-running slurmdbd || slurmdbd
+running slurmdbd || slurmdbd 9>&-
 wait_for 30 sacctmgr -n list cluster
 sacctmgr -i add cluster lab >/dev/null 2>&1 || true
-running slurmctld || slurmctld
+running slurmctld || slurmctld 9>&-
 wait_for 30 scontrol ping
 # A slurmctld started from an older configuration (no MailProg) reads it again.
 scontrol show config | grep -q '^MailProg *= /run/ceems-lab/mailprog' || scontrol reconfigure
@@ -200,7 +208,7 @@ for spec in "alice 2001 physics" "bob 2002 chemistry" "carol 2003 physics"; do
 done
 # This host's slurmd: the one whose pid file is here (node2's is under $node2_dir).
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-pid_alive /run/slurm/slurmd.pid || slurmd
+pid_alive /run/slurm/slurmd.pid || slurmd 9>&-
 if ! pid_alive $node2_dir/run/slurmd.pid; then
   # Its own hostname, /etc/hosts, spool, pid and log directories; the cgroup hierarchies and
   # munge's socket are the host's. nsenter, not `ip netns exec`, which remounts /sys.
@@ -210,7 +218,7 @@ if ! pid_alive $node2_dir/run/slurmd.pid; then
     mount --bind $node2_dir/spool /var/spool/slurmd
     mount --bind $node2_dir/run /run/slurm
     mount --bind $node2_dir/log /var/log/slurm
-    exec slurmd -N node2" \
+    exec slurmd -N node2" 9>&- \
     || echo "slurm-lab: node2's slurmd did not start; the two-node tests will say so" >&2
 fi
 for n in localhost node2; do
