@@ -6,7 +6,8 @@
 #      indexes and transaction size); then the time of the whole first update (findings,
 #      usage);
 #   2. the API: GET /api/v1/units as one user (its jobs of the last day) with wrk at C
-#      concurrent connections (default 200) for D seconds (default 20): p50, p99, requests/s,
+#      concurrent connections (default 200) for D seconds (default 20), asking for gzip as
+#      Grafana does: p50, p99, requests/s,
 #      and the server's peak RSS; and, one at a time, the first request of each user, which
 #      no cache answers.
 # Both on SQLite and on PostgreSQL (Debian's, `scripts/postgres-lab.sh`; as root), one after
@@ -91,7 +92,13 @@ updated() {
 until [ "$(updated)" -gt 0 ] 2>/dev/null; do
   sleep 0.2
 done
-python3 -c "print(f'first update (ingest, findings, usage): {$(date +%s.%N)-$start:.1f} s; peak RSS {$(awk '/VmHWM/ {print $2}' /proc/$pid/status)/1024:.0f} MiB')"
+done_at=$(date +%s.%N)
+if [ "$backend" = postgres ]; then
+  bytes=$(psql "$pg" -tAc "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace WHERE s.nspname = '$schema' AND c.relkind = 'r'")
+else
+  bytes=$(cat "$dir/data-$backend"/ceems.db* | wc -c)
+fi
+python3 -c "print(f'first update (ingest, findings, usage): {$done_at-$start:.1f} s; database {$bytes/$n:.0f} bytes/job with the findings; peak RSS {$(awk '/VmHWM/ {print $2}' /proc/$pid/status)/1024:.0f} MiB')"
 # The kernel writes the ingestion's dirty pages back about 30 s later: flush them now, so that
 # the API is not measured against that write-back.
 sync
@@ -109,7 +116,7 @@ report() {
 jobs=$(curl -sf -H 'X-Grafana-User: user7' "$url" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]))')
 echo "api: GET /api/v1/units as one user ($jobs jobs of the last day in the answer), $conns connections, ${secs}s each"
 # The same question again and again, as dashboards ask it: answered from the cache.
-report "same request" "$(wrk -t2 -c"$conns" -d"${secs}s" --latency -H 'X-Grafana-User: user7' "$url")"
+report "same request" "$(wrk -t2 -c"$conns" -d"${secs}s" --latency -H 'X-Grafana-User: user7' -H 'Accept-Encoding: gzip' "$url")"
 # Every request a different day, as Grafana's refreshes slide the window: none is answered
 # from the cache of requests; the user's jobs and their JSON are reused from the first
 # requests. The window keeps its width (one day, as above), so that the answers keep their
@@ -121,7 +128,7 @@ request = function()
   return wrk.format("GET", "/api/v1/units?from=" .. ($now - 86400 - n) .. "&to=" .. ($now - n))
 end
 LUA
-report "a new window each time" "$(wrk -t2 -c"$conns" -d"${secs}s" --latency -s "$dir/distinct.lua" -H 'X-Grafana-User: user7' "$url")"
+report "a new window each time" "$(wrk -t2 -c"$conns" -d"${secs}s" --latency -s "$dir/distinct.lua" -H 'X-Grafana-User: user7' -H 'Accept-Encoding: gzip' "$url")"
 # Each user's first request reads their jobs and renders them: nothing cached helps.
 python3 - "$port" "$users" <<'PY'
 import http.client, sys, time
