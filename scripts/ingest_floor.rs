@@ -1,7 +1,8 @@
 //! The floor of the stats-server's ingestion for `scripts/bench-stats-server.sh`: the jobs of
-//! a sacct answer (parsed first, untimed) inserted into an empty database with the server's
-//! schema and indexes (its migrations), in transactions of the server's batch size, by the
-//! server's own INSERTs without their upsert (no pending rows, no parsing, no ordering): on
+//! a sacct answer (parsed and judged first, untimed: the findings the server writes with a new
+//! row, by the default thresholds) inserted into an empty database with the server's schema
+//! and indexes (its migrations), in transactions of the server's batch size, by the server's
+//! own INSERTs without their upsert (no pending rows, no parsing, no ordering): on
 //! SQLite with the writer's settings (WAL, synchronous NORMAL, its page cache, its
 //! checkpoints), 500 rows per statement; on PostgreSQL one statement of unnested column arrays
 //! per transaction, on one connection. Prints the rows per second.
@@ -11,10 +12,15 @@
 use std::time::Instant;
 
 use ceems::manager::UnitRecord;
-use ceems::store::db::{postgres_insert, sqlite_insert, Store, ROWS_PER_STATEMENT};
+use ceems::store::db::{
+    findings_of_new_jobs, postgres_insert, sqlite_insert, Store, ROWS_PER_STATEMENT,
+};
+use ceems::store::findings::Thresholds;
 use ceems::store::ingest::BATCH_ROWS;
+use ceems::store::rules::SiteRules;
 
 const CLUSTER: &str = "floor";
+const MANAGER: &str = "slurm";
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
@@ -28,6 +34,15 @@ async fn main() -> anyhow::Result<()> {
     drop(text);
     anyhow::ensure!(errors.is_empty(), "{} malformed lines", errors.len());
     let now = jobs.iter().filter_map(|j| j.end).max().unwrap_or(0);
+    let refs: Vec<&UnitRecord> = jobs.iter().collect();
+    let findings = findings_of_new_jobs(
+        &refs,
+        MANAGER,
+        &Thresholds::default(),
+        &SiteRules::default(),
+    );
+    drop(refs);
+    let jobs: Vec<(UnitRecord, Option<String>)> = jobs.into_iter().zip(findings).collect();
     let started = Instant::now();
     if ceems::store::db::is_postgres_url(db) {
         // The schema, then a connection of our own.
@@ -75,13 +90,14 @@ fn report(rows: usize, started: Instant) {
 
 async fn insert_sqlite(
     pool: &sqlx::SqlitePool,
-    batch: &[UnitRecord],
+    batch: &[(UnitRecord, Option<String>)],
     now: i64,
 ) -> anyhow::Result<()> {
-    let jobs: Vec<&UnitRecord> = batch.iter().collect();
     let mut tx = pool.begin().await?;
-    for chunk in jobs.chunks(ROWS_PER_STATEMENT) {
-        sqlite_insert(CLUSTER, "slurm", chunk, now)
+    for chunk in batch.chunks(ROWS_PER_STATEMENT) {
+        let (jobs, findings): (Vec<&UnitRecord>, Vec<Option<String>>) =
+            chunk.iter().map(|(j, f)| (j, f.clone())).unzip();
+        sqlite_insert(CLUSTER, MANAGER, &jobs, findings, now)
             .build()
             .execute(&mut *tx)
             .await?;
@@ -92,12 +108,13 @@ async fn insert_sqlite(
 
 async fn insert_postgres(
     pool: &sqlx::PgPool,
-    batch: &[UnitRecord],
+    batch: &[(UnitRecord, Option<String>)],
     now: i64,
 ) -> anyhow::Result<()> {
-    let jobs: Vec<&UnitRecord> = batch.iter().collect();
+    let (jobs, findings): (Vec<&UnitRecord>, Vec<Option<String>>) =
+        batch.iter().map(|(j, f)| (j, f.clone())).unzip();
     let mut tx = pool.begin().await?;
-    postgres_insert(&mut tx, CLUSTER, "slurm", &jobs, now).await?;
+    postgres_insert(&mut tx, CLUSTER, MANAGER, &jobs, findings, now).await?;
     tx.commit().await?;
     Ok(())
 }

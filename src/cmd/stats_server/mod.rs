@@ -490,6 +490,10 @@ pub fn run(matches: &ArgMatches) -> anyhow::Result<ExitCode> {
                 .await
                 .context("cannot open the database")?,
         );
+        store.judge_inserted_jobs(db::InsertJudge {
+            thresholds: thresholds.clone(),
+            rules: Arc::clone(&rules),
+        });
         store.set_admins("config", &admins).await.context("saving the admin users")?;
         for s in sources.iter() {
             store

@@ -145,6 +145,7 @@ impl Store {
             generation: Default::default(),
             generation_reads: Default::default(),
             changes: Default::default(),
+            insert_judge: Default::default(),
             schema: Schema::Ours,
         };
         // A CEEMS database's usage, in our terms, before anyone asks.
@@ -180,6 +181,7 @@ impl Store {
             generation: Default::default(),
             generation_reads: Default::default(),
             changes: Default::default(),
+            insert_judge: Default::default(),
             schema: Schema::Ours,
         })
     }
@@ -205,6 +207,7 @@ impl Store {
                 generation: Default::default(),
                 generation_reads: Default::default(),
                 changes: Default::default(),
+                insert_judge: Default::default(),
                 schema: Schema::Ours,
             }
         } else {
@@ -229,6 +232,7 @@ impl Store {
                 generation: Default::default(),
                 generation_reads: Default::default(),
                 changes: Default::default(),
+                insert_judge: Default::default(),
                 schema: Schema::Ours,
             }
         };

@@ -4,9 +4,20 @@
 use std::collections::BTreeMap;
 
 use super::{Store, StoreError};
+use crate::manager::UnitRecord;
 use crate::store::findings::{evaluate, JobFacts, Thresholds};
-use crate::store::rules::SiteRules;
+use crate::store::rules::{Judge, SharedRules, SiteRules};
 use crate::store::sql::{Backend, DbRow, Sql};
+
+/// The thresholds and the site's rules (those in force at each batch) that judge the jobs an
+/// ingestion inserts: a new row has no aggregates yet, so what the findings pass would find
+/// in it is known before it is written, and writing it then spares the pass reading every new
+/// row back and writing it again (a first update of a million jobs: most of its time).
+#[derive(Clone)]
+pub struct InsertJudge {
+    pub thresholds: Thresholds,
+    pub rules: SharedRules,
+}
 
 /// Which jobs a pass judges.
 #[derive(Debug, Clone, Copy)]
@@ -19,6 +30,30 @@ enum Judged {
 }
 
 impl Store {
+    /// Judges the jobs that ingestions insert from now on as they are inserted; a job already
+    /// stored that changes is judged by the findings pass, with its aggregates. Set once.
+    pub fn judge_inserted_jobs(&self, judge: InsertJudge) {
+        let _ = self.insert_judge.set(judge);
+    }
+
+    /// The findings (as stored) of `jobs` written as new rows of a cluster of `manager`, in
+    /// their order; empty when inserted jobs are not judged.
+    pub(super) fn findings_at_insert(
+        &self,
+        jobs: &[&UnitRecord],
+        manager: &str,
+    ) -> Vec<Option<String>> {
+        match self.insert_judge.get() {
+            Some(j) => findings_of_new_jobs(
+                jobs,
+                manager,
+                &j.thresholds,
+                &crate::store::rules::current(&j.rules),
+            ),
+            None => Vec::new(),
+        }
+    }
+
     /// Recomputes the findings of the jobs of `cluster` whose row or aggregates changed since
     /// their findings were written. Returns how many jobs were updated.
     pub async fn refresh_findings(
@@ -176,16 +211,62 @@ fn judge_page(
 ) -> Vec<(i64, Option<String>)> {
     let judge = rules.judge(manager);
     jobs.iter()
-        .map(|(id, facts)| {
-            let mut found = evaluate(facts, thresholds);
-            found.extend(judge.evaluate(facts));
-            found.sort_by_key(|f| std::cmp::Reverse(f.severity));
-            let json = (!found.is_empty())
-                .then(|| serde_json::to_string(&found).ok())
-                .flatten();
-            (*id, json)
+        .map(|(id, facts)| (*id, findings_json(facts, thresholds, &judge)))
+        .collect()
+}
+
+/// A job's findings as stored: the built-in rules' and the site's, the gravest first; NULL
+/// (None) for none.
+fn findings_json(facts: &JobFacts, thresholds: &Thresholds, judge: &Judge) -> Option<String> {
+    let mut found = evaluate(facts, thresholds);
+    found.extend(judge.evaluate(facts));
+    found.sort_by_key(|f| std::cmp::Reverse(f.severity));
+    (!found.is_empty())
+        .then(|| serde_json::to_string(&found).ok())
+        .flatten()
+}
+
+/// What the findings pass would store for each of `jobs` once inserted, before any aggregate:
+/// the facts [`job_facts`] reads from such a row. A pending job (no start) is not judged.
+pub fn findings_of_new_jobs(
+    jobs: &[&UnitRecord],
+    manager: &str,
+    thresholds: &Thresholds,
+    rules: &SiteRules,
+) -> Vec<Option<String>> {
+    let judge = rules.judge(manager);
+    jobs.iter()
+        .map(|j| {
+            if j.start.unwrap_or(0) <= 0 {
+                return None;
+            }
+            findings_json(&new_row_facts(j, manager), thresholds, &judge)
         })
         .collect()
+}
+
+/// The facts of a job's row as inserted: its record's, and no aggregate (the columns'
+/// defaults).
+fn new_row_facts(j: &UnitRecord, manager: &str) -> JobFacts {
+    let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    JobFacts {
+        manager: manager.to_string(),
+        name: j.name.clone(),
+        user: j.user.clone(),
+        project: j.account.clone(),
+        partition: j.partition.clone(),
+        qos: j.qos.clone(),
+        nodes: j.nodes.join(","),
+        state: j.state.clone(),
+        exit_code: j.exit_code.clone(),
+        ended: j.end.is_some(),
+        elapsed_seconds: int(j.elapsed_seconds),
+        time_limit_seconds: j.time_limit_seconds.map(int),
+        alloc_cpus: int(j.allocation.cpus),
+        alloc_mem_bytes: int(j.allocation.mem_bytes),
+        alloc_gpus: int(j.allocation.gpus),
+        ..JobFacts::default()
+    }
 }
 
 /// A row of the findings' query as the rules read it.

@@ -32,6 +32,7 @@ pub use connect::{
     describe_postgres_url, is_postgres_url, sqlite_options, sqlite_writer_options,
     DEFAULT_PAGE_CACHE_BYTES,
 };
+pub use judge::{findings_of_new_jobs, InsertJudge};
 pub use nodes::NodesDue;
 pub use retention::{backup_name, prune_backups};
 pub use tx::Lease;
@@ -80,6 +81,9 @@ pub struct Store {
     schema: Schema,
     /// What the last commits through this store changed (SQLite's generations).
     changes: std::sync::Mutex<changes::ChangeLog>,
+    /// The rules that judge the jobs an ingestion inserts, in the same statement; unset, the
+    /// findings pass judges them afterwards.
+    insert_judge: std::sync::OnceLock<InsertJudge>,
 }
 
 /// Whose schema a database has.

@@ -974,3 +974,85 @@ async fn ceems_load_balancer_queries_read_a_database_ceems_wrote() {
     assert_eq!(owned("bob").await, ["2"]);
     assert!(owned("mallory").await.is_empty());
 }
+
+/// A server judges the jobs an ingestion inserts as it writes them: each new job holds what
+/// the findings pass would have stored (built-in rules and the site's), the pass then has
+/// nothing left to do, and a pending job waits for it.
+#[tokio::test]
+async fn jobs_judged_as_inserted_hold_what_the_findings_pass_would_store() {
+    use crate::store::findings::Thresholds;
+    use crate::store::rules::SiteRules;
+    let tmp = tempfile::tempdir().unwrap();
+    let store = testing::store(tmp.path()).await;
+    store.register_cluster("lab", "slurm").await.unwrap();
+    let table: toml::Table = "[[r]]\nid = \"tiny\"\nwhen = \"job.alloc_cpus == 1\"\nmessage = \"one core for {job.elapsed_seconds} s\"\n"
+        .parse()
+        .unwrap();
+    let rules = std::sync::Arc::new(SiteRules::parse(table["r"].clone(), None).unwrap());
+    store.judge_inserted_jobs(super::InsertJudge {
+        thresholds: Thresholds::default(),
+        rules: std::sync::Arc::new(std::sync::RwLock::new(std::sync::Arc::clone(&rules))),
+    });
+    // More than one statement's rows: failed jobs, jobs that used their time limit, the rest
+    // that completed well within it; and a pending job.
+    let mut jobs = numbered_jobs(700, |i, line| match i % 3 {
+        0 => line.replace("COMPLETED", "FAILED"),
+        1 => line.replace("|/tmp|60|", "|/tmp|1|"),
+        _ => line,
+    });
+    let (pending, _) = sacct::parse_output(LINES.lines().nth(1).unwrap());
+    jobs.extend(pending);
+    store.ingest("lab", &jobs, 100, 1).await.unwrap();
+    let stored = || async {
+        let q = Sql::new(
+            "SELECT uuid, findings, findings_updated_at FROM units WHERE cluster_id = 'lab'
+             ORDER BY uuid",
+        );
+        store
+            .fetch_all(&q)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let row: (String, Option<String>, Option<i64>) =
+                    (r.get(0).unwrap(), r.get(1).unwrap(), r.get(2).unwrap());
+                row
+            })
+            .collect::<Vec<_>>()
+    };
+    let at_insert = stored().await;
+    assert_eq!(at_insert.len(), 701);
+    let waiting: Vec<&str> = at_insert
+        .iter()
+        .filter(|(_, _, at)| at.is_none())
+        .map(|(uuid, _, _)| uuid.as_str())
+        .collect();
+    assert_eq!(waiting, ["2"], "only the pending job is left unjudged");
+    let said = |id: &str| {
+        at_insert
+            .iter()
+            .filter(|(_, f, _)| f.as_deref().unwrap_or("").contains(id))
+            .count()
+    };
+    assert_eq!(said("job_failed"), 234);
+    assert_eq!(said("time_limit_overestimated"), 233);
+    assert_eq!(said("one core for 29 s"), 700);
+    let t = Thresholds::default();
+    assert_eq!(
+        store.refresh_findings("lab", &t, &rules, 2).await.unwrap(),
+        0,
+        "the pass has nothing to judge again"
+    );
+    // What the pass stores for the same rows, judged afresh, is what was written at insert.
+    store
+        .execute(&Sql::new(
+            "UPDATE units SET findings = NULL, findings_updated_at = NULL",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.refresh_findings("lab", &t, &rules, 1).await.unwrap(),
+        700
+    );
+    assert_eq!(stored().await, at_insert);
+}

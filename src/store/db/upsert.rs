@@ -22,7 +22,7 @@ impl Store {
         unseen_after: Option<i64>,
     ) -> Result<usize, StoreError> {
         let mut tx = self.write_tx().await?;
-        upsert(&mut tx, cluster, jobs, now, unseen_after).await?;
+        upsert(self, &mut tx, cluster, jobs, now, unseen_after).await?;
         tx.commit().await?;
         self.written();
         Ok(jobs.len())
@@ -64,7 +64,7 @@ impl Store {
         now: i64,
     ) -> Result<usize, StoreError> {
         let mut tx = self.write_tx().await?;
-        upsert(&mut tx, cluster, jobs, now, None).await?;
+        upsert(self, &mut tx, cluster, jobs, now, None).await?;
         tx.execute(
             &Sql::new(
                 "INSERT INTO ingest_state (cluster_id, window_start) VALUES ($1, $2)
@@ -85,14 +85,16 @@ impl Store {
     }
 }
 
-/// Rows per INSERT: 26 parameters each stays far below SQLite's limit of 32766.
+/// Rows per INSERT: 28 parameters each stays far below SQLite's limit of 32766.
 pub const ROWS_PER_STATEMENT: usize = 500;
 
 const UNIT_COLUMNS: &str = "cluster_id, uuid, started_at, name, project, grp, gid, usr, uid,
     partition, qos, submitted_at, ended_at, elapsed_seconds, state, exit_code, alloc_cpus,
     alloc_mem_bytes, alloc_gpus, billing, nodes, workdir, time_limit_seconds, last_updated_at,
-    reported, resource_manager";
+    reported, resource_manager, findings, findings_updated_at";
 
+/// A job already stored keeps its findings: the pass judges it again, with its aggregates,
+/// since its row changed after them.
 const UPSERT_SET: &str = "ON CONFLICT (cluster_id, uuid, started_at) DO UPDATE SET
     name = excluded.name, project = excluded.project, grp = excluded.grp, gid = excluded.gid,
     usr = excluded.usr, uid = excluded.uid, partition = excluded.partition, qos = excluded.qos,
@@ -115,6 +117,7 @@ struct Batch<'a> {
 }
 
 async fn upsert(
+    store: &Store,
     tx: &mut Tx,
     cluster: &str,
     jobs: &[UnitRecord],
@@ -156,23 +159,29 @@ async fn upsert(
         now,
     };
     match tx {
-        Tx::Sqlite(t) => upsert_sqlite(t, &batch).await,
-        Tx::Postgres(t) => upsert_postgres(t, &batch, unseen_after).await,
+        Tx::Sqlite(t) => upsert_sqlite(store, t, &batch).await,
+        Tx::Postgres(t) => upsert_postgres(store, t, &batch, unseen_after).await,
     }
 }
 
 /// A plain INSERT of `chunk` (at most [`ROWS_PER_STATEMENT`] jobs) on SQLite, as the upsert
-/// writes them; the ingestion's floor (`scripts/ingest_floor.rs`) runs it alone.
+/// writes them, with each job's findings at insert ([`findings_of_new_jobs`]; none: empty);
+/// the ingestion's floor (`scripts/ingest_floor.rs`) runs it alone.
+///
+/// [`findings_of_new_jobs`]: super::findings_of_new_jobs
 pub fn sqlite_insert<'a>(
     cluster: &'a str,
     manager: &'a str,
     chunk: &'a [&'a UnitRecord],
+    findings: Vec<Option<String>>,
     now: i64,
 ) -> sqlx::QueryBuilder<'a, Sqlite> {
     let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     let mut q = sqlx::QueryBuilder::<Sqlite>::new("INSERT INTO units (");
     q.push(UNIT_COLUMNS).push(") ");
-    q.push_values(chunk.iter().copied(), |mut row, j: &UnitRecord| {
+    let judged = findings.into_iter().chain(std::iter::repeat(None));
+    q.push_values(chunk.iter().copied().zip(judged), |mut row, (j, found)| {
+        let judged_at = found.is_some().then_some(now);
         row.push_bind(cluster)
             .push_bind(j.uuid.as_str())
             .push_bind(j.start.unwrap_or(0))
@@ -198,7 +207,9 @@ pub fn sqlite_insert<'a>(
             .push_bind(j.time_limit_seconds.map(int))
             .push_bind(now)
             .push_bind(j.reported.to_json())
-            .push_bind(manager);
+            .push_bind(manager)
+            .push_bind(found)
+            .push_bind(judged_at);
     });
     q
 }
@@ -207,6 +218,7 @@ pub fn sqlite_insert<'a>(
 /// own builder, which binds the jobs' strings without copying them; each statement is built
 /// while SQLite's thread runs the one before, instead of that thread waiting for it.
 async fn upsert_sqlite(
+    store: &Store,
     tx: &mut sqlx::Transaction<'static, Sqlite>,
     batch: &Batch<'_>,
 ) -> Result<(), StoreError> {
@@ -219,7 +231,8 @@ async fn upsert_sqlite(
     } = *batch;
     let mut chunks = jobs.chunks(ROWS_PER_STATEMENT);
     let insert = |chunk| {
-        let mut q = sqlite_insert(cluster, manager, chunk, now);
+        let findings = store.findings_at_insert(chunk, manager);
+        let mut q = sqlite_insert(cluster, manager, chunk, findings, now);
         q.push(" ").push(UPSERT_SET);
         q
     };
@@ -265,6 +278,7 @@ async fn upsert_sqlite(
 /// Only one server ingests a cluster at a time and each job goes through one writer, so no
 /// other transaction inserts the same job meanwhile.
 async fn upsert_postgres(
+    store: &Store,
     tx: &mut sqlx::Transaction<'static, Postgres>,
     batch: &Batch<'_>,
     unseen_after: Option<i64>,
@@ -291,7 +305,7 @@ async fn upsert_postgres(
         .execute(&mut **tx)
         .await?;
     }
-    let columns = UnitColumns::new(jobs);
+    let columns = UnitColumns::new(jobs, store.findings_at_insert(jobs, manager), now);
     let insert = postgres_insert_sql();
     let unseen = |j: &&UnitRecord| match (j.start, unseen_after) {
         (Some(start), Some(after)) => start != 0 && start > after,
@@ -335,21 +349,22 @@ fn postgres_insert_sql() -> String {
             unnest($15::text[]), unnest($16::text[]), unnest($17::bigint[]),
             unnest($18::bigint[]), unnest($19::bigint[]), unnest($20::bigint[]),
             unnest($21::text[]), unnest($22::text[]), unnest($23::bigint[]), $24,
-            unnest($25::text[]), $26"
+            unnest($25::text[]), $26, unnest($27::text[]), unnest($28::bigint[])"
     )
 }
 
-/// A plain INSERT of `jobs` on PostgreSQL, as the upsert writes them; the ingestion's floor
-/// (`scripts/ingest_floor.rs`) runs it alone.
+/// A plain INSERT of `jobs` on PostgreSQL, as the upsert writes them, with their findings at
+/// insert (none: empty); the ingestion's floor (`scripts/ingest_floor.rs`) runs it alone.
 pub async fn postgres_insert(
     tx: &mut sqlx::Transaction<'static, Postgres>,
     cluster: &str,
     manager: &str,
     jobs: &[&UnitRecord],
+    findings: Vec<Option<String>>,
     now: i64,
 ) -> Result<(), StoreError> {
     let insert = postgres_insert_sql();
-    UnitColumns::new(jobs)
+    UnitColumns::new(jobs, findings, now)
         .bind(sqlx::query(&insert), cluster, manager, now)
         .execute(&mut **tx)
         .await?;
@@ -365,10 +380,18 @@ struct UnitColumns<'a> {
     counts: [Vec<i64>; 5],
     optional: [Vec<Option<i64>>; 5],
     started_at: Vec<i64>,
+    /// Each job's findings at insert, and when they were made (NULL: the pass judges it).
+    findings: Vec<Option<String>>,
+    judged_at: Vec<Option<i64>>,
 }
 
 impl<'a> UnitColumns<'a> {
-    fn new(jobs: &[&'a UnitRecord]) -> UnitColumns<'a> {
+    fn new(
+        jobs: &[&'a UnitRecord],
+        mut findings: Vec<Option<String>>,
+        now: i64,
+    ) -> UnitColumns<'a> {
+        findings.resize(jobs.len(), None);
         fn int(v: u64) -> i64 {
             i64::try_from(v).unwrap_or(i64::MAX)
         }
@@ -408,6 +431,11 @@ impl<'a> UnitColumns<'a> {
                 maybe(|j| j.time_limit_seconds.map(int)),
             ],
             started_at: jobs.iter().map(|j| j.start.unwrap_or(0)).collect(),
+            judged_at: findings
+                .iter()
+                .map(|f| f.is_some().then_some(now))
+                .collect(),
+            findings,
         }
     }
 
@@ -449,5 +477,7 @@ impl<'a> UnitColumns<'a> {
             .bind(now)
             .bind(&self.reported)
             .bind(manager)
+            .bind(&self.findings)
+            .bind(&self.judged_at)
     }
 }
