@@ -248,6 +248,14 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                     continue;
                 }
             };
+            // Where each update's time goes, logged at its end.
+            let began = std::time::Instant::now();
+            let mut phases: Vec<(&str, f64)> = Vec::with_capacity(4);
+            let phase_end = |name, phases: &mut Vec<(&str, f64)>| {
+                let at = began.elapsed().as_secs_f64();
+                let before: f64 = phases.iter().map(|(_, s)| s).sum();
+                phases.push((name, at - before));
+            };
             let ingested = ingest::ingest_once(&store, &s.cluster, first_window, unix_now()).await;
             crate::host::heap::hand_back_freed();
             match ingested {
@@ -270,6 +278,7 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                     tracing::warn!(cluster = id, error = %e, "ingestion failed; retrying at the next interval");
                 }
             }
+            phase_end("jobs", &mut phases);
             // After the jobs: members taken from the jobs (LSF's opt-in) are this pull's.
             match ingest::sync_associations(&store, &s.cluster, unix_now()).await {
                 Ok(Some(n)) => {
@@ -283,6 +292,7 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                     tracing::warn!(cluster = id, error = %e, "users and projects not updated");
                 }
             }
+            phase_end("users and projects", &mut phases);
             if let Some(prometheus) = &s.prometheus {
                 let began = std::time::Instant::now();
                 let result = aggregate::update(
@@ -340,6 +350,7 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                     }
                 }
             }
+            phase_end("aggregates", &mut phases);
             match store
                 .refresh_findings(
                     id,
@@ -354,10 +365,22 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
                 Err(e) => tracing::warn!(cluster = id, error = %e, "findings not updated"),
             }
             crate::host::heap::hand_back_freed();
+            phase_end("findings", &mut phases);
             if let Err(e) = store.rebuild_usage(id, unix_now()).await {
                 tracing::warn!(cluster = id, error = %e, "usage not rebuilt");
             }
             crate::host::heap::hand_back_freed();
+            phase_end("usage", &mut phases);
+            let seconds: Vec<String> = phases
+                .iter()
+                .map(|(name, s)| format!("{name} {s:.1} s"))
+                .collect();
+            tracing::info!(
+                cluster = id,
+                seconds = format!("{:.1}", began.elapsed().as_secs_f64()),
+                phases = seconds.join(", "),
+                "cluster updated"
+            );
             st.last_update.store(unix_now() as u64, Ordering::Relaxed);
             lease.release().await;
         }

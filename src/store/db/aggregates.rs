@@ -1,7 +1,7 @@
 //! Per-job aggregates from Prometheus and the usage built from them.
 
 use super::{Pool, Store, StoreError};
-use crate::store::sql::{DbRow, Sql};
+use crate::store::sql::{Backend, DbRow, Sql};
 
 /// A job whose aggregates are due: the window from `from` to `to` is not yet counted.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -418,12 +418,22 @@ impl Store {
             .iter()
             .map(|(_, e)| format!("sum({e})"))
             .collect();
+        // SQLite sorts every job of the cluster for a GROUP BY. Through the index by user
+        // (the unary plus keeps it off the cluster's, which read the rows in job id order,
+        // scattered), they come grouped by user: a million jobs 5.7 s -> 3.3 s. The groups are
+        // then written in the order they always were.
+        let cluster_col = match self.backend() {
+            Backend::Sqlite => "+cluster_id",
+            Backend::Postgres => "cluster_id",
+        };
         tx.execute(
             &Sql::new(&format!(
                 "INSERT INTO usage (cluster_id, project, usr, grp, num_units, {}, last_updated_at)
-                 SELECT cluster_id, project, usr, max(grp), count(*), {}, $2
-                 FROM units WHERE cluster_id = $1 AND started_at > 0
-                 GROUP BY cluster_id, project, usr",
+                 SELECT * FROM (
+                   SELECT cluster_id, project, usr, max(grp), count(*), {}, $2
+                   FROM units WHERE {cluster_col} = $1 AND started_at > 0
+                   GROUP BY usr, project, cluster_id) g
+                 ORDER BY cluster_id, project, usr",
                 columns.join(", "),
                 sums.join(", ")
             ))
@@ -438,7 +448,7 @@ impl Store {
         tx.for_each_row(
             &Sql::new(&format!(
                 "SELECT project, usr, series, {} FROM units
-                 WHERE cluster_id = $1 AND started_at > 0 AND series <> '{{}}'",
+                 WHERE {cluster_col} = $1 AND started_at > 0 AND series <> '{{}}'",
                 SeriesWeights::select(true)
             ))
             .arg(cluster),
