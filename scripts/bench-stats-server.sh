@@ -68,6 +68,14 @@ target/release/ceems stats-server --web.listen-address=127.0.0.1:$port --storage
   --storage.first-window=$((n / 86400 + 2))d --storage.update-interval=1h --slurm.cluster-id=bench \
   --security.drop-privileges=false --log.level=warn &
 pid=$!
+# The database's size: its tables and indexes (PostgreSQL) or its files, WAL included (SQLite).
+database_bytes() {
+  if [ "$backend" = postgres ]; then
+    psql "$pg" -tAc "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace WHERE s.nspname = '$schema' AND c.relkind = 'r'"
+  else
+    cat "$dir/data-$backend"/ceems.db* | wc -c
+  fi
+}
 rows() {
   curl -sf "127.0.0.1:$port/metrics" 2>/dev/null \
     | awk '/^ceems_stats_ingested_rows_total/ {printf "%d", $2}'
@@ -76,11 +84,7 @@ until [ "$(rows)" = "$n" ]; do
   sleep 0.2
 done
 end=$(date +%s.%N)
-if [ "$backend" = postgres ]; then
-  bytes=$(psql "$pg" -tAc "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace WHERE s.nspname = '$schema' AND c.relkind = 'r'")
-else
-  bytes=$(cat "$dir/data-$backend"/ceems.db* | wc -c)
-fi
+bytes=$(database_bytes)
 rss=$(awk '/VmHWM/ {print $2}' /proc/$pid/status)
 floor_rate=$(awk '{print $(NF-1)}' <<<"$floor")
 python3 -c "n=$n; t=$end-$start; print(f'ingest: {n} jobs in {t:.1f} s = {n/t:,.0f} rows/s ({$floor_rate/(n/t):.2f}x the floor\'s time); database {$bytes/n:.0f} bytes/job; peak RSS {$rss/1024:.0f} MiB')"
@@ -93,11 +97,7 @@ until [ "$(updated)" -gt 0 ] 2>/dev/null; do
   sleep 0.2
 done
 done_at=$(date +%s.%N)
-if [ "$backend" = postgres ]; then
-  bytes=$(psql "$pg" -tAc "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace WHERE s.nspname = '$schema' AND c.relkind = 'r'")
-else
-  bytes=$(cat "$dir/data-$backend"/ceems.db* | wc -c)
-fi
+bytes=$(database_bytes)
 python3 -c "print(f'first update (ingest, findings, usage): {$done_at-$start:.1f} s; database {$bytes/$n:.0f} bytes/job with the findings; peak RSS {$(awk '/VmHWM/ {print $2}' /proc/$pid/status)/1024:.0f} MiB')"
 # The kernel writes the ingestion's dirty pages back about 30 s later: flush them now, so that
 # the API is not measured against that write-back.

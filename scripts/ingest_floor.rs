@@ -35,14 +35,13 @@ async fn main() -> anyhow::Result<()> {
     anyhow::ensure!(errors.is_empty(), "{} malformed lines", errors.len());
     let now = jobs.iter().filter_map(|j| j.end).max().unwrap_or(0);
     let refs: Vec<&UnitRecord> = jobs.iter().collect();
-    let findings = findings_of_new_jobs(
+    let mut findings = findings_of_new_jobs(
         &refs,
         MANAGER,
         &Thresholds::default(),
         &SiteRules::default(),
     );
     drop(refs);
-    let jobs: Vec<(UnitRecord, Option<String>)> = jobs.into_iter().zip(findings).collect();
     let started = Instant::now();
     if ceems::store::db::is_postgres_url(db) {
         // The schema, then a connection of our own.
@@ -52,8 +51,8 @@ async fn main() -> anyhow::Result<()> {
             .connect(db)
             .await?;
         let started = Instant::now();
-        for batch in jobs.chunks(BATCH_ROWS) {
-            insert_postgres(&pool, batch, now).await?;
+        for (batch, found) in jobs.chunks(BATCH_ROWS).zip(findings.chunks_mut(BATCH_ROWS)) {
+            insert_postgres(&pool, batch, found, now).await?;
         }
         report(jobs.len(), started);
     } else {
@@ -68,8 +67,8 @@ async fn main() -> anyhow::Result<()> {
             .connect_with(opts)
             .await?;
         let started = Instant::now();
-        for batch in jobs.chunks(BATCH_ROWS) {
-            insert_sqlite(&pool, batch, now).await?;
+        for (batch, found) in jobs.chunks(BATCH_ROWS).zip(findings.chunks_mut(BATCH_ROWS)) {
+            insert_sqlite(&pool, batch, found, now).await?;
         }
         report(jobs.len(), started);
     }
@@ -90,14 +89,17 @@ fn report(rows: usize, started: Instant) {
 
 async fn insert_sqlite(
     pool: &sqlx::SqlitePool,
-    batch: &[(UnitRecord, Option<String>)],
+    batch: &[UnitRecord],
+    findings: &mut [Option<String>],
     now: i64,
 ) -> anyhow::Result<()> {
+    let jobs: Vec<&UnitRecord> = batch.iter().collect();
     let mut tx = pool.begin().await?;
-    for chunk in batch.chunks(ROWS_PER_STATEMENT) {
-        let (jobs, findings): (Vec<&UnitRecord>, Vec<Option<String>>) =
-            chunk.iter().map(|(j, f)| (j, f.clone())).unzip();
-        sqlite_insert(CLUSTER, MANAGER, &jobs, findings, now)
+    for (chunk, found) in jobs
+        .chunks(ROWS_PER_STATEMENT)
+        .zip(findings.chunks_mut(ROWS_PER_STATEMENT))
+    {
+        sqlite_insert(CLUSTER, MANAGER, chunk, taken(found), now)
             .build()
             .execute(&mut *tx)
             .await?;
@@ -108,13 +110,18 @@ async fn insert_sqlite(
 
 async fn insert_postgres(
     pool: &sqlx::PgPool,
-    batch: &[(UnitRecord, Option<String>)],
+    batch: &[UnitRecord],
+    findings: &mut [Option<String>],
     now: i64,
 ) -> anyhow::Result<()> {
-    let (jobs, findings): (Vec<&UnitRecord>, Vec<Option<String>>) =
-        batch.iter().map(|(j, f)| (j, f.clone())).unzip();
+    let jobs: Vec<&UnitRecord> = batch.iter().collect();
     let mut tx = pool.begin().await?;
-    postgres_insert(&mut tx, CLUSTER, MANAGER, &jobs, findings, now).await?;
+    postgres_insert(&mut tx, CLUSTER, MANAGER, &jobs, taken(findings), now).await?;
     tx.commit().await?;
     Ok(())
+}
+
+/// The findings judged beforehand, moved out (not copied) for the statement that binds them.
+fn taken(findings: &mut [Option<String>]) -> Vec<Option<String>> {
+    findings.iter_mut().map(Option::take).collect()
 }

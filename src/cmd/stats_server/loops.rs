@@ -250,7 +250,7 @@ pub(super) async fn update_loop(store: Arc<Store>, sources: Arc<Vec<Source>>, pl
             };
             // Where each update's time goes, logged at its end.
             let began = std::time::Instant::now();
-            let mut phases: Vec<(&str, f64)> = Vec::with_capacity(4);
+            let mut phases: Vec<(&str, f64)> = Vec::with_capacity(5);
             let phase_end = |name, phases: &mut Vec<(&str, f64)>| {
                 let at = began.elapsed().as_secs_f64();
                 let before: f64 = phases.iter().map(|(_, s)| s).sum();
